@@ -1,0 +1,1 @@
+"""Data generators for the experiments: synthetic identifiability data and bouncing balls."""

@@ -1,0 +1,1 @@
+"""Experiments of the source papers, each runnable as an ``rpm`` sub-command."""
