@@ -1,0 +1,178 @@
+r"""The recognition marginal Q(z) of a batch, as a Pyro distribution.
+
+For a batch of recognition distributions :math:`Q(z|x_1), \dots, Q(z|x_N)` the minibatch
+estimate of the recognition marginal (Eq. 11 of Aitchison & Ganev) is the equally weighted
+mixture
+
+.. math::
+
+    Q(z) \approx \frac{1}{N} \sum_{n=1}^N Q(z | x_n).
+
+For Gaussian recognition it is a Gaussian mixture; for deterministic (Delta) recognition it is
+the empirical distribution on the batch points, a discrete distribution with mass 1/N on each
+point (Appendix A.1), whose log-probability at a batch point is
+:math:`\log(\#\{n : \mu_n = z\} / N)`, consistent with Pyro's ``Delta.log_prob``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from pyro.distributions import Delta, Independent, Normal, TorchDistribution
+from torch.distributions import constraints
+
+from rpm.marginals.gaussian_mixture import gaussian_mixture_log_prob
+
+__all__ = ["MixtureMarginal", "delta_mixture_log_prob", "recognition_components"]
+
+
+def delta_mixture_log_prob(
+    z: torch.Tensor, points: torch.Tensor, exclude_self: bool = False
+) -> torch.Tensor:
+    r"""Log-probability under the empirical distribution of a batch of points.
+
+    .. math::
+
+        \log Q(z_m) = \log \#\{n : \mu_n = z_m\} - \log N
+
+    (:math:`-\infty` when z_m is none of the points). Appendix A.1 of Aitchison & Ganev.
+
+    :param torch.Tensor z: points, shape (M, D).
+    :param torch.Tensor points: the atoms :math:`\mu_n`, shape (N, D).
+    :param bool exclude_self: leave atom m out of row m (requires M == N).
+    :return: shape (M,); carries no gradient (the empirical mass is piecewise constant).
+    """
+    if z.dim() != 2 or points.dim() != 2 or z.shape[1] != points.shape[1]:
+        raise ValueError(
+            f"expected z (M, D) and points (N, D) with equal D, got {tuple(z.shape)} and "
+            f"{tuple(points.shape)}"
+        )
+    num_atoms = points.shape[0]
+    with torch.no_grad():
+        distance = torch.cdist(
+            z.detach(), points.detach(), compute_mode="donot_use_mm_for_euclid_dist"
+        )  # (M, N), exact zeros for equal rows
+        matches = distance == 0
+        if exclude_self:
+            if z.shape[0] != num_atoms or num_atoms < 2:
+                raise ValueError(
+                    "exclude_self=True needs as many points as atoms and at least 2 atoms, "
+                    f"got {z.shape[0]} and {num_atoms}"
+                )
+            matches.fill_diagonal_(False)
+            num_atoms -= 1
+        counts = matches.sum(-1).to(z.dtype)
+    return counts.log() - math.log(num_atoms)
+
+
+def recognition_components(q: TorchDistribution) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Returns (loc, scale) of a batch of recognition distributions; scale is None for Delta.
+
+    Accepts ``Normal(loc, scale).to_event(1)`` (diagonal Gaussian recognition) and
+    ``Delta(v, event_dim=1)`` (deterministic recognition), each with batch_shape (N,) and
+    event_shape (D,).
+    """
+    if isinstance(q, Independent) and isinstance(q.base_dist, Normal):
+        base = q.base_dist
+        if q.reinterpreted_batch_ndims != 1 or base.loc.dim() != 2:
+            raise ValueError(
+                "expected a diagonal Gaussian with batch_shape (N,) and event_shape (D,), got "
+                f"batch_shape {tuple(q.batch_shape)} and event_shape {tuple(q.event_shape)}"
+            )
+        return base.loc, base.scale.expand_as(base.loc)
+    if isinstance(q, Delta):
+        if q.event_dim != 1 or q.v.dim() != 2:
+            raise ValueError(
+                "expected Delta(v, event_dim=1) with v of shape (N, D), got v of shape "
+                f"{tuple(q.v.shape)} and event_dim {q.event_dim}"
+            )
+        return q.v, None
+    raise TypeError(
+        "the mixture marginal supports diagonal Gaussian recognition "
+        "(Normal(loc, scale).to_event(1)) and deterministic recognition (Delta(v, event_dim=1)); "
+        f"got {type(q).__name__}. Wrap your encoder in rpm.GaussianRecognition or "
+        "rpm.DeltaRecognition"
+    )
+
+
+def _check_value(value: torch.Tensor, dim: int) -> None:
+    """Validation of a value for ``MixtureMarginal.log_prob``: shape (..., D), finite."""
+    if value.dim() < 1 or value.shape[-1] != dim:
+        raise ValueError(
+            f"expected a value of shape (..., {dim}) for a mixture of {dim}-dimensional "
+            f"components, got {tuple(value.shape)}"
+        )
+    if not torch.isfinite(value).all():
+        raise ValueError(
+            "the value has NaN or infinite entries; the recognition model or the prior "
+            "produced non-finite latents"
+        )
+
+
+class MixtureMarginal(TorchDistribution):
+    r"""The minibatch-mixture recognition marginal :math:`Q(z) = \frac1N \sum_n Q(z|x_n)`.
+
+    This is :math:`P(z) = Q(z)` of the uniform-implicit prior (Eq. 21 of Aitchison & Ganev) and
+    the :math:`Q(z)` in the RPM likelihood :math:`P(x|z) = Q(z|x) P_\text{true}(x) / Q(z)`
+    (Eq. 10).
+
+    The distribution stands for N independent draws from the mixture, one per pair of the
+    model's plate: batch_shape (N,), event_shape (D,), N being the number of components.
+    ``log_prob`` of a value of shape (..., D) returns the mixture log-density of each row, shape
+    (...); ``sample`` picks a component uniformly for each draw and samples from it.
+
+    :param q: recognition distributions with batch_shape (N,) and event_shape (D,):
+        ``Normal(loc, scale).to_event(1)`` or ``Delta(v, event_dim=1)``.
+    :param bool exclude_self: evaluate row n of an (N, D) value without component n.
+    """
+
+    arg_constraints: dict = {}
+    support = constraints.real_vector
+    has_rsample = False
+
+    def __init__(self, q: TorchDistribution, exclude_self: bool = False, validate_args=None):
+        self.q = q
+        self.loc, self.scale = recognition_components(q)
+        self.exclude_self = exclude_self
+        num_components, dim = self.loc.shape
+        super().__init__(
+            torch.Size([num_components]), torch.Size([dim]), validate_args=validate_args
+        )
+
+    @property
+    def is_discrete(self) -> bool:
+        """True for the empirical (Delta) mixture, which has no density on R^D."""
+        return self.scale is None
+
+    def expand(self, batch_shape, _instance=None):
+        batch_shape = torch.Size(batch_shape)
+        if batch_shape != self.batch_shape:
+            raise ValueError(
+                f"the mixture marginal of {self.batch_shape[0]} recognition distributions has "
+                f"batch_shape {tuple(self.batch_shape)}; it cannot be expanded to "
+                f"{tuple(batch_shape)}. Use a plate of the batch size"
+            )
+        return self
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        if self._validate_args:
+            _check_value(value, self.event_shape[0])
+        flat = value.reshape(-1, value.shape[-1])  # (M, D)
+        if self.is_discrete:
+            result = delta_mixture_log_prob(flat, self.loc, self.exclude_self)
+        else:
+            result = gaussian_mixture_log_prob(flat, self.loc, self.scale, self.exclude_self)
+        return result.reshape(value.shape[:-1])
+
+    def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
+        shape = self._extended_shape(sample_shape)  # sample_shape + (N, D)
+        num_components = self.loc.shape[0]
+        with torch.no_grad():
+            index = torch.randint(
+                num_components, shape[:-1], device=self.loc.device
+            )  # sample_shape + (N,)
+            loc = self.loc[index]
+            if self.is_discrete:
+                return loc
+            return loc + self.scale[index] * torch.randn_like(loc)

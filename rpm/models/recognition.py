@@ -1,0 +1,146 @@
+r"""Recognition models Q(z|x): user networks wrapped as batches of Pyro distributions.
+
+Calling a recognition model on a batch x of N observations returns a distribution with
+batch_shape (N,) and event_shape (D,):
+
+* :class:`GaussianRecognition`: :math:`Q(z|x) = \mathcal{N}(\mu(x), \operatorname{diag}\sigma(x)^2)`,
+  reparameterised (``rsample``), the stochastic encoder of SPEC section 1.
+* :class:`DeltaRecognition`: :math:`Q(z|x) = \delta(z - \mu(x))`, the usual deterministic SSL
+  encoder; with ``noise_scale`` :math:`\epsilon > 0` it is :math:`\mathcal{N}(\mu(x), \epsilon^2 I)`,
+  the smoothing that makes Q(z) absolutely continuous (Appendix B of Aitchison & Ganev).
+
+The wrapped network is converted in place to a :class:`~pyro.nn.PyroModule`
+(:func:`pyro.nn.module.to_pyro_module_`), so that its parameters are Pyro params that
+``pyro.infer.SVI`` sees and optimises.
+"""
+
+from __future__ import annotations
+
+import torch
+from pyro.distributions import Delta, Normal, TorchDistribution
+from pyro.infer.util import is_validation_enabled
+from pyro.nn import PyroModule
+from pyro.nn.module import to_pyro_module_
+
+__all__ = ["DeltaRecognition", "GaussianRecognition"]
+
+
+def _as_pyro_module(net: torch.nn.Module) -> torch.nn.Module:
+    if not isinstance(net, torch.nn.Module):
+        raise TypeError(
+            f"the recognition network must be a torch.nn.Module, got {type(net).__name__}"
+        )
+    if not isinstance(net, PyroModule):
+        to_pyro_module_(net)
+    return net
+
+
+def _validating(flag: bool | None) -> bool:
+    return is_validation_enabled() if flag is None else flag
+
+
+def _check_batch(name: str, tensor: torch.Tensor, batch_size: int) -> None:
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() != 2:
+        shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise ValueError(
+            f"the recognition network must return {name} of shape (N, D) for a batch of N "
+            f"observations, got {shape}; flatten the latent to a vector per observation"
+        )
+    if tensor.shape[0] != batch_size:
+        raise ValueError(
+            f"the recognition network returned {tensor.shape[0]} rows of {name} for a batch of "
+            f"{batch_size} observations"
+        )
+
+
+def _check_finite(name: str, tensor: torch.Tensor) -> None:
+    if not torch.isfinite(tensor).all():
+        raise ValueError(
+            f"the recognition network returned NaN or infinite {name}; check the inputs for "
+            "NaN/Inf and the network for overflow (e.g. an unbounded exp)"
+        )
+
+
+class GaussianRecognition(PyroModule):
+    r"""Diagonal Gaussian recognition :math:`Q(z|x) = \mathcal{N}(\mu(x), \mathrm{diag}\,\sigma(x)^2)`.
+
+    :param torch.nn.Module net: maps a batch x (N, ...) to ``(loc, scale)``, each of shape
+        (N, D), scale positive (e.g. through ``softplus``).
+    :param validate: check shapes, positivity and finiteness on every call (cheap reductions,
+        but each synchronises with the device); ``None`` follows
+        :func:`pyro.enable_validation` (on by default).
+    """
+
+    def __init__(self, net: torch.nn.Module, validate: bool | None = None):
+        super().__init__()
+        self.net = _as_pyro_module(net)
+        self.validate = validate
+
+    def forward(self, x: torch.Tensor) -> TorchDistribution:
+        """Returns ``Normal(loc, scale).to_event(1)`` with batch_shape (N,), event_shape (D,)."""
+        output = self.net(x)
+        if not (isinstance(output, (tuple, list)) and len(output) == 2):
+            raise ValueError(
+                "GaussianRecognition expects the network to return a pair (loc, scale); got "
+                f"{type(output).__name__}. For a network that returns only loc use "
+                "DeltaRecognition(net, noise_scale=...)"
+            )
+        loc, scale = output
+        if _validating(self.validate):
+            batch_size = x.shape[0]
+            _check_batch("loc", loc, batch_size)
+            if scale.shape != loc.shape:
+                raise ValueError(
+                    f"scale must have the shape of loc {tuple(loc.shape)}, got "
+                    f"{tuple(scale.shape)}"
+                )
+            _check_finite("loc", loc)
+            _check_finite("scale", scale)
+            if not (scale > 0).all():
+                raise ValueError(
+                    "the recognition network returned a non-positive scale; map it through "
+                    "softplus or exp (plus a small floor) to keep it positive"
+                )
+        return Normal(loc, scale).to_event(1)
+
+
+class DeltaRecognition(PyroModule):
+    r"""Deterministic recognition model :math:`Q(z|x) = \delta(z - \mu(x))`.
+
+    With ``noise_scale`` :math:`\epsilon > 0` the recognition model is
+    :math:`\mathcal{N}(\mu(x), \epsilon^2 I)` instead (Appendix B of Aitchison & Ganev): needed
+    when the prior is an explicit continuous density, for which the recognition marginal must
+    have a density too.
+
+    :param torch.nn.Module net: maps a batch x (N, ...) to the latent means, shape (N, D).
+    :param float noise_scale: :math:`\epsilon \ge 0`.
+    :param validate: check shapes and finiteness on every call; ``None`` follows
+        :func:`pyro.enable_validation`.
+    """
+
+    def __init__(self, net: torch.nn.Module, noise_scale: float = 0.0, validate: bool | None = None):
+        super().__init__()
+        noise_scale = float(noise_scale)
+        if not noise_scale >= 0.0 or noise_scale == float("inf"):
+            raise ValueError(
+                f"noise_scale must be a finite number >= 0, got {noise_scale}; use 0 for a "
+                "deterministic encoder or a small positive value such as 1e-2"
+            )
+        self.net = _as_pyro_module(net)
+        self.noise_scale = noise_scale
+        self.validate = validate
+
+    @property
+    def is_deterministic(self) -> bool:
+        """True when Q(z|x) is a point mass (``noise_scale == 0``)."""
+        return self.noise_scale == 0.0
+
+    def forward(self, x: torch.Tensor) -> TorchDistribution:
+        """Returns ``Delta(mu, event_dim=1)`` or ``Normal(mu, eps).to_event(1)``, batch (N,)."""
+        loc = self.net(x)
+        if _validating(self.validate):
+            _check_batch("latents", loc, x.shape[0])
+            _check_finite("latents", loc)
+        if self.is_deterministic:
+            return Delta(loc, event_dim=1)
+        return Normal(loc, torch.full_like(loc, self.noise_scale)).to_event(1)

@@ -1,0 +1,35 @@
+r"""Priors P(z, z') over the latents of a pair (SPEC section 3).
+
+A prior is any callable ``prior(q, q2)`` that, inside the model's plate over the N pairs,
+declares the sample sites ``"z"`` and ``"z2"`` and returns their values; q and q2 are the
+batch's recognition distributions (the implicit prior uses them, explicit priors ignore them).
+"""
+
+from rpm.priors.energies import (
+    AnisotropicEnergy,
+    BilinearEnergy,
+    CosineEnergy,
+    Energy,
+    LpEnergy,
+    NeuralEnergy,
+    RBFEnergy,
+    squared_distances,
+)
+from rpm.priors.explicit import GaussianRandomWalkPrior, LinearDynamicsPrior
+from rpm.priors.implicit import ImplicitConditional, ImplicitPrior, implicit_log_ratio
+
+__all__ = [
+    "AnisotropicEnergy",
+    "BilinearEnergy",
+    "CosineEnergy",
+    "Energy",
+    "GaussianRandomWalkPrior",
+    "ImplicitConditional",
+    "ImplicitPrior",
+    "LinearDynamicsPrior",
+    "LpEnergy",
+    "NeuralEnergy",
+    "RBFEnergy",
+    "implicit_log_ratio",
+    "squared_distances",
+]
