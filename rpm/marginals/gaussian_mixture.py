@@ -22,8 +22,8 @@ large and nearly cancel). Two steps keep the float32 result within 1e-4 of float
 
 1. everything is centred on the mean of the component locations, and
 2. the pairs that can matter for the logsumexp (those whose value, allowing for the rounding
-   bound of the expansion, lies within ``_REFINE_MARGIN`` of the row maximum) are recomputed
-   exactly in the difference form. The others carry a weight below
+   bound of the expansion, lies within ``_REFINE_MARGIN`` of the row maximum) and whose
+   rounding bound exceeds ``_REFINE_TOLERANCE`` are recomputed exactly in the difference form. The others carry a weight below
    :math:`e^{-30}` relative to the maximum, so their rounding cannot move the result.
 """
 
@@ -37,6 +37,8 @@ __all__ = ["gaussian_mixture_log_prob", "check_mixture_arguments"]
 
 # Pairs further than this below the row maximum (in nats) have relative weight < e^-30.
 _REFINE_MARGIN = 30.0
+# Pairs whose rounding bound (in nats) is below this are already accurate enough.
+_REFINE_TOLERANCE = 1e-5
 # At most this many refined pairs are recomputed at once (bounds the (K, D) temporaries).
 _REFINE_CHUNK = 1 << 20
 
@@ -152,7 +154,8 @@ def gaussian_mixture_log_prob(
                 upper.diagonal().fill_(-math.inf)
                 lower.diagonal().fill_(-math.inf)
             threshold = lower.max(-1, keepdim=True).values - _REFINE_MARGIN
-            rows, cols = torch.nonzero(upper >= threshold, as_tuple=True)
+            needs_refinement = (upper >= threshold) & (slack > 2.0 * _REFINE_TOLERANCE)
+            rows, cols = torch.nonzero(needs_refinement, as_tuple=True)
         exact = _exact_quadratic(z, loc, inv_scale, rows, cols)
         log_components = log_components.index_put(
             (rows, cols), log_norm[cols] - 0.5 * exact

@@ -21,8 +21,8 @@ neural          :math:`f_\theta(z, z')` (an MLP)                 a learned energ
 from __future__ import annotations
 
 import torch
+from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
-from torch.distributions import constraints
 
 __all__ = [
     "AnisotropicEnergy",
