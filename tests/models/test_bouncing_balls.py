@@ -1,0 +1,150 @@
+"""Tests of the bouncing-balls encoder and its centre-of-mass layer (Appendix D, Fig. 2)."""
+
+import pytest
+import torch
+
+from rpm.data.bouncing_balls import generate_bouncing_balls
+from rpm.models.bouncing_balls import BallEncoder, GaussianBallEncoder
+from rpm.models.center_of_mass import CenterOfMass
+
+
+def _center_of_mass_loop(maps: torch.Tensor, normalized: bool) -> torch.Tensor:
+    """The centre of mass written pixel by pixel from its definition. (N, K, H, W) -> (N, 2K)."""
+    n, k, h, w = maps.shape
+    out = torch.zeros(n, 2 * k, dtype=maps.dtype)
+    for a in range(n):
+        for b in range(k):
+            mass = sx = sy = 0.0
+            for i in range(h):
+                for j in range(w):
+                    x, y = j + 0.5, i + 0.5
+                    if normalized:
+                        x, y = 2 * x / w - 1, 2 * y / h - 1
+                    mass += maps[a, b, i, j].item()
+                    sx += maps[a, b, i, j].item() * x
+                    sy += maps[a, b, i, j].item() * y
+            out[a, 2 * b], out[a, 2 * b + 1] = sx / mass, sy / mass
+    return out
+
+
+def test_center_of_mass_of_two_pixels_by_hand():
+    maps = torch.zeros(1, 2, 4, 5, dtype=torch.float64)
+    maps[0, 0, 0, 0] = 1.0  # pixel centre (x, y) = (0.5, 0.5)
+    maps[0, 0, 2, 3] = 3.0  # pixel centre (x, y) = (3.5, 2.5)
+    maps[0, 1, 3, 1] = 2.0  # a single pixel: its own centre (1.5, 3.5)
+    # map 0: x = (0.5 + 3 * 3.5) / 4 = 2.75, y = (0.5 + 3 * 2.5) / 4 = 2.0
+    expected = torch.tensor([[2.75, 2.0, 1.5, 3.5]], dtype=torch.float64)
+    torch.testing.assert_close(CenterOfMass(eps=0.0)(maps), expected)
+    # normalised: x -> 2 x / W - 1 (W = 5), y -> 2 y / H - 1 (H = 4)
+    normalized = torch.tensor([[0.1, 0.0, -0.4, 0.75]], dtype=torch.float64)
+    torch.testing.assert_close(CenterOfMass(normalized=True, eps=0.0)(maps), normalized)
+
+
+@pytest.mark.parametrize("normalized", [False, True])
+def test_center_of_mass_matches_a_pixel_loop(normalized):
+    maps = torch.rand(3, 2, 5, 7, dtype=torch.float64)
+    layer = CenterOfMass(normalized=normalized, eps=0.0)
+    torch.testing.assert_close(layer(maps), _center_of_mass_loop(maps, normalized))
+
+
+def test_center_of_mass_of_a_zero_map_is_finite_and_gradients_are_exact():
+    assert torch.equal(CenterOfMass()(torch.zeros(2, 3, 4, 4)), torch.zeros(2, 6))
+    maps = torch.rand(2, 2, 4, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(CenterOfMass(eps=1e-3), (maps,))
+
+
+def test_center_of_mass_of_rendered_balls_is_their_true_centre():
+    video = generate_bouncing_balls(num_frames=40, seed=2, dtype=torch.float64)
+    recovered = CenterOfMass(eps=0.0)(video.frames)  # (T, 6) = (x1, y1, x2, y2, x3, y3)
+    # rendering discretisation error is below 0.04 px (see tests/data/test_bouncing_balls.py)
+    torch.testing.assert_close(recovered, video.centres.flatten(1), rtol=0, atol=0.06)
+
+
+def test_center_of_mass_rejects_bad_input():
+    with pytest.raises(ValueError, match=r"\(N, K, H, W\)"):
+        CenterOfMass()(torch.rand(3, 4, 4))
+    with pytest.raises(ValueError, match="eps"):
+        CenterOfMass(eps=-1.0)
+    with pytest.raises(TypeError, match="normalized"):
+        CenterOfMass(normalized=1)
+
+
+@pytest.mark.parametrize("normalized", [False, True])
+def test_encoder_output_shape_and_range(normalized):
+    size = 12
+    encoder = BallEncoder(in_channels=3, hidden_channels=4, num_maps=3, normalized=normalized)
+    x = torch.rand(5, 3, size, size)
+    z = encoder(x)
+    assert z.shape == (5, 6) and encoder.output_dim == 6
+    low, high = (-1.0, 1.0) if normalized else (0.0, float(size))
+    assert z.min() > low and z.max() < high
+    maps = encoder.feature_maps(x)
+    assert maps.shape == (5, 3, size, size)
+    assert maps.min() > 0 and maps.max() < 1
+    # the output is the centre of mass of the maps, x then y per map
+    torch.testing.assert_close(z, CenterOfMass(normalized=normalized)(maps))
+
+
+def test_encoder_has_the_papers_architecture():
+    encoder = BallEncoder(in_channels=3, hidden_channels=16, kernel_size=5, num_maps=3)
+    convs = [m for m in encoder.modules() if isinstance(m, torch.nn.Conv2d)]
+    norms = [m for m in encoder.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert [tuple(c.weight.shape) for c in convs] == [(16, 3, 5, 5), (3, 16, 5, 5)]
+    assert len(norms) == 2
+
+
+def test_gradients_reach_every_parameter():
+    encoder = BallEncoder(hidden_channels=4)
+    encoder(torch.rand(6, 3, 10, 10)).pow(2).sum().backward()
+    for name, parameter in encoder.named_parameters():
+        assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+
+
+def test_train_and_eval_modes():
+    encoder = BallEncoder(hidden_channels=4)
+    x = torch.rand(8, 3, 10, 10)
+    encoder.train()
+    z_train = encoder(x)
+    assert torch.isfinite(z_train).all()
+    # train mode normalises with the batch statistics: a frame's code depends on its batch
+    assert not torch.allclose(encoder(x[:4])[0], z_train[0])
+    encoder.eval()
+    with torch.no_grad():
+        z_eval = encoder(x)
+        # eval mode uses the running statistics: each frame's code is independent of its batch
+        torch.testing.assert_close(encoder(x[:1]), z_eval[:1])
+    assert not torch.allclose(z_eval, z_train)
+
+
+def test_encoder_rejects_frames_of_the_wrong_shape():
+    encoder = BallEncoder(in_channels=3)
+    with pytest.raises(ValueError, match=r"\(N, 3, H, W\)"):
+        encoder(torch.rand(3, 10, 10))
+    with pytest.raises(ValueError, match=r"\(N, 3, H, W\)"):
+        encoder(torch.rand(2, 1, 10, 10))
+    with pytest.raises(TypeError, match="hidden_channels"):
+        BallEncoder(hidden_channels=4.0)
+    with pytest.raises(ValueError, match="num_maps"):
+        BallEncoder(num_maps=0)
+
+
+def test_gaussian_encoder_returns_the_encoder_mean_and_a_learned_scale():
+    torch.manual_seed(0)
+    gaussian = GaussianBallEncoder(hidden_channels=4, init_scale=0.3)
+    torch.manual_seed(0)
+    plain = BallEncoder(hidden_channels=4)
+    x = torch.rand(5, 3, 10, 10)
+    loc, scale = gaussian(x)
+    assert loc.shape == scale.shape == (5, 6) and gaussian.output_dim == 6
+    torch.testing.assert_close(loc, plain(x))
+    torch.testing.assert_close(scale, torch.full((5, 6), 0.3))
+    # the scale is a parameter: the Gaussian log-density sends a gradient to it
+    z = loc.detach() + 0.1
+    log_prob = torch.distributions.Normal(loc, scale).log_prob(z).sum()
+    log_prob.backward()
+    # d/ds sum_n log N(z | mu, e^s) = sum_n ((z - mu)^2 / e^{2s} - 1) = 5 (0.01 / 0.09 - 1)
+    expected = torch.full((6,), 5 * (0.01 / 0.09 - 1))
+    torch.testing.assert_close(gaussian.log_scale.grad, expected)
+    assert gaussian.feature_maps(x).shape == (5, 3, 10, 10)
+    with pytest.raises(ValueError, match="init_scale"):
+        GaussianBallEncoder(init_scale=0.0)
