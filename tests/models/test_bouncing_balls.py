@@ -148,3 +148,26 @@ def test_gaussian_encoder_returns_the_encoder_mean_and_a_learned_scale():
     assert gaussian.feature_maps(x).shape == (5, 3, 10, 10)
     with pytest.raises(ValueError, match="init_scale"):
         GaussianBallEncoder(init_scale=0.0)
+
+
+@pytest.mark.parametrize("gaussian", [False, True])
+def test_encoders_plug_into_the_rpm_recognition_models(gaussian):
+    import rpm
+    from rpm.priors import ImplicitPrior, RBFEnergy
+
+    frames = generate_bouncing_balls(num_frames=9, image_size=12, ball_diameter=3.0).frames
+    x, x2 = frames[:-1], frames[1:]  # 8 pairs of consecutive frames
+    if gaussian:
+        recognition = rpm.GaussianRecognition(GaussianBallEncoder(hidden_channels=4))
+    else:
+        recognition = rpm.DeltaRecognition(BallEncoder(hidden_channels=4))
+    model = rpm.RPM(recognition, ImplicitPrior(RBFEnergy(lengthscale=2.0)))
+    q, _ = model.recognise(x, x2)
+    assert q.batch_shape == (8,) and q.event_shape == (6,)
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = rpm.RPMELBO().differentiable_loss(model.model, model.guide, x, x2)
+    assert torch.isfinite(loss)
+    loss.backward()
+    torch.optim.SGD(model.parameters(), lr=1e-2).step()
+    changed = [not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True)]
+    assert all(changed)  # every conv weight, BN affine, lengthscale (and log_scale) is trained
