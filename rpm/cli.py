@@ -1,0 +1,96 @@
+"""The ``rpm`` command: one sub-command per experiment.
+
+An experiment module registers itself by being listed in :data:`SUBCOMMANDS`; it provides
+
+* ``add_parser(subparsers) -> None``: adds its sub-parser (usually with
+  :func:`rpm.experiments.common.add_common_arguments`) and sets ``func=run`` as a default;
+* ``run(args) -> int``: runs the experiment and returns the exit status.
+
+``main`` turns the predictable failures into one-line messages and exit statuses instead of
+tracebacks: :class:`~rpm.experiments.common.ConfigurationError` gives 2 (like an argparse
+error), :class:`~rpm.inference.trainer.NonFiniteLossError` gives 1, and
+:class:`~rpm.inference.trainer.TrainingInterrupted` gives 128 + the signal number (130 for
+Ctrl-C, 143 for SIGTERM) with the hint to rerun with ``--resume``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Iterable, Sequence
+from types import ModuleType
+
+from rpm.experiments.common import ConfigurationError
+from rpm.inference.trainer import NonFiniteLossError, TrainingInterrupted
+
+__all__ = ["EXIT_FAILURE", "EXIT_USAGE", "SUBCOMMANDS", "build_parser", "main"]
+
+#: Modules of the experiments, one sub-command each.
+SUBCOMMANDS: tuple[str, ...] = ()
+
+EXIT_FAILURE = 1  # the run failed (non-finite loss)
+EXIT_USAGE = 2  # bad command line, as argparse
+
+
+def _load(module: str | ModuleType) -> ModuleType:
+    if isinstance(module, str):
+        module = importlib.import_module(module)
+    for name in ("add_parser", "run"):
+        if not callable(getattr(module, name, None)):
+            raise TypeError(f"experiment module {module.__name__} must define {name}()")
+    return module
+
+
+def build_parser(modules: Iterable[str | ModuleType] | None = None) -> argparse.ArgumentParser:
+    """The ``rpm`` argument parser with one sub-command per experiment module.
+
+    :param modules: module names or modules providing ``add_parser`` and ``run``;
+        default :data:`SUBCOMMANDS`.
+    """
+    from rpm import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="rpm",
+        description="Recognition parameterised models: run the experiments of the papers.",
+    )
+    parser.add_argument("--version", action="version", version=f"rpm {__version__}")
+    subparsers = parser.add_subparsers(title="experiments", dest="command", metavar="COMMAND")
+    for module in SUBCOMMANDS if modules is None else modules:
+        _load(module).add_parser(subparsers)
+    return parser
+
+
+def main(
+    argv: Sequence[str] | None = None, *, modules: Iterable[str | ModuleType] | None = None
+) -> int:
+    """Entry point of the ``rpm`` console script and of ``python -m rpm``.
+
+    :param argv: the arguments, default ``sys.argv[1:]``.
+    :param modules: the experiment modules, default :data:`SUBCOMMANDS`.
+    :returns: the exit status (argparse errors exit with status 2 through ``SystemExit``).
+    """
+    parser = build_parser(modules)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    run = getattr(args, "func", None)
+    if run is None:
+        raise RuntimeError(f"sub-command {args.command!r} did not set func=run in add_parser")
+    prog = f"rpm {args.command}"
+    try:
+        return int(run(args))
+    except ConfigurationError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except NonFiniteLossError as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return EXIT_FAILURE
+    except TrainingInterrupted as err:
+        print(
+            f"{prog}: interrupted at step {err.step}; checkpoint saved to {err.checkpoint_path}; "
+            "rerun with --resume to continue",
+            file=sys.stderr,
+        )
+        return 128 + int(err.signal_number)

@@ -1,0 +1,263 @@
+r"""Atomic checkpoints and the random-number-generator state of a training run.
+
+A run is resumable bit for bit when everything that decides its future is saved together:
+parameters, optimiser and scheduler state, the step counter, and the state of every random
+number generator the loss draws from. This module saves such a state atomically and captures or
+restores the generators.
+
+Atomicity: the file is written to a temporary file in the destination folder, flushed and
+``fsync``-ed, then moved over the destination with :func:`os.replace`, which is atomic on POSIX
+and Windows. A process killed at any moment therefore leaves either the previous checkpoint or
+the new one, never a truncated file (at worst a stray ``.NAME.*.tmp`` file, which
+:func:`remove_stale_temporaries` deletes).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "CheckpointError",
+    "atomic_write",
+    "capture_rng_state",
+    "load_checkpoint",
+    "remove_stale_temporaries",
+    "restore_rng_state",
+    "save_checkpoint",
+]
+
+_FORMAT = "rpm-checkpoint"
+_VERSION = 1
+
+#: Random number generators a run may register besides the global ones.
+Generator = torch.Generator | np.random.Generator
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file exists but cannot be read: truncated, corrupt, or not an rpm checkpoint."""
+
+
+def _temporary_prefix(path: Path) -> str:
+    return f".{path.name}."
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> Path:
+    r"""Write a file atomically: to a temporary file in the same folder, ``fsync``, then
+    :func:`os.replace` it over ``path``.
+
+    If ``write`` raises (or the process dies) the previous content of ``path`` is untouched; on
+    an exception the temporary file is removed before the exception propagates.
+
+    :param path-like path: destination file; its folder is created if missing.
+    :param callable write: ``write(f)`` writes the content to the binary file object ``f``.
+    :returns: the destination as a :class:`~pathlib.Path`.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp_name = path.parent / f"{_temporary_prefix(path)}{secrets.token_hex(8)}.tmp"
+    # os.open rather than tempfile.mkstemp so that the file gets the usual umask permissions.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    fd = os.open(tmp_name, flags, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_directory(path.parent)
+    return path
+
+
+def _fsync_directory(directory: Path) -> None:
+    # Makes the rename itself durable on POSIX; folders cannot be opened on Windows.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Delete temporary files left next to ``path`` by a writer that was killed mid-write.
+
+    Only files named like the temporaries of :func:`atomic_write` for this very ``path``
+    (``.NAME.*.tmp``) are touched. Call it only when no other process writes ``path``.
+
+    :param path-like path: the destination whose stale temporaries to delete.
+    :returns: the deleted files.
+    """
+    path = Path(path)
+    if not path.parent.is_dir():
+        return []
+    removed = []
+    for stale in path.parent.glob(_temporary_prefix(path) + "*.tmp"):
+        if stale.is_file() and not stale.is_symlink():
+            stale.unlink()
+            removed.append(stale)
+    return removed
+
+
+def save_checkpoint(path: str | os.PathLike, state: dict) -> Path:
+    """Save a training state atomically with :func:`torch.save`.
+
+    The state is wrapped with a format tag so that :func:`load_checkpoint` can tell an rpm
+    checkpoint from any other file.
+
+    :param path-like path: destination, conventionally ``RUN_DIR/checkpoint.pt``.
+    :param dict state: anything :func:`torch.save` can pickle (state dicts, RNG states, history).
+    :returns: the destination as a :class:`~pathlib.Path`.
+    :raises TypeError: if ``state`` is not a dict.
+    """
+    if not isinstance(state, dict):
+        raise TypeError(f"save_checkpoint expects the state as a dict, got {type(state).__name__}")
+    payload = {"format": _FORMAT, "version": _VERSION, "state": state}
+    return atomic_write(path, lambda f: torch.save(payload, f))
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: Any = None) -> dict:
+    """Load a state saved by :func:`save_checkpoint`.
+
+    The file is unpickled with ``weights_only=False`` because a checkpoint holds Python and
+    NumPy random states and Pyro constraint objects: load only checkpoints you wrote yourself.
+
+    :param path-like path: the checkpoint file.
+    :param map_location: passed to :func:`torch.load`, e.g. ``"cpu"`` to load a GPU run's
+        tensors on the CPU.
+    :returns: the saved state dict.
+    :raises FileNotFoundError: if there is no file at ``path``.
+    :raises CheckpointError: if the file is truncated, corrupt, or not an rpm checkpoint.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}: the file does not exist")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=False)
+    except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ...
+        raise CheckpointError(
+            f"cannot read checkpoint {path} ({type(err).__name__}: {err}); the file is "
+            "truncated or corrupt: delete it, or start the run afresh with --overwrite"
+        ) from err
+    if not (isinstance(payload, dict) and payload.get("format") == _FORMAT):
+        raise CheckpointError(
+            f"{path} is not an rpm checkpoint (expected a file written by save_checkpoint)"
+        )
+    if payload.get("version") != _VERSION:
+        raise CheckpointError(
+            f"{path} has checkpoint format version {payload.get('version')!r}, this rpm reads "
+            f"version {_VERSION}"
+        )
+    return payload["state"]
+
+
+def _check_generators(generators: Mapping[str, Generator] | None) -> dict[str, Generator]:
+    if generators is None:
+        return {}
+    if not isinstance(generators, Mapping):
+        raise TypeError(
+            f"generators must be a mapping name -> generator, got {type(generators).__name__}"
+        )
+    for name, gen in generators.items():
+        if not isinstance(name, str):
+            raise TypeError(f"generator names must be strings, got {name!r}")
+        if not isinstance(gen, (torch.Generator, np.random.Generator)):
+            raise TypeError(
+                f"generator {name!r} must be a torch.Generator or numpy.random.Generator, "
+                f"got {type(gen).__name__}"
+            )
+    return dict(generators)
+
+
+def capture_rng_state(generators: Mapping[str, Generator] | None = None) -> dict:
+    """Capture the state of every random number generator a training step may use.
+
+    Captured: the global torch CPU generator (which Pyro samples from), the global NumPy and
+    Python :mod:`random` generators, the CUDA generators of every device when CUDA has been
+    initialised in this process, and each registered generator.
+
+    :param dict generators: extra generators by name, ``torch.Generator`` (any device) or
+        ``numpy.random.Generator``.
+    :returns: a picklable dict for :func:`restore_rng_state`.
+    """
+    generators = _check_generators(generators)
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "random": random.getstate(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
+        "generators": {},
+    }
+    for name, gen in generators.items():
+        if isinstance(gen, torch.Generator):
+            state["generators"][name] = {"kind": "torch", "state": gen.get_state()}
+        else:
+            state["generators"][name] = {"kind": "numpy", "state": gen.bit_generator.state}
+    return state
+
+
+def restore_rng_state(state: dict, generators: Mapping[str, Generator] | None = None) -> None:
+    """Restore the generators captured by :func:`capture_rng_state`.
+
+    The registered generators must be exactly those that were captured (same names, same
+    kinds): a resumed run that draws from other generators would not reproduce the original.
+
+    :param dict state: the output of :func:`capture_rng_state`.
+    :param dict generators: the same generators by name, restored in place.
+    :raises ValueError: if the registered generators differ from the captured ones.
+    """
+    generators = _check_generators(generators)
+    missing = {"torch", "numpy", "random", "cuda", "generators"} - set(state)
+    if missing:
+        raise ValueError(
+            f"RNG state lacks the entries {sorted(missing)}: not from capture_rng_state"
+        )
+    saved = state["generators"]
+    if set(saved) != set(generators):
+        raise ValueError(
+            f"the checkpoint holds RNG states for generators {sorted(saved)} but the run "
+            f"registers {sorted(generators)}; register the same generators to resume"
+        )
+    for name, gen in generators.items():
+        kind = "torch" if isinstance(gen, torch.Generator) else "numpy"
+        if saved[name]["kind"] != kind:
+            raise ValueError(
+                f"generator {name!r} was saved as a {saved[name]['kind']} generator but is "
+                f"now a {kind} generator"
+            )
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["random"])
+    if state["cuda"] is not None:
+        if torch.cuda.is_available() and torch.cuda.device_count() >= len(state["cuda"]):
+            torch.cuda.set_rng_state_all(state["cuda"])
+        else:
+            warnings.warn(
+                f"the checkpoint holds CUDA RNG states of {len(state['cuda'])} device(s) but "
+                f"{torch.cuda.device_count()} are available: they are not restored and the "
+                "resumed run will not reproduce the original exactly",
+                stacklevel=2,
+            )
+    for name, gen in generators.items():
+        if isinstance(gen, torch.Generator):
+            gen.set_state(saved[name]["state"])
+        else:
+            gen.bit_generator.state = saved[name]["state"]

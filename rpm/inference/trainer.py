@@ -1,0 +1,616 @@
+r"""The training loop shared by the experiments: minimise a loss with checkpoints, evaluation,
+non-finite-loss detection and exact resumption.
+
+The loop performs, for :math:`s = s_0, \dots, S - 1`,
+
+.. math::
+
+    \theta_{s+1} = \mathrm{step}\big(\theta_s, \nabla_\theta \ell_s(\theta_s)\big),
+    \qquad \ell_s = \texttt{loss\_fn}(s),
+
+where ``loss_fn`` draws its own minibatch, e.g. the negative RPM ELBO (Eq. 15 of Aitchison &
+Ganev) or an InfoNCE loss (Eq. 25). A run interrupted at step :math:`s_0` and resumed from its
+checkpoint reproduces the uninterrupted run exactly on the CPU, because the checkpoint holds
+:math:`\theta_{s_0}`, the optimiser and scheduler state, and the state of every random number
+generator the loss draws from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import math
+import numbers
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyro
+import torch
+from tqdm import tqdm
+
+from rpm.inference.checkpoint import (
+    Generator,
+    atomic_write,
+    capture_rng_state,
+    load_checkpoint,
+    remove_stale_temporaries,
+    restore_rng_state,
+    save_checkpoint,
+)
+
+__all__ = ["NonFiniteLossError", "Trainer", "TrainingInterrupted"]
+
+_LOGGER = logging.getLogger(__name__)
+
+#: File names inside ``out_dir``.
+CHECKPOINT_NAME = "checkpoint.pt"
+HISTORY_NAME = "history.json"
+
+_STATE_KEYS = frozenset(
+    {
+        "step",
+        "num_steps",
+        "module",
+        "optimizer",
+        "scheduler",
+        "rng",
+        "param_store",
+        "history",
+        "pending_losses",
+        "elapsed",
+        "extra",
+    }
+)
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss (or, at a checkpoint, a parameter) became NaN or infinite.
+
+    :ivar int step: the first step whose loss was not finite (the argument given to
+        ``loss_fn``).
+    :ivar checkpoint_path: the last good checkpoint, or ``None`` if none was saved.
+    """
+
+    def __init__(self, message: str, step: int, checkpoint_path: Path | None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.checkpoint_path = checkpoint_path
+
+
+class TrainingInterrupted(Exception):
+    """Training was stopped by SIGINT (Ctrl-C) or SIGTERM; a checkpoint was saved first.
+
+    :ivar int step: number of completed steps, saved in the checkpoint.
+    :ivar Path checkpoint_path: where the checkpoint was written.
+    :ivar int signal_number: the signal received (``signal.SIGINT`` or ``signal.SIGTERM``).
+    """
+
+    def __init__(self, step: int, checkpoint_path: Path, signal_number: int) -> None:
+        super().__init__(
+            f"interrupted at step {step}; checkpoint saved to {checkpoint_path}; "
+            "rerun with --resume (fit(resume=True)) to continue"
+        )
+        self.step = step
+        self.checkpoint_path = checkpoint_path
+        self.signal_number = signal_number
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+class Trainer:
+    r"""Minimise ``loss_fn`` over ``num_steps`` optimiser steps with periodic evaluation and
+    atomic, exactly resumable checkpoints.
+
+    Each step runs ``loss = loss_fn(step)``, ``zero_grad``, ``loss.backward()``, optional
+    gradient-norm clipping, ``optimizer.step()`` and ``scheduler.step()``; :math:`\ell_s` is
+    the minibatch loss of step :math:`s` (e.g. the negative RPM ELBO, Eq. 15 of Aitchison &
+    Ganev). The step losses stay on the device and are read back only every ``log_every``
+    steps and at evaluations and checkpoints, so the loop never waits for the device in between.
+    At those points a NaN or infinite loss stops the run with :class:`NonFiniteLossError`
+    naming the first bad step and the last good checkpoint, which is never overwritten by a
+    diverged state.
+
+    Files in ``out_dir``: ``checkpoint.pt`` (every ``checkpoint_every`` steps, at the end and on
+    SIGINT/SIGTERM) and ``history.json`` (rewritten after every evaluation and checkpoint),
+    both written atomically. The checkpoint holds the module's ``state_dict``, the optimiser and
+    scheduler states, the Pyro param store, the RNG states (torch, NumPy, Python, CUDA when
+    initialised, and every entry of ``generators``), the step, the history and any
+    ``extra_state``. ``fit(resume=True)`` continues from it: a run killed at any point (even by
+    SIGKILL) and resumed gives bit for bit the parameters and history of an uninterrupted run
+    on the CPU, provided that ``loss_fn`` and ``eval_fn`` draw randomness only from those
+    generators and keep no other state across steps (otherwise register that state through
+    ``extra_state``).
+
+    On SIGINT (Ctrl-C) or SIGTERM, received in the main thread, the current step is completed,
+    a checkpoint saved and :class:`TrainingInterrupted` raised; a second signal acts at once
+    (``KeyboardInterrupt`` / termination), without a checkpoint.
+
+    ``history`` is ``{"losses": [[step, mean loss over the window ending at step], ...],
+    "evaluations": [{"step": step, **metrics, "wall_time": seconds}, ...]}``, where ``step``
+    counts completed optimiser steps and ``wall_time`` is the training time so far, summed
+    over resumptions.
+
+    :param torch.nn.Module module: holds every trained parameter and buffer (e.g. an
+        :class:`rpm.RPM`); put into training mode by :meth:`fit`.
+    :param torch.optim.Optimizer optimizer: a :mod:`torch.optim` optimiser over the module's
+        parameters (Pyro's ``pyro.optim`` wrappers are not supported).
+    :param callable loss_fn: ``loss_fn(step) -> Tensor``: draws a minibatch and returns the
+        differentiable scalar loss to minimise; ``step`` is the number of completed steps.
+    :param path-like out_dir: folder of the checkpoint and history (created if missing).
+    :param int num_steps: total number of optimiser steps, >= 1.
+    :param scheduler: optional learning-rate scheduler, stepped once per optimiser step.
+    :param callable eval_fn: ``eval_fn(step) -> dict[str, float]`` run every ``eval_every``
+        steps and at the end. It may switch the module to eval mode; the trainer restores the
+        mode afterwards. Gradients are not disabled for it.
+    :param int eval_every: evaluation period in steps; 0 evaluates only at the end.
+    :param int checkpoint_every: checkpoint period in steps; 0 checkpoints only at the end and
+        on interruption.
+    :param int log_every: period, in steps, of reading the losses back from the device,
+        checking them and appending their mean to the history; >= 1.
+    :param dict generators: extra random generators the losses draw from, by name
+        (``torch.Generator`` or ``numpy.random.Generator``), saved and restored.
+    :param bool progress: show a tqdm progress bar with the loss and the latest metrics.
+    :param float grad_clip: if given, clip the global gradient norm to this value (> 0).
+    :param str description: label of the progress bar.
+    :param bool eval_at_start: also evaluate before the first step (not repeated on resume).
+    :param dict extra_state: further objects with ``state_dict()`` / ``load_state_dict()``
+        (e.g. a minibatch sampler) saved in the checkpoint by name.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[[int], torch.Tensor],
+        *,
+        out_dir: str | os.PathLike,
+        num_steps: int,
+        scheduler: Any = None,
+        eval_fn: Callable[[int], Mapping[str, float]] | None = None,
+        eval_every: int = 0,
+        checkpoint_every: int = 0,
+        log_every: int = 50,
+        generators: Mapping[str, Generator] | None = None,
+        progress: bool = True,
+        grad_clip: float | None = None,
+        description: str = "train",
+        eval_at_start: bool = False,
+        extra_state: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}; "
+                "use torch.optim directly rather than a pyro.optim wrapper"
+            )
+        if not callable(loss_fn):
+            raise TypeError(f"loss_fn must be callable as loss_fn(step), got {loss_fn!r}")
+        if eval_fn is not None and not callable(eval_fn):
+            raise TypeError(f"eval_fn must be callable as eval_fn(step) or None, got {eval_fn!r}")
+        if scheduler is not None and not (
+            hasattr(scheduler, "step")
+            and hasattr(scheduler, "state_dict")
+            and hasattr(scheduler, "load_state_dict")
+        ):
+            raise TypeError(
+                "scheduler must have step(), state_dict() and load_state_dict() like a "
+                f"torch.optim.lr_scheduler, got {type(scheduler).__name__}"
+            )
+        self.num_steps = _check_int("num_steps", num_steps, 1)
+        self.eval_every = _check_int("eval_every", eval_every, 0)
+        self.checkpoint_every = _check_int("checkpoint_every", checkpoint_every, 0)
+        self.log_every = _check_int("log_every", log_every, 1)
+        if self.eval_every and eval_fn is None:
+            raise ValueError(
+                f"eval_every={eval_every} needs an eval_fn; pass eval_fn or eval_every=0"
+            )
+        if grad_clip is not None:
+            if not isinstance(grad_clip, numbers.Real) or not (0 < grad_clip < math.inf):
+                raise ValueError(
+                    f"grad_clip must be a finite number > 0 or None, got {grad_clip!r}"
+                )
+            grad_clip = float(grad_clip)
+        extra_state = dict(extra_state or {})
+        for name, obj in extra_state.items():
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise TypeError(
+                    f"extra_state[{name!r}] must have state_dict() and load_state_dict(), "
+                    f"got {type(obj).__name__}"
+                )
+        self.module = module
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.scheduler = scheduler
+        self.eval_fn = eval_fn
+        self.generators = dict(generators or {})
+        capture_rng_state(self.generators)  # validates the generators now rather than later
+        self.progress = bool(progress)
+        self.grad_clip = grad_clip
+        self.description = description
+        self.eval_at_start = bool(eval_at_start)
+        self.extra_state = extra_state
+        self.out_dir = Path(out_dir)
+        self._reset()
+
+    # ----------------------------------------------------------------------------- paths
+    @property
+    def checkpoint_path(self) -> Path:
+        """``out_dir / "checkpoint.pt"``."""
+        return self.out_dir / CHECKPOINT_NAME
+
+    @property
+    def history_path(self) -> Path:
+        """``out_dir / "history.json"``."""
+        return self.out_dir / HISTORY_NAME
+
+    # ----------------------------------------------------------------------------- state
+    def _reset(self) -> None:
+        self.step = 0
+        self.history: dict = {"losses": [], "evaluations": []}
+        self._elapsed_before = 0.0
+        self._started = time.perf_counter()
+        self._buffer: torch.Tensor | None = None  # device losses of the current window
+        self._count = 0  # number of losses in the current window
+        self._pending: torch.Tensor | None = None  # CPU window restored from a checkpoint
+        self._last_checkpoint_step: int | None = None
+        self._latest_metrics: dict[str, float] = {}
+        self._signal_received: int | None = None
+
+    def _elapsed(self) -> float:
+        return self._elapsed_before + (time.perf_counter() - self._started)
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue the run exactly: the checkpoint's content."""
+        return {
+            "step": self.step,
+            "num_steps": self.num_steps,
+            "module": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            "rng": capture_rng_state(self.generators),
+            "param_store": pyro.get_param_store().get_state(),
+            "history": copy.deepcopy(self.history),
+            "pending_losses": self._window_values(),
+            "elapsed": self._elapsed(),
+            "extra": {name: obj.state_dict() for name, obj in self.extra_state.items()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a state produced by :meth:`state_dict`, in place (the optimiser keeps
+        referring to the module's parameter objects)."""
+        missing = _STATE_KEYS - set(state)
+        if missing:
+            raise ValueError(f"not a Trainer checkpoint: it lacks {sorted(missing)}")
+        if state["step"] > self.num_steps:
+            raise ValueError(
+                f"the checkpoint is at step {state['step']}, beyond num_steps={self.num_steps}; "
+                "pass num_steps >= the checkpoint's step to resume"
+            )
+        if (state["scheduler"] is None) != (self.scheduler is None):
+            raise ValueError(
+                "the checkpoint was saved "
+                + ("without" if state["scheduler"] is None else "with")
+                + " a scheduler but the trainer has "
+                + ("one" if self.scheduler is not None else "none")
+            )
+        if set(state["extra"]) != set(self.extra_state):
+            raise ValueError(
+                f"the checkpoint holds extra_state {sorted(state['extra'])} but the trainer has "
+                f"{sorted(self.extra_state)}"
+            )
+        self._restore_param_store(state["param_store"])
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        for name, obj in self.extra_state.items():
+            obj.load_state_dict(state["extra"][name])
+        restore_rng_state(state["rng"], self.generators)
+        self.step = int(state["step"])
+        self.history = copy.deepcopy(state["history"])
+        self._elapsed_before = float(state["elapsed"])
+        self._started = time.perf_counter()
+        pending = state["pending_losses"]
+        self._buffer = None
+        self._pending = pending if pending.numel() else None
+        self._count = pending.numel()
+        self._last_checkpoint_step = self.step
+        evaluations = self.history["evaluations"]
+        self._latest_metrics = (
+            {k: v for k, v in evaluations[-1].items() if k not in ("step", "wall_time")}
+            if evaluations
+            else {}
+        )
+
+    def _restore_param_store(self, saved: dict) -> None:
+        # Copy values into the live tensors rather than replacing them: a PyroModule adopts
+        # whatever tensor the store holds under its name, which would detach it from the
+        # optimiser. Names the store has not seen yet (PyroModules register lazily) get the
+        # module's own parameter object when one matches.
+        store = pyro.get_param_store()
+        live = store.get_state()["params"]
+        own = dict(self.module.named_parameters())
+        new_params, new_constraints = {}, {}
+        for name, value in saved["params"].items():
+            target = live.get(name)
+            if target is None:
+                target = own.get(name, own.get(name + "_unconstrained"))
+                if target is None:
+                    new_params[name] = value
+                    new_constraints[name] = saved["constraints"][name]
+                    continue
+                new_params[name] = target
+                new_constraints[name] = saved["constraints"][name]
+            if target.shape != value.shape:
+                raise ValueError(
+                    f"Pyro param {name!r} has shape {tuple(target.shape)} but the checkpoint "
+                    f"holds shape {tuple(value.shape)}"
+                )
+            with torch.no_grad():
+                target.copy_(value)
+        if new_params:
+            store.set_state({"params": new_params, "constraints": new_constraints})
+
+    # ----------------------------------------------------------------------------- loop
+    def fit(self, resume: bool = False) -> dict:
+        """Train until ``num_steps``.
+
+        :param bool resume: continue from ``out_dir/checkpoint.pt``; otherwise start at step 0
+            and refuse to overwrite an existing checkpoint.
+        :returns: the history (also in ``self.history`` and ``out_dir/history.json``).
+        :raises NonFiniteLossError: on a NaN or infinite loss.
+        :raises TrainingInterrupted: on SIGINT or SIGTERM, after saving a checkpoint.
+        """
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(self.checkpoint_path)
+        remove_stale_temporaries(self.history_path)
+        if resume:
+            if not self.checkpoint_path.is_file():
+                raise FileNotFoundError(
+                    f"cannot resume: no checkpoint at {self.checkpoint_path}; "
+                    "start the run without resume"
+                )
+            self.load_state_dict(load_checkpoint(self.checkpoint_path, map_location="cpu"))
+            self._write_history()
+            _LOGGER.info("resumed from %s at step %d", self.checkpoint_path, self.step)
+        else:
+            if self.checkpoint_path.exists():
+                raise FileExistsError(
+                    f"{self.checkpoint_path} already exists; resume from it (resume=True, "
+                    "--resume) or choose an empty out_dir (--overwrite deletes the old run)"
+                )
+            self._reset()
+        self.module.train()
+        with self._deferred_signals(), self._progress_bar() as bar:
+            if self.eval_at_start and self.eval_fn is not None and self.step == 0:
+                if not any(e["step"] == 0 for e in self.history["evaluations"]):
+                    self._evaluate(bar)
+            while self.step < self.num_steps:
+                if self._signal_received is not None:
+                    self._interrupt()
+                self._train_step()
+                bar.update(1)
+                step = self.step
+                final = step == self.num_steps
+                evaluate = self.eval_fn is not None and (
+                    final or (self.eval_every > 0 and step % self.eval_every == 0)
+                )
+                checkpoint = final or (
+                    self.checkpoint_every > 0 and step % self.checkpoint_every == 0
+                )
+                if evaluate or checkpoint or step % self.log_every == 0:
+                    self._sync(bar)
+                if evaluate:
+                    self._evaluate(bar)
+                if checkpoint:
+                    self._save()
+        return self.history
+
+    def _train_step(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss_fn(self.step)
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise TypeError(f"loss_fn(step) must return a 0-dim tensor, got {got}")
+        if not loss.requires_grad:
+            raise ValueError(
+                "loss_fn(step) returned a tensor that does not require grad; it must depend "
+                "differentiably on the trained parameters"
+            )
+        loss.backward()
+        if self.grad_clip is not None:
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self._record(loss.detach())
+        self.step += 1
+
+    def _record(self, loss: torch.Tensor) -> None:
+        if self._buffer is None:
+            self._buffer = torch.zeros(self.log_every, dtype=torch.float64, device=loss.device)
+            if self._pending is not None:
+                self._buffer[: self._count] = self._pending.to(loss.device)
+                self._pending = None
+        self._buffer[self._count] = loss  # stays on the device: no synchronisation
+        self._count += 1
+
+    def _window_values(self) -> torch.Tensor:
+        if self._buffer is None:
+            return (
+                self._pending if self._pending is not None else torch.zeros(0, dtype=torch.float64)
+            )
+        return self._buffer[: self._count].cpu()
+
+    def _check_finite(self, values: torch.Tensor) -> None:
+        bad = (~torch.isfinite(values)).nonzero()
+        if bad.numel():
+            index = int(bad[0])
+            first = self.step - values.numel() + index
+            raise NonFiniteLossError(
+                f"non-finite loss ({values[index].item()}) at step {first}; "
+                f"{self._last_good_message()}; lower the learning rate or set grad_clip",
+                step=first,
+                checkpoint_path=self._last_good_path(),
+            )
+
+    def _check_parameters_finite(self) -> None:
+        # Runs only before a checkpoint, which synchronises anyway.
+        bad = [n for n, p in self.module.named_parameters() if not bool(torch.isfinite(p).all())]
+        if bad:
+            raise NonFiniteLossError(
+                f"parameters {bad} became non-finite by step {self.step} although every loss "
+                f"was finite; {self._last_good_message()}; lower the learning rate or set "
+                "grad_clip",
+                step=self.step - 1,
+                checkpoint_path=self._last_good_path(),
+            )
+
+    def _check_optimizer_covers_module(self) -> None:
+        # A PyroModule adopts the tensor Pyro's global param store holds under a parameter's
+        # name at its first forward pass; a stale store thus silently detaches the module from
+        # the optimiser. Cheap (no device work), so checked at every synchronisation.
+        optimized = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+        orphans = [
+            name
+            for name, p in self.module.named_parameters()
+            if p.requires_grad and id(p) not in optimized
+        ]
+        if orphans:
+            raise ValueError(
+                f"module parameters {orphans} are not in the optimizer, so they are never "
+                "trained. If the module is a PyroModule, Pyro's param store probably replaced "
+                "them: call pyro.clear_param_store() before building the module. Freeze "
+                "intentionally untrained parameters with requires_grad_(False)."
+            )
+
+    def _last_good_path(self) -> Path | None:
+        return None if self._last_checkpoint_step is None else self.checkpoint_path
+
+    def _last_good_message(self) -> str:
+        if self._last_checkpoint_step is None:
+            return "no checkpoint was saved before, the run has to start afresh"
+        return (
+            f"the last good checkpoint is {self.checkpoint_path} "
+            f"(step {self._last_checkpoint_step}), left untouched"
+        )
+
+    def _sync(self, bar: tqdm) -> None:
+        values = self._window_values()
+        if values.numel() == 0:
+            return
+        self._check_finite(values)
+        self._check_optimizer_covers_module()
+        self.history["losses"].append([self.step, values.mean().item()])
+        self._count = 0
+        self._pending = None
+        bar.set_postfix(self._postfix(), refresh=False)
+
+    def _postfix(self) -> dict[str, str]:
+        postfix = {}
+        if self.history["losses"]:
+            postfix["loss"] = f"{self.history['losses'][-1][1]:.4g}"
+        for key, value in self._latest_metrics.items():
+            postfix[key] = f"{value:.4g}" if isinstance(value, float) else str(value)
+        return postfix
+
+    def _evaluate(self, bar: tqdm) -> None:
+        was_training = self.module.training
+        metrics = self.eval_fn(self.step)
+        self.module.train(was_training)
+        if not isinstance(metrics, Mapping):
+            raise TypeError(
+                f"eval_fn(step) must return a dict name -> number, got {type(metrics).__name__}"
+            )
+        clean: dict[str, float] = {}
+        for key, value in metrics.items():
+            if not isinstance(key, str) or key in ("step", "wall_time"):
+                raise ValueError(
+                    f"eval_fn returned the metric name {key!r}; names must be strings other "
+                    "than 'step' and 'wall_time'"
+                )
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                value = value.item()
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(
+                    f"eval_fn returned metric {key!r} = {value!r}; expected a number or a "
+                    "one-element tensor"
+                )
+            clean[key] = value if isinstance(value, int) else float(value)
+        self.history["evaluations"].append(
+            {"step": self.step, **clean, "wall_time": self._elapsed()}
+        )
+        self._latest_metrics = clean
+        self._write_history()
+        bar.set_postfix(self._postfix(), refresh=False)
+
+    def _save(self) -> None:
+        self._check_parameters_finite()
+        save_checkpoint(self.checkpoint_path, self.state_dict())
+        self._last_checkpoint_step = self.step
+        self._write_history()
+        _LOGGER.info("step %d: checkpoint saved to %s", self.step, self.checkpoint_path)
+
+    def _write_history(self) -> None:
+        text = json.dumps(self.history).encode()
+        atomic_write(self.history_path, lambda f: f.write(text))
+
+    def _interrupt(self) -> None:
+        signum = self._signal_received
+        self._check_finite(self._window_values())
+        self._save()  # keeps the partial loss window, so the history matches an unbroken run
+        raise TrainingInterrupted(self.step, self.checkpoint_path, signum)
+
+    # ----------------------------------------------------------------------------- helpers
+    def _progress_bar(self) -> tqdm:
+        return tqdm(
+            total=self.num_steps,
+            initial=self.step,
+            desc=self.description,
+            disable=not self.progress,
+            dynamic_ncols=True,
+        )
+
+    @contextlib.contextmanager
+    def _deferred_signals(self) -> Iterator[None]:
+        """Turn the first SIGINT/SIGTERM into a flag checked between steps, so that the
+        checkpoint never sees a half-applied optimiser step."""
+        self._signal_received = None
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        immediate = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+        previous = {}
+
+        def handler(signum: int, frame: Any) -> None:
+            if self._signal_received is None:
+                self._signal_received = signum
+                signal.signal(signum, immediate[signum])  # a second signal acts at once
+                _LOGGER.warning("signal %d received: stopping after the current step", signum)
+
+        for signum in immediate:
+            current = signal.getsignal(signum)
+            if current is signal.SIG_IGN:  # e.g. started with nohup: leave it ignored
+                continue
+            previous[signum] = current
+            signal.signal(signum, handler)
+        try:
+            yield
+        finally:
+            for signum, old in previous.items():
+                signal.signal(signum, old if old is not None else signal.SIG_DFL)

@@ -1,0 +1,161 @@
+"""The ``rpm`` command: registry, help, exit statuses and messages (argparse range errors,
+run-folder conflicts, unavailable device, non-finite loss)."""
+
+import importlib
+import importlib.metadata
+import importlib.util
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import rpm.cli
+from rpm.cli import SUBCOMMANDS, build_parser, main
+from rpm.inference.checkpoint import load_checkpoint
+
+TOY = Path(__file__).parent / "inference" / "toy_experiment.py"
+EXPERIMENTS = Path(rpm.cli.__file__).parent / "experiments"
+
+
+@pytest.fixture(scope="module")
+def toy():
+    spec = importlib.util.spec_from_file_location("toy_experiment", TOY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _toy(toy, capsys, *argv):
+    """Run ``rpm toy ARGV`` in this process: (exit status, stderr)."""
+    try:
+        status = main(["toy", *argv], modules=[toy])
+    except SystemExit as exit:
+        status = exit.code
+    return status, capsys.readouterr().err
+
+
+def test_every_experiment_module_is_registered_and_valid():
+    defined = {
+        f"rpm.experiments.{path.stem}"
+        for path in EXPERIMENTS.glob("*.py")
+        if re.search(r"^def add_parser\(", path.read_text(), flags=re.M)
+    }
+    assert defined <= set(SUBCOMMANDS), (
+        f"add them to rpm.cli.SUBCOMMANDS: {defined - set(SUBCOMMANDS)}"
+    )
+    for name in SUBCOMMANDS:
+        module = importlib.import_module(name)
+        assert callable(module.add_parser) and callable(module.run)
+    build_parser()  # every registered sub-command builds its parser
+
+
+def test_console_script_is_declared():
+    scripts = importlib.metadata.entry_points(group="console_scripts")
+    assert [ep.value for ep in scripts if ep.name == "rpm"] == ["rpm.cli:main"]
+
+
+def test_python_m_rpm_without_subcommand_prints_help_and_exits_2():
+    result = subprocess.run(
+        [sys.executable, "-m", "rpm"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: rpm")
+
+
+def test_help_and_version(capsys, toy):
+    with pytest.raises(SystemExit) as exit:
+        main(["--help"], modules=[toy])
+    assert exit.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: rpm") and "toy" in out
+    with pytest.raises(SystemExit) as exit:
+        main(["--version"])
+    assert exit.value.code == 0 and capsys.readouterr().out.startswith("rpm 0.")
+    with pytest.raises(SystemExit) as exit:
+        main(["toy", "--help"], modules=[toy])
+    out = capsys.readouterr().out
+    for flag in ("--out", "--resume", "--overwrite", "--checkpoint-every", "--seed", "--device"):
+        assert flag in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--checkpoint-every", "-1"],
+            "argument --checkpoint-every: expected a non-negative integer",
+        ),
+        (["--seed", "-3"], "argument --seed: expected a seed in [0, 2**32 - 1], got '-3'"),
+        (["--lr", "0"], "argument --lr: expected a positive number (> 0), got '0'"),
+        (["--lr", "nan"], "argument --lr: expected a finite number, got 'nan'"),
+        (["--dropout", "1.5"], "argument --dropout: expected a probability in [0, 1], got '1.5'"),
+        (["--num-steps", "abc"], "argument --num-steps: expected an integer, got 'abc'"),
+        (["--device", "gpu"], "argument --device: expected auto, cpu, cuda or cuda:N, got 'gpu'"),
+        (["--resume", "--overwrite"], "argument --overwrite: not allowed with argument --resume"),
+    ],
+)
+def test_out_of_range_arguments_exit_2_with_message(toy, capsys, tmp_path, argv, message):
+    status, err = _toy(toy, capsys, "--out", str(tmp_path / "run"), *argv)
+    assert status == 2
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_missing_out_is_an_argparse_error(toy, capsys):
+    status, err = _toy(toy, capsys)
+    assert status == 2 and "the following arguments are required: --out" in err
+
+
+def test_existing_run_folder_needs_resume_or_overwrite(toy, capsys, tmp_path):
+    flags = ["--out", str(tmp_path), "--num-steps", "4", "--no-progress", "--checkpoint-every", "2"]
+    assert _toy(toy, capsys, *flags)[0] == 0
+    first = load_checkpoint(tmp_path / "checkpoint.pt")
+    status, err = _toy(toy, capsys, *flags)
+    assert status == 2
+    assert "already holds a run" in err and "--resume" in err and "--overwrite" in err
+    assert _toy(toy, capsys, *flags, "--overwrite", "--seed", "5")[0] == 0
+    second = load_checkpoint(tmp_path / "checkpoint.pt")
+    assert not torch.equal(first["module"]["linear.weight"], second["module"]["linear.weight"])
+
+
+def test_resume_errors(toy, capsys, tmp_path):
+    status, err = _toy(toy, capsys, "--out", str(tmp_path / "none"), "--resume")
+    assert status == 2 and "--resume: there is no checkpoint at" in err
+    flags = ["--out", str(tmp_path / "run"), "--num-steps", "3", "--no-progress"]
+    assert _toy(toy, capsys, *flags)[0] == 0
+    status, err = _toy(toy, capsys, *flags, "--resume", "--lr", "0.5")
+    assert status == 2 and "--lr: was 0.05, now 0.5" in err
+
+
+def test_unavailable_cuda_is_a_clear_error(toy, capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    status, err = _toy(toy, capsys, "--out", str(tmp_path), "--device", "cuda")
+    assert status == 2
+    assert "--device cuda: CUDA is not available" in err and "--device cpu" in err
+
+
+def test_nonfinite_loss_exits_1_naming_step_and_checkpoint(toy, capsys, tmp_path):
+    status, err = _toy(
+        toy,
+        capsys,
+        *["--out", str(tmp_path), "--num-steps", "20", "--checkpoint-every", "5"],
+        *["--nan-at-step", "7", "--no-progress", "--log-every", "3"],
+    )
+    assert status == 1
+    assert "non-finite loss (nan) at step 7" in err
+    assert f"last good checkpoint is {tmp_path / 'checkpoint.pt'} (step 5)" in err
+    assert load_checkpoint(tmp_path / "checkpoint.pt")["step"] == 5
+
+
+def test_module_without_the_interface_is_rejected():
+    with pytest.raises(TypeError, match="must define add_parser"):
+        build_parser([types.ModuleType("broken")])
+    incomplete = types.ModuleType("incomplete")
+    incomplete.add_parser = lambda subparsers: subparsers.add_parser("incomplete")
+    incomplete.run = lambda args: 0
+    with pytest.raises(RuntimeError, match="did not set func=run"):
+        main(["incomplete"], modules=[incomplete])
