@@ -100,6 +100,9 @@ class RPMELBO(ELBO):
     def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
         """The negative ELBO as a differentiable scalar tensor; ``args`` are ``(x, x2)``."""
         rpm = _owning_rpm(model, guide)
+        return rpm.call_with_cached_params(self._negative_elbo, rpm, *args, **kwargs)
+
+    def _negative_elbo(self, rpm, *args, **kwargs) -> torch.Tensor:
         q, q2 = rpm.recognise(*args, **kwargs)
         total = 0.0
         for _ in range(self.num_particles):

@@ -24,7 +24,7 @@ import pyro
 import torch
 from pyro import poutine
 from pyro.distributions import Delta, TorchDistribution
-from pyro.nn import PyroModule
+from pyro.nn import PyroModule, pyro_method
 
 from rpm.marginals import MixtureMarginal
 
@@ -162,6 +162,12 @@ class RPM(PyroModule):
             z = pyro.sample("z", q)
             z2 = pyro.sample("z2", q2)
         return z, z2
+
+    @pyro_method
+    def call_with_cached_params(self, fn, *args, **kwargs):
+        """Calls ``fn(*args, **kwargs)`` with this module's Pyro params fetched once and cached
+        for the whole call (Pyro's ``pyro_method`` context), instead of once per access."""
+        return fn(*args, **kwargs)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """The recognition mean of the first view, shape (N, D): the learned representation."""

@@ -1,0 +1,139 @@
+r"""Overhead of one RPM training step through Pyro against a bare PyTorch InfoNCE step.
+
+Both train the same MLP encoder on the same batch with Adam:
+
+* **bare**: ``cross_entropy(kappa * zhat @ zhat2.T, arange(N))``, ``loss.backward()``,
+  ``optimizer.step()`` (what users write today);
+* **svi**: ``pyro.infer.SVI(rpm.model, rpm.guide, pyro.optim.Adam(...), rpm.RPMELBO()).step``
+  for an RPM with Delta recognition and the implicit prior with a cosine energy (the same
+  objective, Eq. 23-25 of Aitchison & Ganev);
+* **svi+fused**: the same with :func:`rpm.inference.FusedAdam` (one fused Adam over all
+  params instead of Pyro's one optimizer per parameter);
+* **elbo+torch**: ``rpm.RPMELBO().differentiable_loss`` with a plain ``torch.optim.Adam``, the
+  path of :class:`rpm.inference.Trainer`.
+
+Prints the median step time of each and the ratio to the bare step (target: at most 1.2x).
+Usage: ``python benchmarks/step_overhead.py --batch-sizes 256 6144 --device cpu``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import pyro
+import torch
+from pyro.infer import SVI
+
+import rpm
+from rpm.inference.optim import FusedAdam
+from rpm.priors import CosineEnergy, ImplicitPrior
+
+
+def make_encoder(dim: int, hidden: int, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(dim, hidden), torch.nn.LeakyReLU(),
+        torch.nn.Linear(hidden, hidden), torch.nn.LeakyReLU(),
+        torch.nn.Linear(hidden, dim),
+    )
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_steps(step, device, warmup: int, repeats: int) -> float:
+    for _ in range(warmup):
+        step()
+    synchronize(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def benchmark(batch_size: int, dim: int, hidden: int, kappa: float, device: torch.device,
+              warmup: int, repeats: int) -> dict[str, float]:
+    x = torch.randn(batch_size, dim, device=device)
+    x2 = x + 0.1 * torch.randn(batch_size, dim, device=device)
+    labels = torch.arange(batch_size, device=device)
+
+    bare_encoder = make_encoder(dim, hidden, 0).to(device)
+    bare_optimizer = torch.optim.Adam(bare_encoder.parameters(), lr=1e-4)
+
+    def bare_step():
+        z = torch.nn.functional.normalize(bare_encoder(x), dim=-1)
+        z2 = torch.nn.functional.normalize(bare_encoder(x2), dim=-1)
+        loss = torch.nn.functional.cross_entropy(kappa * z @ z2.T, labels)
+        bare_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        bare_optimizer.step()
+        return loss.item()  # SVI.step returns a float too
+
+    pyro.clear_param_store()
+    model = rpm.RPM(rpm.DeltaRecognition(make_encoder(dim, hidden, 0)),
+                    ImplicitPrior(CosineEnergy(kappa))).to(device)
+    svi = SVI(model.model, model.guide, pyro.optim.Adam({"lr": 1e-4}), rpm.RPMELBO())
+
+    def svi_step():
+        return svi.step(x, x2)
+
+    fused_model = rpm.RPM(rpm.DeltaRecognition(make_encoder(dim, hidden, 0)),
+                          ImplicitPrior(CosineEnergy(kappa))).to(device)
+    fused_svi = SVI(fused_model.model, fused_model.guide, FusedAdam({"lr": 1e-4}), rpm.RPMELBO())
+
+    def fused_svi_step():
+        return fused_svi.step(x, x2)
+
+    torch_model = rpm.RPM(rpm.DeltaRecognition(make_encoder(dim, hidden, 0)),
+                          ImplicitPrior(CosineEnergy(kappa))).to(device)
+    torch_optimizer = torch.optim.Adam(torch_model.parameters(), lr=1e-4)
+    elbo = rpm.RPMELBO()
+
+    def torch_step():
+        loss = elbo.differentiable_loss(torch_model.model, torch_model.guide, x, x2) / batch_size
+        torch_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch_optimizer.step()
+        return loss.item()
+
+    results = {}
+    # interleave the three so that machine load affects them alike
+    for _ in range(3):
+        for name, step in (("bare", bare_step), ("svi", svi_step), ("svi+fused", fused_svi_step),
+                           ("elbo+torch", torch_step)):
+            t = time_steps(step, device, warmup, repeats)
+            results[name] = min(results.get(name, float("inf")), t)
+    return results
+
+
+def main(args: argparse.Namespace) -> None:
+    device = torch.device(args.device)
+    print(f"device={device} threads={torch.get_num_threads()} dim={args.dim} hidden={args.hidden}")
+    names = ("svi", "svi+fused", "elbo+torch")
+    print(f"{'batch':>7} {'bare ms':>9} " + " ".join(f"{n + ' ms':>14}" for n in names)
+          + " " + " ".join(f"{n + '/bare':>16}" for n in names))
+    for batch_size in args.batch_sizes:
+        r = benchmark(batch_size, args.dim, args.hidden, args.kappa, device, args.warmup,
+                      args.repeats)
+        print(f"{batch_size:>7} {1e3 * r['bare']:>9.3f} "
+              + " ".join(f"{1e3 * r[n]:>14.3f}" for n in names) + " "
+              + " ".join(f"{r[n] / r['bare']:>16.2f}" for n in names))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 6144])
+    parser.add_argument("--dim", type=int, default=10)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--kappa", type=float, default=10.0)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=20)
+    main(parser.parse_args())
