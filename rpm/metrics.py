@@ -1,0 +1,162 @@
+r"""Identifiability metrics (SPEC section 5; Zimmermann et al., 2021; Hyvarinen &
+Morioka, 2016, for the MCC).
+
+* **Affine identifiability**, :func:`r2`: fit :math:`z \approx A \hat z + b` by least squares on a
+  training split, then the coefficient of determination per true dimension on the held-out split,
+
+  .. math::
+
+      R^2_d = 1 - \frac{\sum_{i \in \text{test}} (z_{id} - (A \hat z_i + b)_d)^2}
+                      {\sum_{i \in \text{test}} (z_{id} - \bar z_d)^2},
+      \qquad R^2 = \frac1n \sum_d R^2_d,
+
+  with :math:`\bar z_d` the test mean (``sklearn.metrics.r2_score`` with uniform averaging).
+* **Permutation identifiability**, :func:`mcc`: Pearson correlations
+  :math:`\rho_{dk} = \mathrm{corr}(z_d, \hat z_k)`, the one-to-one matching :math:`\pi` maximising
+  :math:`\sum_d |\rho_{d\pi(d)}|` (Hungarian algorithm,
+  ``scipy.optimize.linear_sum_assignment``), and
+  :math:`\mathrm{MCC} = \frac1n \sum_d |\rho_{d\pi(d)}|`.
+
+Inputs are torch tensors on any device; all computation is float64 on the CPU (these are
+evaluation-time metrics), results are Python floats (per-dimension results: float64 CPU tensors).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from scipy.optimize import linear_sum_assignment
+
+__all__ = ["MatchedCorrelation", "mcc", "mcc_per_dimension", "r2", "r2_per_dimension"]
+
+
+def _as_float64(name: str, x: object) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.ndim != 2:
+        raise ValueError(f"{name} must have shape (num_samples, dim), got {tuple(x.shape)}")
+    if not (x.dtype.is_floating_point or x.dtype in (torch.int32, torch.int64)):
+        raise TypeError(f"{name} must be a real tensor, got dtype {x.dtype}")
+    x = x.detach().to("cpu", torch.float64)
+    if not bool(torch.isfinite(x).all()):
+        bad = (~torch.isfinite(x)).any(dim=0).nonzero().flatten().tolist()
+        raise ValueError(f"{name} contains NaN or infinite values (columns {bad}); remove those "
+                         "samples or fix the model producing them")
+    return x
+
+
+def _check_pair(z_true: object, z_hat: object) -> tuple[torch.Tensor, torch.Tensor]:
+    zt, zh = _as_float64("z_true", z_true), _as_float64("z_hat", z_hat)
+    if zt.shape[0] != zh.shape[0]:
+        raise ValueError(f"z_true and z_hat must have the same number of samples, got "
+                         f"{zt.shape[0]} and {zh.shape[0]}")
+    return zt, zh
+
+
+def r2_per_dimension(z_true: torch.Tensor, z_hat: torch.Tensor, train_fraction: float = 0.5,
+                     num_train: int | None = None) -> torch.Tensor:
+    r"""Held-out :math:`R^2_d` of the affine regression of each true dimension on ``z_hat``
+    (module docstring). The first ``num_train`` samples train, the rest test; shuffle beforehand
+    if the samples are not exchangeable.
+
+    :param torch.Tensor z_true: ground-truth latents. Shape: ``(N, n)``.
+    :param torch.Tensor z_hat: recovered latents. Shape: ``(N, m)``.
+    :param float train_fraction: fraction of samples used to fit, in (0, 1); ignored when
+        ``num_train`` is given.
+    :param num_train: explicit number of training samples (the first ones).
+    :type num_train: int or None
+    :returns: :math:`R^2_d` (at most 1, unbounded below), float64 on the CPU. Shape: ``(n,)``.
+    :rtype: torch.Tensor
+    """
+    zt, zh = _check_pair(z_true, z_hat)
+    n_samples, m = zh.shape
+    if num_train is None:
+        if not 0.0 < train_fraction < 1.0:
+            raise ValueError(f"train_fraction must lie in (0, 1), got {train_fraction!r}")
+        num_train = int(round(train_fraction * n_samples))
+    elif isinstance(num_train, bool) or not isinstance(num_train, int):
+        raise TypeError(f"num_train must be an int or None, got {type(num_train).__name__}")
+    if num_train < m + 2 or n_samples - num_train < 2:
+        raise ValueError(f"too few samples for an affine fit of {m} regressors: need at least "
+                         f"{m + 2} training and 2 test samples, got {num_train} and "
+                         f"{n_samples - num_train} (of {n_samples}); pass more samples")
+    design = torch.cat([zh, torch.ones(n_samples, 1, dtype=torch.float64)], dim=1)  # (N, m+1)
+    coef = torch.linalg.lstsq(design[:num_train], zt[:num_train], driver="gelsd").solution
+    test_true = zt[num_train:]                                                        # (T, n)
+    residual = test_true - design[num_train:] @ coef
+    total = (test_true - test_true.mean(dim=0)).pow(2).sum(dim=0)
+    if bool((total == 0).any()):
+        bad = (total == 0).nonzero().flatten().tolist()
+        raise ValueError(f"true dimensions {bad} are constant on the test split, so R^2 is "
+                         "undefined; drop them")
+    return 1.0 - residual.pow(2).sum(dim=0) / total
+
+
+def r2(z_true: torch.Tensor, z_hat: torch.Tensor, train_fraction: float = 0.5,
+       num_train: int | None = None) -> float:
+    r"""Affine identifiability: mean over true dimensions of the held-out :math:`R^2_d`
+    (:func:`r2_per_dimension`, whose arguments it takes).
+
+    :param torch.Tensor z_true: ground-truth latents. Shape: ``(N, n)``.
+    :param torch.Tensor z_hat: recovered latents. Shape: ``(N, m)``.
+    :param float train_fraction: fraction of samples used to fit.
+    :param num_train: explicit number of training samples (the first ones).
+    :type num_train: int or None
+    :returns: :math:`R^2`, 1 for a perfect affine recovery, about 0 (or below) for none.
+    :rtype: float
+    """
+    return float(r2_per_dimension(z_true, z_hat, train_fraction, num_train).mean())
+
+
+class MatchedCorrelation(NamedTuple):
+    """Result of :func:`mcc_per_dimension`."""
+
+    abs_correlation: torch.Tensor  #: :math:`|\rho_{d\pi(d)}|`, float64. Shape: (n,)
+    index: torch.Tensor            #: matched recovered dimension :math:`\pi(d)`. Shape: (n,)
+
+
+def mcc_per_dimension(z_true: torch.Tensor, z_hat: torch.Tensor) -> MatchedCorrelation:
+    r"""Pearson correlations of every true with every recovered dimension, matched one to one by
+    the Hungarian algorithm on :math:`|\rho|` (module docstring).
+
+    :param torch.Tensor z_true: ground-truth latents. Shape: ``(N, n)``.
+    :param torch.Tensor z_hat: recovered latents, :math:`m \ge n`. Shape: ``(N, m)``.
+    :returns: the matched absolute correlations and the matched column of ``z_hat`` for each
+        true dimension. Shape: ``(n,)`` each.
+    :rtype: MatchedCorrelation
+    """
+    zt, zh = _check_pair(z_true, z_hat)
+    if zh.shape[1] < zt.shape[1]:
+        raise ValueError(f"z_hat needs at least as many dimensions as z_true to match each true "
+                         f"dimension, got {zh.shape[1]} < {zt.shape[1]}")
+    if zt.shape[0] < 3:
+        raise ValueError(f"too few samples for correlations: need at least 3, got {zt.shape[0]}")
+
+    def standardise(name: str, x: torch.Tensor) -> torch.Tensor:
+        x = x - x.mean(dim=0)
+        norm = torch.linalg.vector_norm(x, dim=0)
+        if bool((norm == 0).any()):
+            bad = (norm == 0).nonzero().flatten().tolist()
+            raise ValueError(f"{name} columns {bad} are constant, so their correlation is "
+                             "undefined; drop them")
+        return x / norm
+
+    corr = standardise("z_true", zt).T @ standardise("z_hat", zh)          # (n, m) Pearson
+    abs_corr = corr.abs().clamp(max=1.0)
+    rows, cols = linear_sum_assignment(abs_corr.numpy(), maximize=True)
+    rows_t, cols_t = torch.as_tensor(rows), torch.as_tensor(cols)
+    order = torch.argsort(rows_t)
+    return MatchedCorrelation(abs_corr[rows_t, cols_t][order], cols_t[order])
+
+
+def mcc(z_true: torch.Tensor, z_hat: torch.Tensor) -> float:
+    r"""Mean correlation coefficient: :math:`\frac1n \sum_d |\rho_{d\pi(d)}|` with the optimal
+    one-to-one matching :math:`\pi` (:func:`mcc_per_dimension`).
+
+    :param torch.Tensor z_true: ground-truth latents. Shape: ``(N, n)``.
+    :param torch.Tensor z_hat: recovered latents, :math:`m \ge n`. Shape: ``(N, m)``.
+    :returns: MCC in [0, 1]; 1 for a recovery up to permutation, sign and scale of each dimension.
+    :rtype: float
+    """
+    return float(mcc_per_dimension(z_true, z_hat).abs_correlation.mean())
