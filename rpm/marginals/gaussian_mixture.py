@@ -41,6 +41,8 @@ _REFINE_MARGIN = 30.0
 _REFINE_TOLERANCE = 1e-5
 # At most this many refined pairs are recomputed at once (bounds the (K, D) temporaries).
 _REFINE_CHUNK = 1 << 20
+# Above this many (point, component) pairs the streamed kernel is used (rpm.marginals.streaming).
+_STREAMING_MIN_PAIRS = 1 << 22
 
 
 def check_mixture_arguments(z: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor) -> None:
@@ -89,7 +91,8 @@ def _exact_quadratic(
 
 
 def gaussian_mixture_log_prob(
-    z: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor, exclude_self: bool = False
+    z: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor, exclude_self: bool = False,
+    block_size: int | None = None,
 ) -> torch.Tensor:
     r"""Log-density of points under the equally weighted mixture of diagonal Gaussians.
 
@@ -106,11 +109,17 @@ def gaussian_mixture_log_prob(
 
     Computed through matrix products (see the module docstring) in the dtype of the inputs;
     TF32 is switched off for the products so that float32 stays within 1e-4 of float64.
+    Above ``_STREAMING_MIN_PAIRS`` pairs (M N), or whenever ``block_size`` is given, the
+    streamed kernel :func:`~rpm.marginals.streaming_gaussian_mixture_log_prob` computes the
+    same value in blocks with O((M + N) D) memory (forward and backward); this dense path stays
+    the reference for small sizes.
 
     :param torch.Tensor z: points, shape (M, D).
     :param torch.Tensor loc: component means, shape (N, D).
     :param torch.Tensor scale: component standard deviations, shape (N, D), positive.
     :param bool exclude_self: drop the diagonal pair (m, m); requires M == N and N >= 2.
+    :param block_size: stream in blocks of this many rows and columns; ``None`` streams (with
+        the device's default block) only above ``_STREAMING_MIN_PAIRS`` pairs.
     :return: log Q(z_m), shape (M,).
     :rtype: torch.Tensor
     """
@@ -122,6 +131,10 @@ def gaussian_mixture_log_prob(
             f"components and at least 2 components; got {num_points} points and "
             f"{num_components} components"
         )
+    if block_size is not None or num_points * num_components > _STREAMING_MIN_PAIRS:
+        from rpm.marginals.streaming import streaming_gaussian_mixture_log_prob
+
+        return streaming_gaussian_mixture_log_prob(z, loc, scale, exclude_self, block_size)
     dim = z.shape[1]
     centre = loc.mean(0, keepdim=True).detach()
     z_c = z - centre  # (M, D)

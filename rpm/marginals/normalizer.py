@@ -1,0 +1,110 @@
+r"""The log-normaliser of a matrix of logits that is a matrix product, streamed in blocks.
+
+The InfoNCE normaliser of the implicit prior (Eq. 23-25 of Aitchison & Ganev),
+
+.. math::
+
+    \log \sum_j e^{f(z_i, z'_j)}, \qquad f(z_i, z'_j) = a_i^\top b_j,
+
+is, for every energy built from a matrix product (bilinear, cosine, RBF, anisotropic; see
+:func:`rpm.priors.energy_logit_factors`), the row log-sum-exp of :math:`A B^\top`. This module
+computes it without storing the N x M matrix: blocks of ``block_size`` rows and columns, an
+online log-sum-exp in the forward pass, and a backward pass that recomputes each block,
+
+.. math::
+
+    P_{ij} = e^{a_i^\top b_j - \mathrm{lse}_i}, \qquad
+    \frac{\partial}{\partial a_i} = g_i \sum_j P_{ij} b_j, \qquad
+    \frac{\partial}{\partial b_j} = \sum_i g_i P_{ij} a_i,
+
+the normaliser of flash attention (Dao et al., 2022) without the values. Memory
+O((N + M) K) plus one block; three matrix products of the size of the logits in all.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from rpm.marginals.streaming import default_block_size, ieee_float32_matmul
+
+__all__ = ["streaming_matmul_logsumexp"]
+
+
+class _StreamingMatmulLogsumexp(torch.autograd.Function):
+    """Row log-sum-exp of left @ right.T in blocks, with a recomputing backward."""
+
+    @staticmethod
+    def forward(ctx, left, right, block_size: int):
+        num_rows, num_cols = left.shape[0], right.shape[0]
+        with torch.no_grad(), ieee_float32_matmul():
+            lse = left.new_full((num_rows,), -math.inf)  # (N,)
+            for r0 in range(0, num_rows, block_size):
+                rows = slice(r0, min(r0 + block_size, num_rows))
+                lse_rows = lse[rows]
+                for c0 in range(0, num_cols, block_size):
+                    logits = left[rows] @ right[c0:c0 + block_size].T  # (rows, cols) of the block
+                    torch.logaddexp(lse_rows, torch.logsumexp(logits, 1), out=lse_rows)
+        ctx.block_size = block_size
+        ctx.save_for_backward(left, right, lse)
+        return lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        left, right, lse = ctx.saved_tensors
+        block_size = ctx.block_size
+        num_rows, num_cols = left.shape[0], right.shape[0]
+        with torch.no_grad(), ieee_float32_matmul():
+            grad_left = torch.empty_like(left)  # (N, K)
+            grad_right = torch.zeros_like(right)  # (M, K)
+            for r0 in range(0, num_rows, block_size):
+                rows = slice(r0, min(r0 + block_size, num_rows))
+                g = grad[rows]  # (rows,)
+                scaled_left = left[rows] * g[:, None]  # (rows, K)
+                acc = torch.zeros_like(scaled_left)  # (rows, K): sum_j P_ij b_j
+                for c0 in range(0, num_cols, block_size):
+                    cols = slice(c0, c0 + block_size)
+                    prob = left[rows] @ right[cols].T  # (rows, cols): logits, then P in place
+                    prob.sub_(lse[rows, None]).exp_()
+                    acc.addmm_(prob, right[cols])
+                    grad_right[cols].addmm_(prob.T, scaled_left)
+                grad_left[rows] = acc * g[:, None]
+        return grad_left, grad_right, None
+
+
+def streaming_matmul_logsumexp(
+    left: torch.Tensor, right: torch.Tensor, block_size: int | None = None
+) -> torch.Tensor:
+    r"""Row log-sum-exp of a product, :math:`\mathrm{lse}_i = \log \sum_j e^{a_i^\top b_j}`,
+    without storing the product.
+
+    Equal to ``torch.logsumexp(left @ right.T, dim=1)`` (TF32 switched off), computed in
+    blocks with an online log-sum-exp; the backward pass recomputes the blocks. Memory
+    O((N + M) K) plus one ``block_size`` x ``block_size`` block. Not twice differentiable.
+
+    :param torch.Tensor left: the row factors :math:`a_i`, shape (N, K).
+    :param torch.Tensor right: the column factors :math:`b_j`, shape (M, K).
+    :param block_size: rows and columns per block; ``None`` picks
+        :func:`~rpm.marginals.default_block_size` of the device.
+    :return: shape (N,).
+    :rtype: torch.Tensor
+    """
+    if left.dim() != 2 or right.dim() != 2 or left.shape[1] != right.shape[1]:
+        raise ValueError(
+            "expected left of shape (N, K) and right of shape (M, K) with the same K, got "
+            f"{tuple(left.shape)} and {tuple(right.shape)}"
+        )
+    if right.shape[0] < 1:
+        raise ValueError("the log-sum-exp needs at least one column, got right with 0 rows")
+    if left.dtype != right.dtype or not left.dtype.is_floating_point:
+        raise TypeError(
+            f"left and right must share a floating-point dtype, got {left.dtype} and {right.dtype}"
+        )
+    if block_size is None:
+        block_size = default_block_size(left.device)
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive integer or None, got {block_size!r}")
+    return _StreamingMatmulLogsumexp.apply(left, right, block_size)
