@@ -7,7 +7,7 @@ The InfoNCE normaliser of the implicit prior (Eq. 23-25 of Aitchison & Ganev),
     \log \sum_j e^{f(z_i, z'_j)}, \qquad f(z_i, z'_j) = a_i^\top b_j,
 
 is, for every energy built from a matrix product (bilinear, cosine, RBF, anisotropic; see
-:func:`rpm.priors.energy_logit_factors`), the row log-sum-exp of :math:`A B^\top`. This module
+:func:`rpm.priors.implicit.energy_logit_factors`), the row log-sum-exp of :math:`A B^\top`. This module
 computes it without storing the N x M matrix: blocks of ``block_size`` rows and columns, an
 online log-sum-exp in the forward pass, and a backward pass that recomputes each block,
 

@@ -32,9 +32,26 @@ from pyro.nn import PyroModule
 from torch.distributions import constraints
 
 from rpm.marginals import MixtureMarginal
-from rpm.priors.energies import Energy
+from rpm.marginals.normalizer import streaming_matmul_logsumexp
+from rpm.priors.energies import (
+    AnisotropicEnergy,
+    BilinearEnergy,
+    CosineEnergy,
+    Energy,
+    LpEnergy,
+    RBFEnergy,
+)
 
-__all__ = ["ImplicitConditional", "ImplicitPrior", "implicit_log_ratio"]
+__all__ = [
+    "ImplicitConditional",
+    "ImplicitPrior",
+    "energy_log_normalizer",
+    "energy_logit_factors",
+    "implicit_log_ratio",
+]
+
+# Above this many (i, j) pairs the normaliser is streamed in blocks (rpm.marginals.normalizer).
+_STREAMING_MIN_PAIRS = 1 << 22
 
 
 def implicit_log_ratio(energy_matrix: torch.Tensor) -> torch.Tensor:
@@ -53,6 +70,105 @@ def implicit_log_ratio(energy_matrix: torch.Tensor) -> torch.Tensor:
         - torch.logsumexp(energy_matrix, dim=-1)
         + math.log(num_pairs)
     )
+
+
+def _squared_distance_factors(
+    a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Factors of -1/2 sum_d w_d (a_id - b_jd)^2, centred on the mean of both sets."""
+    centre = torch.cat([a, b]).mean(0, keepdim=True).detach()
+    a, b = a - centre, b - centre
+    left = torch.cat([a * weight, torch.ones_like(a[:, :1])], dim=1)  # (N, D + 1)
+    right = torch.cat([b, -0.5 * (b.square() * weight).sum(-1, keepdim=True)], dim=1)  # (M, D + 1)
+    return left, right, -0.5 * (a.square() * weight).sum(-1)
+
+
+def energy_logit_factors(
+    energy: Energy, z: torch.Tensor, z2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+    r"""Writes an energy matrix as a matrix product plus a row offset, when it is one.
+
+    .. math::
+
+        f(z_i, z'_j) = a_i^\top b_j + c_i
+
+    so that :math:`\log \sum_j e^{f(z_i, z'_j)} = c_i + \log \sum_j e^{a_i^\top b_j}` can be
+    streamed (:func:`~rpm.marginals.streaming_matmul_logsumexp`). Known factorisations:
+    bilinear (:math:`a = W^\top z`, :math:`b = z'`), cosine (:math:`a = \kappa \hat z`,
+    :math:`b = \hat z'`), RBF, anisotropic and Lp with p = 2 (squared distances expanded after
+    centring, :math:`a = [w z, 1]`, :math:`b = [z', -\tfrac12 \sum_d w_d z'^2_d]`,
+    :math:`c = -\tfrac12 \sum_d w_d z_d^2`). Any energy may provide its own through a method
+    ``logit_factors(z, z2)`` returning the same triple.
+
+    :param energy: the energy f.
+    :param torch.Tensor z: first-view latents, shape (N, D).
+    :param torch.Tensor z2: second-view latents, shape (M, D).
+    :return: ``(a (N, K), b (M, K), c (N,) or None)``, or None when f is not a matrix product
+        (neural energies, Lp with p != 2).
+    """
+    method = getattr(energy, "logit_factors", None)
+    if callable(method):
+        return method(z, z2)
+    if z.dim() != 2 or z2.dim() != 2 or z.shape[1] != z2.shape[1]:
+        raise ValueError(
+            "an energy takes latents z of shape (N, D) and z2 of shape (M, D), got "
+            f"{tuple(z.shape)} and {tuple(z2.shape)}"
+        )
+    dim = getattr(energy, "dim", None)
+    if isinstance(dim, int) and dim != z.shape[1]:
+        raise ValueError(
+            f"this energy was built for latents of dimension {dim} but got dimension "
+            f"{z.shape[1]}; build the energy with dim={z.shape[1]}"
+        )
+    kind = type(energy)  # exact types: a subclass may redefine forward
+    if kind is BilinearEnergy:
+        return z @ energy.weight, z2, None
+    if kind is CosineEnergy:
+        unit = torch.nn.functional.normalize
+        return energy.kappa * unit(z, dim=-1), unit(z2, dim=-1), None
+    if kind is RBFEnergy:
+        weight = energy.lengthscale.square().reciprocal().expand(z.shape[1])
+        return _squared_distance_factors(z, z2, weight)
+    if kind is AnisotropicEnergy:
+        return _squared_distance_factors(
+            energy._project(z), energy._project(z2), energy.concentration
+        )
+    if kind is LpEnergy and energy.p == 2.0:
+        weight = (2.0 / energy.tau).expand(z.shape[1])
+        return _squared_distance_factors(z, z2, weight)
+    return None
+
+
+def energy_log_normalizer(
+    energy: Energy, z: torch.Tensor, z2: torch.Tensor, block_size: int | None = None
+) -> torch.Tensor:
+    r"""The InfoNCE log-normaliser :math:`\log \sum_j e^{f(z_i, z'_j)}` of each row.
+
+    .. math::
+
+        \log \hat Z(z_i) + \log M = \log \sum_{j=1}^M e^{f(z_i, z'_j)}
+
+    (Eq. 23-25 of Aitchison & Ganev, without the :math:`-\log M`). For energies that are a
+    matrix product (:func:`energy_logit_factors`) it is streamed in blocks with O((N + M) D)
+    memory when ``block_size`` is given or the matrix has more than ``_STREAMING_MIN_PAIRS``
+    entries; otherwise (and always for other energies) it is
+    ``torch.logsumexp(energy(z, z2), -1)``.
+
+    :param energy: the energy f.
+    :param torch.Tensor z: first-view latents, shape (N, D).
+    :param torch.Tensor z2: the candidates :math:`z'_j` (the batch's second-view latents, or a
+        gathered global batch), shape (M, D).
+    :param block_size: stream in blocks of this many rows and columns; ``None`` decides by size.
+    :return: shape (N,).
+    :rtype: torch.Tensor
+    """
+    large = z.shape[0] * z2.shape[0] > _STREAMING_MIN_PAIRS
+    factors = energy_logit_factors(energy, z, z2) if (large or block_size is not None) else None
+    if factors is None:
+        return torch.logsumexp(energy(z, z2), dim=-1)
+    left, right, row_offset = factors
+    lse = streaming_matmul_logsumexp(left, right, block_size)
+    return lse if row_offset is None else lse + row_offset
 
 
 class ImplicitConditional(TorchDistribution):
@@ -149,7 +265,33 @@ class ImplicitPrior(PyroModule):
         z2 = pyro.sample("z2", ImplicitConditional(z, q2, self.energy))
         return z, z2
 
-    def log_ratio(self, z: torch.Tensor, z2: torch.Tensor, q=None, q2=None) -> torch.Tensor:
+    def log_ratio(
+        self, z: torch.Tensor, z2: torch.Tensor, q=None, q2=None,
+        negatives: torch.Tensor | None = None, block_size: int | None = None,
+    ) -> torch.Tensor:
         r"""Per-pair :math:`\log P(z_i, z'_i) - \log Q(z_i) - \log Q(z'_i)`, the terms of Eq. 15
-        that remain after the analytic cancellation (shape (N,))."""
-        return implicit_log_ratio(self.energy(z, z2))
+        that remain after the analytic cancellation (shape (N,)):
+
+        .. math::
+
+            f(z_i, z'_i) - \log \sum_{j=1}^{M} e^{f(z_i, z'_j)} + \log M,
+
+        with the candidates :math:`z'_{1:M}` the batch's own z2 or, for a global batch across
+        processes, ``negatives`` (every rank's z2, gathered with
+        :func:`rpm.distributed.all_gather_with_grad`). The normaliser is streamed for large
+        batches (:func:`energy_log_normalizer`).
+
+        :param torch.Tensor z: shape (N, D).
+        :param torch.Tensor z2: shape (N, D), paired with z.
+        :param negatives: the candidates, shape (M, D); default z2.
+        :param block_size: block edge of the streamed normaliser; ``None`` decides by size.
+        """
+        num_candidates = z2.shape[0] if negatives is None else negatives.shape[0]
+        if (negatives is None and block_size is None
+                and z.shape[0] * num_candidates <= _STREAMING_MIN_PAIRS):
+            return implicit_log_ratio(self.energy(z, z2))
+        paired = getattr(self.energy, "paired", None)
+        positive = paired(z, z2) if paired is not None else torch.diagonal(self.energy(z, z2))
+        candidates = z2 if negatives is None else negatives
+        normalizer = energy_log_normalizer(self.energy, z, candidates, block_size)
+        return positive - normalizer + math.log(num_candidates)
