@@ -24,6 +24,7 @@ import pyro
 import torch
 from pyro import poutine
 from pyro.distributions import Delta, TorchDistribution
+from pyro.infer.util import is_validation_enabled
 from pyro.nn import PyroModule, pyro_method
 
 from rpm.marginals import MixtureMarginal
@@ -95,13 +96,17 @@ class RPM(PyroModule):
         if x.shape[0] != x2.shape[0]:
             raise ValueError(
                 f"x and x2 are paired views and need the same batch size, got {x.shape[0]} and "
-                f"{x2.shape[0]}"
+                f"{x2.shape[0]}; pass the two views of the same N pairs (x[i] and x2[i] form "
+                "pair i)"
             )
         if x.shape[0] < 2:
             raise ValueError(
                 f"a batch of {x.shape[0]} pair has nothing to contrast: the recognition marginal "
                 "is a mixture over the batch, so use at least 2 pairs (in practice many more)"
             )
+        if is_validation_enabled():
+            for name, value in (("x", x), ("x2", x2)):
+                _check_finite_input(name, value)
         q = self.recognition(x)
         q2 = (self.recognition2 or self.recognition)(x2)
         for name, dist in (("recognition", q), ("recognition2", q2)):
@@ -140,9 +145,12 @@ class RPM(PyroModule):
                 "and return (z, z2)"
             )
         if not (isinstance(result, tuple) and len(result) == 2):
+            got = type(result).__name__
+            if isinstance(result, (tuple, list)):
+                got += f" of length {len(result)}"
             raise ValueError(
                 f"the prior {type(self.prior).__name__} must return the pair (z, z2), got "
-                f"{type(result).__name__}"
+                f"{got}; end its forward with `return z, z2`"
             )
         return result
 
@@ -172,6 +180,21 @@ class RPM(PyroModule):
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """The recognition mean of the first view, shape (N, D): the learned representation."""
         return self.recognition(x).mean
+
+
+def _check_finite_input(name: str, value: torch.Tensor) -> None:
+    """Raises ValueError naming the rows of ``value`` (N, ...) that hold NaN or infinite entries."""
+    if not value.is_floating_point() and not value.is_complex():
+        return
+    finite = torch.isfinite(value).reshape(value.shape[0], -1).all(-1)  # (N,)
+    if not finite.all():
+        rows = torch.nonzero(~finite).flatten().tolist()
+        shown = ", ".join(str(row) for row in rows[:5]) + (", ..." if len(rows) > 5 else "")
+        raise ValueError(
+            f"{name} has NaN or infinite entries in {len(rows)} of its {value.shape[0]} rows "
+            f"(rows {shown}); clean or drop those pairs before training (this check runs "
+            "under pyro.enable_validation)"
+        )
 
 
 def _delta_with_density_message(name: str, prior) -> str:

@@ -20,6 +20,8 @@ neural          :math:`f_\theta(z, z')` (an MLP)                 a learned energ
 
 from __future__ import annotations
 
+import math
+
 import torch
 from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
@@ -37,9 +39,15 @@ __all__ = [
 
 
 def _positive(name: str, value: float) -> torch.Tensor:
-    value = float(value)
+    try:
+        value = float(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name} must be a number, got {value!r}") from None
     if not (value > 0 and value < float("inf")):
-        raise ValueError(f"{name} must be a finite positive number, got {value}")
+        raise ValueError(
+            f"{name} must be a finite positive number, got {value}; pass a value > 0 (for a "
+            "learned parameter, its initial value)"
+        )
     return torch.tensor(value)
 
 
@@ -54,22 +62,32 @@ def squared_distances(
 ) -> torch.Tensor:
     r"""Pairwise weighted squared distances :math:`\sum_d w_d (z_{id} - z'_{jd})^2`.
 
-    Expanded into matrix products after centring both sets on a common mean (which keeps the
+    Expanded into matrix products, :math:`\sum_d w_d a_{id}^2 + \sum_d w_d b_{jd}^2
+    - 2 \sum_d w_d a_{id} b_{jd}`, after centring both sets on a common mean (which keeps the
     cancellation error proportional to the spread of the points, not their offset); clamped at
-    zero.
+    zero. The expansion cancels when two points are close compared with their distance from
+    the centre (e.g. two tight clusters 2e3 apart): in float32 a squared distance of 1e-6
+    would carry an error of order 1e-1. Lower precisions are therefore centred and expanded in
+    float64 and the result is cast back, which leaves a relative error of order 1e-16 times
+    (spread / distance)^2 before the final rounding. The matrix product has only D columns, so
+    the cost is that of writing the (N, M) result.
 
     :param torch.Tensor z: shape (N, D).
     :param torch.Tensor z2: shape (M, D).
     :param weight: optional per-dimension weights :math:`w_d \ge 0`, shape (D,).
-    :return: shape (N, M).
+    :return: shape (N, M), in the dtype of z.
     """
+    dtype = z.dtype
+    if dtype != torch.float64:
+        z, z2 = z.double(), z2.double()
+        weight = None if weight is None else weight.double()
     centre = torch.cat([z, z2]).mean(0, keepdim=True).detach()
-    a, b = z - centre, z2 - centre
+    a, b = z - centre, z2 - centre  # (N, D), (M, D)
     a_weighted = a if weight is None else a * weight
     b_weighted = b if weight is None else b * weight
     aa = (a * a_weighted).sum(-1)  # (N,)
     bb = (b * b_weighted).sum(-1)  # (M,)
-    return (aa[:, None] + bb[None, :] - 2.0 * a_weighted @ b.T).clamp_min(0.0)
+    return (aa[:, None] + bb[None, :] - 2.0 * a_weighted @ b.T).to(dtype).clamp_min(0.0)
 
 
 def _check_pair(z: torch.Tensor, z2: torch.Tensor, dim: int | None = None) -> None:
@@ -118,7 +136,13 @@ class BilinearEnergy(Energy):
     def __init__(self, dim: int, init_scale: float = 1.0):
         super().__init__()
         self.dim = _positive_dim(dim)
-        self.weight = torch.nn.Parameter(float(init_scale) * torch.eye(dim))
+        init_scale = float(init_scale)
+        if not math.isfinite(init_scale):
+            raise ValueError(
+                f"init_scale must be a finite number, got {init_scale}; W starts at "
+                "init_scale * I, e.g. init_scale=1.0"
+            )
+        self.weight = torch.nn.Parameter(init_scale * torch.eye(dim))
 
     def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         _check_pair(z, z2, self.dim)
@@ -249,7 +273,14 @@ class LpEnergy(Energy):
 
     def paired(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         _check_pair(z, z2)
-        return -(z - z2).abs().pow(self.p).sum(-1) / self.tau
+        distance = (z - z2).abs()  # (N, D)
+        if self.p < 1.0:
+            # |d|^p has an infinite slope at d = 0 for p < 1: take the zero subgradient there,
+            # as torch.cdist does in forward, instead of inf * 0 = NaN.
+            zero = distance == 0
+            distance = torch.where(zero, torch.ones_like(distance), distance)
+            return -distance.pow(self.p).masked_fill(zero, 0.0).sum(-1) / self.tau
+        return -distance.pow(self.p).sum(-1) / self.tau
 
 
 class NeuralEnergy(Energy):

@@ -32,9 +32,15 @@ def _check_dim(dim: int) -> int:
 
 
 def _positive(name: str, value: float) -> torch.Tensor:
-    value = float(value)
+    try:
+        value = float(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name} must be a number, got {value!r}") from None
     if not (0 < value < float("inf")):
-        raise ValueError(f"{name} must be a finite positive number, got {value}")
+        raise ValueError(
+            f"{name} must be a finite positive number, got {value}; pass its initial value "
+            "as a number > 0 (it is learned as a positive parameter)"
+        )
     return torch.tensor(value)
 
 
