@@ -64,9 +64,9 @@ _REFINE_MARGIN = 30.0
 _REFINE_TOLERANCE = 5e-5
 # ... and so is a pair whose expansion is at most this many times worse than the direct form.
 _REFINE_GAIN = 2.0
-# Largest value of q / (mu^T w mu) for which condition 2 can hold with _REFINE_GAIN = 2:
-# q + 2 sqrt(q ll) + 2 ll > 2 q  <=>  sqrt(q / ll) < 1 + sqrt(3); the bound is then < 15 ll.
-_BOUND_OVER_LL = (1.0 + math.sqrt(3.0)) ** 2 + 2.0 * (1.0 + math.sqrt(3.0)) + 2.0
+# Condition 2 with bound = q + 2 sqrt(q ll) + 2 ll holds for q / ll < _GAIN_RATIO only:
+# (g - 1) t^2 - 2 t - 2 < 0 with t = sqrt(q / ll).
+_GAIN_RATIO = ((1.0 + math.sqrt(2.0 * _REFINE_GAIN - 1.0)) / (_REFINE_GAIN - 1.0)) ** 2
 # Default block edge per device type: a block of L is block_size^2 elements.
 _DEFAULT_BLOCK_SIZE = {"cpu": 1024, "cuda": 4096}
 
@@ -124,26 +124,40 @@ class _Components:
 
 
 class _Refiner:
-    """Finds and recomputes, block by block, the pairs whose float32 expansion is inaccurate."""
+    """Finds and recomputes, block by block, the pairs whose float32 expansion is inaccurate.
+
+    Condition 2 of the module docstring depends on a pair only through q and the component's
+    ll = mu^T w mu, and holds exactly on a window q_min(ll) < q < _GAIN_RATIO ll, that is
+    ``low_n <= L_mn <= high_n``: a per-component window of L, computed once.
+    """
 
     def __init__(self, z: torch.Tensor, comps: _Components, block_size: int):
         dtype = z.dtype
         dim = z.shape[1]
         self.z, self.comps = z, comps
         self.active = dtype != torch.float64
+        if not self.active:
+            return
         eps = torch.finfo(dtype).eps
         # Worst-case rounding of the expansion, per unit of z^T w z + mu^T w mu (as in the
         # dense path), and the smallest bound whose typical rounding exceeds the tolerance.
         self.half_slack = 0.5 * (4.0 + dim) * eps
-        self.min_bound = 2.0 * _REFINE_TOLERANCE / (eps * math.sqrt(dim))
-        if self.active:
-            # Column blocks whose components are all close to the centre (in units of their
-            # scale) cannot satisfy condition 2: skip them without looking at L.
-            num = comps.sq_norm.shape[0]
-            block_max = torch.stack(
-                [comps.sq_norm[s:s + block_size].max() for s in range(0, num, block_size)]
-            )
-            self.block_active = (_BOUND_OVER_LL * block_max > self.min_bound).tolist()
+        min_bound = 2.0 * _REFINE_TOLERANCE / (eps * math.sqrt(dim))
+        sq_norm, log_norm = comps.sq_norm, comps.log_norm
+        # bound(q) = (sqrt q + sqrt ll)^2 + ll > min_bound  <=>  sqrt q > sqrt(min_bound - ll)
+        # - sqrt ll (any q when min_bound < 2 ll).
+        root = (min_bound - sq_norm).clamp_min(0.0).sqrt() - sq_norm.sqrt()
+        quad_min = root.clamp_min(0.0).square()  # (N,)
+        quad_max = _GAIN_RATIO * sq_norm  # (N,)
+        possible = quad_min < quad_max
+        self.low = torch.where(possible, log_norm - 0.5 * quad_max, math.inf)  # (N,)
+        self.high = torch.where(
+            quad_min > 0, log_norm - 0.5 * quad_min, math.inf
+        )  # (N,): no upper limit when any q qualifies (L may exceed l by rounding)
+        num = sq_norm.shape[0]
+        self.block_active = torch.stack(
+            [possible[s:s + block_size].any() for s in range(0, num, block_size)]
+        ).tolist()
 
     def refine(
         self, log_comp: torch.Tensor, r0: int, c0: int, block_index: int,
@@ -151,9 +165,9 @@ class _Refiner:
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Overwrites the inaccurate entries of a block of L with exact values, in place.
 
-        Three passes over the block at most: the row maxima (when ``update``), a broadcast
-        comparison that keeps a superset of the near pairs, and ``nonzero``; the exact
-        conditions are then evaluated on the K candidates only.
+        A few passes over the block: the row maxima (when ``update``), broadcast comparisons
+        with the per-component window of condition 2 and a superset of the near pairs, and
+        ``nonzero``; the exact near condition is then evaluated on the K candidates only.
 
         :param log_comp: the block of L, rows r0.., columns c0.., shape (bm, bn).
         :param int block_index: index of the column block (c0 // block_size).
@@ -176,16 +190,15 @@ class _Refiner:
         # q = 2 (l - L), so L (1 - 4 hs) >= threshold - hs (4 l + 3 ll) keeps every near pair.
         offset = hs * (4.0 * log_norm + 3.0 * sq_norm) / (1.0 - 4.0 * hs)  # (bn,)
         candidates = (log_comp + offset) >= (threshold / (1.0 - 4.0 * hs))[:, None]
+        candidates &= log_comp >= self.low[cols]
+        candidates &= log_comp <= self.high[cols]
         rows, cols_local = torch.nonzero(candidates, as_tuple=True)  # (K,)
         del candidates
         if rows.numel() == 0:
             return None
         values = log_comp[rows, cols_local]  # (K,)
-        log_norm_k, sq_norm_k = log_norm[cols_local], sq_norm[cols_local]
-        quad = (2.0 * (log_norm_k - values)).clamp_min(0.0)  # (K,): q
-        bound = _bound(log_norm_k, values, sq_norm_k)  # (K,): >= z^T w z + mu^T w mu
-        keep = torch.isfinite(values) & (values + hs * bound >= threshold[rows])
-        keep &= (bound > _REFINE_GAIN * quad) & (bound > self.min_bound)
+        bound = _bound(log_norm[cols_local], values, sq_norm[cols_local])  # (K,)
+        keep = values + hs * bound >= threshold[rows]
         rows, cols_local = rows[keep], cols_local[keep]
         if rows.numel() == 0:
             return None
@@ -325,10 +338,12 @@ class _ComponentGrads:
         inv = comps.inv_scale[cols]  # (K, D)
         diff = (z[rows] - comps.loc[cols]) * inv  # (K, D): u
         term = weight[:, None] * diff * inv  # (K, D): weight u / sigma
-        grad_z_rows.index_add_(0, local_rows, -term)
-        self.grad_loc.index_add_(0, cols, term)
-        self.grad_scale.index_add_(0, cols, term * diff)
-        self.grad_log_norm.index_add_(0, cols, weight)
+        # index_put_ with accumulate, not index_add_: the latter is ~1e4 times slower on a
+        # busy multi-threaded CPU (its scatter kernel waits on every thread).
+        grad_z_rows.index_put_((local_rows,), -term, accumulate=True)
+        self.grad_loc.index_put_((cols,), term, accumulate=True)
+        self.grad_scale.index_put_((cols,), term * diff, accumulate=True)
+        self.grad_log_norm.index_put_((cols,), weight, accumulate=True)
 
     def finish(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Chains the accumulated d/db_n to (loc, scale); returns their gradients, (N, D) each.
