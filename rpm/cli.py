@@ -27,7 +27,10 @@ from rpm.inference.trainer import NonFiniteLossError, TrainingInterrupted
 __all__ = ["EXIT_FAILURE", "EXIT_USAGE", "SUBCOMMANDS", "build_parser", "main"]
 
 #: Modules of the experiments, one sub-command each.
-SUBCOMMANDS: tuple[str, ...] = ()
+SUBCOMMANDS: tuple[str, ...] = (
+    "rpm.experiments.bouncing_balls",
+    "rpm.experiments.identifiability",
+)
 
 EXIT_FAILURE = 1  # the run failed (non-finite loss)
 EXIT_USAGE = 2  # bad command line, as argparse

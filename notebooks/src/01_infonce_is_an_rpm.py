@@ -193,9 +193,11 @@ plt.show()
 # %% [markdown]
 # After training, the learned angle is a monotone function of $\theta$, up to a rotation and a
 # reflection that the objective cannot see (the jump is the wrap-around from $\pi$ to $-\pi$):
-# the encoder has inverted the mixing. The ELBO plateaus well below $\log N$ because the
-# second view's angle is genuinely uncertain (noise 0.1 rad): the prior, not the ceiling,
-# sets the attainable value.
+# the encoder has inverted the mixing. The ELBO plateaus well below $\log N$: with a fixed
+# $\kappa = 5$ the prior itself caps it. For latents spread uniformly on the circle,
+# $f(z, z') - \log \mathbb{E}_{Q(z')} e^{f(z, z')} \le \kappa - \log I_0(\kappa) \approx 1.70$
+# ($I_0$ the modified Bessel function), which is where the curve levels off. The prior, not the
+# InfoNCE ceiling, sets the attainable value; `CosineEnergy(learn_kappa=True)` would learn it.
 #
 # **Summary.** An RPM is a Pyro model whose likelihood comes from its encoder. With the
 # implicit prior, its ELBO is InfoNCE with the energy as critic. The next tutorial,
