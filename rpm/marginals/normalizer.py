@@ -28,7 +28,12 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from rpm.marginals.streaming import default_block_size, ieee_float32_matmul
+from rpm.marginals.streaming import (
+    _block_logsumexp,
+    _block_softmax,
+    default_block_size,
+    ieee_float32_matmul,
+)
 
 __all__ = ["streaming_matmul_logsumexp"]
 
@@ -46,7 +51,7 @@ class _StreamingMatmulLogsumexp(torch.autograd.Function):
                 lse_rows = lse[rows]
                 for c0 in range(0, num_cols, block_size):
                     logits = left[rows] @ right[c0:c0 + block_size].T  # (rows, cols) of the block
-                    torch.logaddexp(lse_rows, torch.logsumexp(logits, 1), out=lse_rows)
+                    torch.logaddexp(lse_rows, _block_logsumexp(logits), out=lse_rows)
         ctx.block_size = block_size
         ctx.save_for_backward(left, right, lse)
         return lse
@@ -68,7 +73,7 @@ class _StreamingMatmulLogsumexp(torch.autograd.Function):
                 for c0 in range(0, num_cols, block_size):
                     cols = slice(c0, c0 + block_size)
                     prob = left[rows] @ right[cols].T  # (rows, cols): logits, then P in place
-                    prob.sub_(lse[rows, None]).exp_()
+                    _block_softmax(prob, lse[rows])
                     acc.addmm_(prob, right[cols])
                     grad_right[cols].addmm_(prob.T, scaled_left)
                 grad_left[rows] = acc * g[:, None]

@@ -160,16 +160,20 @@ class _Refiner:
         ).tolist()
 
     def refine(
-        self, log_comp: torch.Tensor, r0: int, c0: int, block_index: int,
+        self, log_comp: torch.Tensor, top: torch.Tensor, r0: int, c0: int, block_index: int,
         row_max: torch.Tensor, update: bool,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Overwrites the inaccurate entries of a block of L with exact values, in place.
 
-        A few passes over the block: the row maxima (when ``update``), broadcast comparisons
-        with the per-component window of condition 2 and a superset of the near pairs, and
-        ``nonzero``; the exact near condition is then evaluated on the K candidates only.
+        The row maxima give a lower bound of each row's largest term (when ``update``) and
+        rule out the rows that cannot hold a candidate; for the remaining rows,
+        broadcast comparisons with the per-component window of condition 2 and a superset of
+        the near pairs, and ``nonzero``; the exact near condition is then evaluated on the K
+        candidates only. Away from the diagonal block of well-separated mixtures, no row
+        remains after the first pass.
 
         :param log_comp: the block of L, rows r0.., columns c0.., shape (bm, bn).
+        :param top: the row maxima of the block, shape (bm,).
         :param int block_index: index of the column block (c0 // block_size).
         :param row_max: running lower bound of each row's largest exact term, shape (bm,);
             raised in place when ``update``.
@@ -180,22 +184,32 @@ class _Refiner:
         comps, hs = self.comps, self.half_slack
         cols = slice(c0, c0 + log_comp.shape[1])
         sq_norm, log_norm = comps.sq_norm[cols], comps.log_norm[cols]  # (bn,)
+        low, high = self.low[cols], self.high[cols]  # (bn,)
         if update:
-            # The exact term of the block's largest entry is at least that entry minus its slack.
-            values, index = log_comp.max(1)  # (bm,)
-            lower = values - hs * _bound(log_norm[index], values, sq_norm[index])
-            torch.maximum(row_max, lower.nan_to_num_(nan=-math.inf), out=row_max)
+            # The exact term of the block's largest entry is at least that entry minus its
+            # slack, hs * bound <= hs (2 q + 3 ll) <= hs (4 (max l - top) + 3 max ll).
+            slack = hs * (4.0 * (log_norm.max() - top).clamp_min(0.0) + 3.0 * sq_norm.max())
+            lower = (top - slack).nan_to_num_(nan=-math.inf)
+            torch.maximum(row_max, lower, out=row_max)
         threshold = row_max - _REFINE_MARGIN  # (bm,)
         # A pair is near when L + hs * bound >= threshold; bound <= 2 q + 3 ll with
         # q = 2 (l - L), so L (1 - 4 hs) >= threshold - hs (4 l + 3 ll) keeps every near pair.
         offset = hs * (4.0 * log_norm + 3.0 * sq_norm) / (1.0 - 4.0 * hs)  # (bn,)
-        candidates = (log_comp + offset) >= (threshold / (1.0 - 4.0 * hs))[:, None]
-        candidates &= log_comp >= self.low[cols]
-        candidates &= log_comp <= self.high[cols]
+        row_threshold = threshold / (1.0 - 4.0 * hs)  # (bm,)
+        possible = (top + offset.max() >= row_threshold) & (top >= low.min())  # (bm,)
+        selected = torch.nonzero(possible).squeeze(1)  # (k,)
+        if selected.numel() == 0:
+            return None
+        whole = selected.numel() == log_comp.shape[0]
+        sub = log_comp if whole else log_comp[selected]  # (k, bn)
+        candidates = (sub + offset) >= row_threshold[selected, None]
+        candidates &= sub >= low
+        candidates &= sub <= high
         rows, cols_local = torch.nonzero(candidates, as_tuple=True)  # (K,)
-        del candidates
+        del candidates, sub
         if rows.numel() == 0:
             return None
+        rows = selected[rows]
         values = log_comp[rows, cols_local]  # (K,)
         bound = _bound(log_norm[cols_local], values, sq_norm[cols_local])  # (K,)
         keep = values + hs * bound >= threshold[rows]
@@ -223,6 +237,44 @@ def _exact_quadratic(
     """sum_d ((z_rd - mu_cd) / sigma_cd)^2 for the listed (row, column) pairs, shape (K,)."""
     diff = (z[rows] - comps.loc[cols]) * comps.inv_scale[cols]  # (K, D)
     return diff.square().sum(-1)
+
+
+def _exp_floor(dtype: torch.dtype) -> float | None:
+    """Exponents below which exp() is subnormal: clamped there (float32: e^-87 ~ 1.6e-38).
+
+    A block of L spans hundreds of nats; in float32 the entries 87-103 nats below the row
+    maximum give subnormal exponentials, which CPUs compute ~10x slower. Raising them to the
+    smallest normal number changes a row sum by at most (block size) x 1.6e-38 of its maximum.
+    """
+    if dtype == torch.float64:
+        return None
+    return math.log(torch.finfo(dtype).tiny) + 0.5
+
+
+def _block_logsumexp(block: torch.Tensor, top: torch.Tensor | None = None) -> torch.Tensor:
+    """Row log-sum-exp of a block, overwriting the block; rows of -inf give -inf.
+
+    :param top: the row maxima of the block if known, shape (bm,).
+    """
+    if top is None:
+        top = block.amax(1)  # (bm,)
+    finite = torch.isfinite(top)
+    shift = torch.where(finite, top, 0.0)
+    exponent = block.sub_(shift[:, None])
+    floor = _exp_floor(block.dtype)
+    if floor is not None:
+        exponent.clamp_min_(floor)
+    total = exponent.exp_().sum(1).log_().add_(shift)
+    return torch.where(finite, total, top)
+
+
+def _block_softmax(block: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """P = exp(block - lse[:, None]), in place (exponents clamped as in _block_logsumexp)."""
+    exponent = block.sub_(lse[:, None])
+    floor = _exp_floor(block.dtype)
+    if floor is not None:
+        exponent.clamp_min_(floor)
+    return exponent.exp_()
 
 
 def _column_blocks(r0: int, num_comps: int, block_size: int) -> list[int]:
@@ -264,8 +316,13 @@ class _StreamingGaussianMixture(torch.autograd.Function):
                     )  # (bm, bn)
                     if exclude_self:
                         _mask_self(log_comp, r0, c0)
-                    refiner.refine(log_comp, r0, c0, index, row_max[r0:r1], update=True)
-                    torch.logaddexp(lse_rows, torch.logsumexp(log_comp, 1), out=lse_rows)
+                    top = log_comp.amax(1)  # (bm,)
+                    refined = refiner.refine(
+                        log_comp, top, r0, c0, index, row_max[r0:r1], update=True
+                    )
+                    if refined is not None:  # exact values may exceed the old maxima
+                        top = log_comp.amax(1)
+                    torch.logaddexp(lse_rows, _block_logsumexp(log_comp, top), out=lse_rows)
         ctx.exclude_self, ctx.block_size = exclude_self, block_size
         ctx.save_for_backward(z, loc, scale, lse, row_max)
         return lse - math.log(num_comps - 1 if exclude_self else num_comps)
@@ -296,8 +353,12 @@ class _StreamingGaussianMixture(torch.autograd.Function):
                     )  # (bm, bn): L, then P in place
                     if ctx.exclude_self:
                         _mask_self(prob, r0, c0)
-                    refined = refiner.refine(prob, r0, c0, index, row_max[r0:r1], update=False)
-                    prob.sub_(lse[r0:r1, None]).exp_()  # P_mn = exp(L_mn - lse_m)
+                    refined = None
+                    if refiner.active and refiner.block_active[index]:
+                        refined = refiner.refine(
+                            prob, prob.amax(1), r0, c0, index, row_max[r0:r1], update=False
+                        )
+                    _block_softmax(prob, lse[r0:r1])  # P_mn = exp(L_mn - lse_m)
                     if refined is not None:
                         rows, cols = refined
                         weight = prob[rows, cols] * g[rows]  # (K,): dLoss / dL_mn
