@@ -1,0 +1,411 @@
+r"""``rpm identifiability``: does contrastive learning (the RPM ELBO with an implicit prior)
+recover the latents of synthetic data? (Zimmermann et al., 2021; Rusak et al., 2024; SPEC
+section 5.)
+
+Latent pairs :math:`z \sim p(z)`, :math:`z' \sim p(z' \mid z)` (``--space``, ``--marginal``,
+``--conditional``) are mixed by a random invertible leaky-ReLU MLP g into observations
+:math:`x = g(z)`, :math:`x' = g(z')`. An MLP encoder h, projected onto ``--encoder-space``, is
+the Delta recognition model :math:`Q(z|x) = \delta(z - h(x))` of an RPM with the implicit prior
+of energy ``--energy`` (Eq. 21-22 of Aitchison & Ganev). Training minimises the negative ELBO
+per pair, ``RPMELBO().differentiable_loss(model, guide, x, x2) / N`` (Eq. 15; InfoNCE minus
+:math:`\log N`, Eq. 23-25), with Adam, a linear warm-up and a cosine decay of the learning rate.
+
+Evaluation on fresh latents :math:`z \sim p(z)` never seen in training: the held-out affine
+:math:`R^2` of :math:`z \approx A h(g(z)) + b` and the MCC (:mod:`rpm.metrics`), every
+``--eval-every`` steps on one held-out set, and at the end on another. The baselines are the
+identity encoder :math:`h(x) = x` and the untrained encoder.
+
+Output folder (``--out``): ``results.json`` (the configuration; the final ``r2`` and ``mcc``
+at the top level; per-dimension scores; the baselines; the trajectories; the learned energy
+parameters; the wall time), ``trajectories.png``, and the trainer's ``checkpoint.pt`` and
+``history.json``. With ``--compare-energies cosine,anisotropic`` every energy is trained on the
+same data (same g, same minibatches, same encoder initialisation) in its own subfolder, and
+``comparison.png`` shows the per-dimension :math:`R^2` of each energy and the learned against
+the true concentrations :math:`\Lambda` (AnInfoNCE).
+
+References:
+    R. S. Zimmermann, Y. Sharma, S. Schneider, M. Bethge and W. Brendel, "Contrastive learning
+    inverts the data generating process", ICML 2021.
+    E. Rusak, P. Reizinger, A. Juhos, O. Bringmann, R. S. Zimmermann and W. Brendel, "InfoNCE:
+    identifying the gap between theory and practice", 2024.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import pyro
+import torch
+
+import rpm
+from rpm.data.synthetic import CONDITIONALS, MARGINALS, SPACES, InvertibleMLP, LatentProcess
+from rpm.experiments.common import (
+    ConfigurationError,
+    add_common_arguments,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    prepare_run_dir,
+    probability,
+    resolve_device,
+    save_run_config,
+    seed_everything,
+    write_json_atomic,
+)
+from rpm.experiments.identifiability_data import PairStream, derived_seed, held_out_set
+from rpm.experiments.identifiability_model import (
+    ENCODER_SPACES,
+    ENERGIES,
+    MLPEncoder,
+    build_energy,
+    build_rpm,
+    energy_parameters,
+)
+from rpm.experiments.identifiability_plots import plot_comparison, plot_trajectories
+from rpm.inference.checkpoint import load_checkpoint
+from rpm.inference.trainer import CHECKPOINT_NAME, Trainer
+from rpm.metrics import mcc, mcc_per_dimension, r2, r2_per_dimension
+
+__all__ = ["add_parser", "cosine_schedule", "run", "train_energy"]
+
+#: R^2 levels whose first crossing time is reported.
+R2_LEVELS = (0.9, 0.95, 0.99)
+
+
+# --------------------------------------------------------------------------- command line
+def _batch_size(text: str) -> int:
+    value = positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(
+            f"expected a batch size >= 2 (the other pairs of the batch are the negatives), "
+            f"got {text!r}")
+    return value
+
+
+def _energy_list(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",")]
+    unknown = [name for name in names if name not in ENERGIES]
+    if unknown or len(set(names)) != len(names) or len(names) < 2:
+        raise argparse.ArgumentTypeError(
+            f"expected two or more distinct energies from {', '.join(ENERGIES)} separated by "
+            f"commas (e.g. cosine,anisotropic), got {text!r}")
+    return names
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Adds the ``identifiability`` sub-command."""
+    parser = subparsers.add_parser(
+        "identifiability",
+        help="recover the latents of synthetic data by contrastive learning (Zimmermann et al.)",
+        description=__doc__.split("\n\n")[0].replace("``", ""),
+    )
+    add_common_arguments(parser, default_out="runs/identifiability",
+                         default_checkpoint_every=1000)
+    data = parser.add_argument_group("data")
+    data.add_argument("--dim", type=positive_int, default=10,
+                      help="number n of latents (ambient dimension on the sphere; default: 10)")
+    data.add_argument("--space", choices=SPACES, default="sphere",
+                      help="latent space (default: sphere)")
+    data.add_argument("--marginal", choices=MARGINALS, default="uniform",
+                      help="marginal p(z) (default: uniform)")
+    data.add_argument("--marginal-param", type=positive_float, default=None,
+                      help="scale of a normal or laplace marginal (default: 1.0)")
+    data.add_argument("--conditional", choices=CONDITIONALS, default="vmf",
+                      help="positive-pair conditional p(z'|z) (default: vmf)")
+    data.add_argument("--conditional-param", type=positive_float, default=None,
+                      help="kappa of vmf (default: 1.0), or the scale of normal, laplace and "
+                      "gennorm (default: 0.05)")
+    data.add_argument("--gennorm-beta", type=positive_float, default=None,
+                      help="shape of the gennorm conditional (default: 3)")
+    data.add_argument("--concentrations", metavar="LIST", default=None,
+                      help="precisions Lambda of the anisotropic conditional: 'a,b' (first half "
+                      "a, second half b) or n values (default: 5,25)")
+    model = parser.add_argument_group("model")
+    model.add_argument("--energy", choices=ENERGIES, default=None,
+                       help="energy f(z,z') of the implicit prior (default: cosine)")
+    model.add_argument("--compare-energies", type=_energy_list, default=None, metavar="LIST",
+                       help="train each of these energies on the same data (e.g. "
+                       "cosine,anisotropic) and draw comparison.png; excludes --energy")
+    model.add_argument("--p", type=positive_float, default=None,
+                       help="exponent of the lp energy (default: 1)")
+    model.add_argument("--tau", type=positive_float, default=1.0,
+                       help="temperature: cosine kappa = 1/tau, lp tau, rbf 2 l^2 = tau, "
+                       "initial anisotropic Lambda = I/tau and bilinear W = I/tau (default: 1)")
+    model.add_argument("--learn-temperature", action="store_true",
+                       help="learn kappa (cosine), tau (lp) or l (rbf) as well")
+    model.add_argument("--encoder-space", choices=ENCODER_SPACES, default=None,
+                       help="where the encoder's outputs live (default: the --space)")
+    model.add_argument("--hidden", type=positive_int, default=256,
+                       help="width of the encoder's hidden layers (default: 256)")
+    model.add_argument("--depth", type=positive_int, default=3,
+                       help="number of hidden layers of the encoder (default: 3)")
+    train = parser.add_argument_group("training")
+    train.add_argument("--steps", type=positive_int, default=3000,
+                       help="optimiser steps (default: 3000)")
+    train.add_argument("--batch-size", type=_batch_size, default=256,
+                       help="pairs per minibatch, >= 2 (default: 256)")
+    train.add_argument("--lr", type=positive_float, default=1e-3,
+                       help="peak learning rate of Adam (default: 1e-3)")
+    train.add_argument("--warmup", type=probability, default=0.05,
+                       help="fraction of the steps with a linear warm-up, then a cosine decay "
+                       "to 0 (default: 0.05)")
+    train.add_argument("--eval-every", type=nonnegative_int, default=250,
+                       help="evaluate the held-out R^2 and MCC every STEPS steps; 0: at the end "
+                       "only (default: 250)")
+    train.add_argument("--eval-samples", type=positive_int, default=10000,
+                       help="fresh samples of each held-out set (default: 10000)")
+    train.add_argument("--chunk-steps", type=positive_int, default=16,
+                       help="minibatches sampled at once on the device (default: 16)")
+    train.add_argument("--compile", action="store_true",
+                       help="compile the encoder with torch.compile")
+    train.add_argument("--threads", type=nonnegative_int, default=0,
+                       help="torch CPU threads; 0: torch's default (default: 0)")
+    parser.set_defaults(func=run)
+
+
+def _resolve(args: argparse.Namespace) -> argparse.Namespace:
+    """Fills the defaults that depend on other flags and rejects flags that do not apply."""
+    if args.compare_energies is not None and args.energy is not None:
+        raise ConfigurationError("--energy and --compare-energies exclude each other: give the "
+                                 "energies to compare as --compare-energies cosine,anisotropic")
+    energies = args.compare_energies or [args.energy or "cosine"]
+    if args.p is not None and "lp" not in energies:
+        raise ConfigurationError(f"--p is the exponent of the lp energy, but the energies are "
+                                 f"{', '.join(energies)}; drop --p or use --energy lp")
+    if args.concentrations is not None and args.conditional != "anisotropic":
+        raise ConfigurationError(f"--concentrations apply to --conditional anisotropic only, got "
+                                 f"--conditional {args.conditional}; drop --concentrations")
+    if args.eval_samples < 2 * args.dim + 4:
+        raise ConfigurationError(f"--eval-samples {args.eval_samples} is too few for the affine "
+                                 f"R^2 fit of {args.dim} latents; use at least "
+                                 f"{2 * args.dim + 4} (e.g. 10000)")
+    resolved = argparse.Namespace(**vars(args))
+    resolved.energies = energies
+    resolved.encoder_space = args.encoder_space or args.space
+    resolved.p = 1.0 if args.p is None else args.p
+    if args.conditional == "anisotropic" and args.concentrations is None:
+        resolved.concentrations = "5,25"
+    return resolved
+
+
+def _process(args: argparse.Namespace, device: torch.device) -> LatentProcess:
+    """The latent process of the flags; its ValueErrors become ConfigurationErrors."""
+    try:
+        return LatentProcess(
+            dim=args.dim, space=args.space, marginal=args.marginal,
+            marginal_param=args.marginal_param, conditional=args.conditional,
+            conditional_param=args.conditional_param, gennorm_beta=args.gennorm_beta,
+            concentrations=args.concentrations, device=device)
+    except (TypeError, ValueError) as error:
+        raise ConfigurationError(f"invalid data flags (--space/--marginal/--conditional and "
+                                 f"their parameters): {error}") from None
+
+
+def cosine_schedule(num_steps: int, warmup: float):
+    r"""The learning-rate factor of step s: a linear warm-up over the first
+    :math:`W = \lceil w S \rceil` steps, then a cosine decay to 0,
+
+    .. math::
+
+        \eta_s / \eta = \frac{s + 1}{W} \ (s < W), \qquad
+        \eta_s / \eta = \tfrac12 \Big(1 + \cos \frac{\pi (s - W)}{S - W}\Big) \ (s \ge W).
+
+    :param int num_steps: S.
+    :param float warmup: w in [0, 1].
+    :return: a function of the step s (for :class:`torch.optim.lr_scheduler.LambdaLR`).
+    """
+    warm = min(num_steps, math.ceil(warmup * num_steps))
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        return 0.5 * (1.0 + math.cos(math.pi * (step - warm) / max(1, num_steps - warm)))
+
+    return factor
+
+
+def _scores(z: torch.Tensor, h: torch.Tensor) -> dict:
+    return {"r2": r2(z, h), "mcc": mcc(z, h)}
+
+
+def _encoder_outputs(model: rpm.RPM, x: torch.Tensor) -> torch.Tensor:
+    model.eval()
+    with torch.no_grad():
+        return model.encode(x)
+
+
+def _time_to(evaluations: list, level: float) -> float | None:
+    for evaluation in evaluations:
+        if evaluation["r2"] >= level:
+            return evaluation["wall_time"]
+    return None
+
+
+def _concentration_report(energy_params: dict, matched: torch.Tensor,
+                          truth: torch.Tensor | None) -> dict:
+    """Learned Lambda of the recovered dimension matched to each true dimension, and the ratio
+    of the group means (second half over first half) against the truth's."""
+    if "concentration" not in energy_params:
+        return {}
+    learned = torch.tensor(energy_params["concentration"], dtype=torch.float64)[matched]
+    report = {"concentration_matched": learned.tolist()}
+    if truth is not None:
+        half = len(truth) // 2
+        ratio_true = float(truth[half:].mean() / truth[:half].mean())
+        ratio_learned = float(learned[half:].mean() / learned[:half].mean())
+        report.update(concentration_true=truth.tolist(), group_ratio_true=ratio_true,
+                      group_ratio_learned=ratio_learned,
+                      group_ratio_error=abs(ratio_learned / ratio_true - 1.0))
+    return report
+
+
+def train_energy(name: str, args: argparse.Namespace, process: LatentProcess,
+                 mixing: InvertibleMLP, held_out: dict, out: Path) -> dict:
+    """Trains (or resumes, or reloads) the RPM with energy ``name`` in ``out`` and scores it.
+
+    :param str name: one of :data:`~rpm.experiments.identifiability_model.ENERGIES`.
+    :param argparse.Namespace args: the resolved flags.
+    :param LatentProcess process: the latent process, on the training device.
+    :param InvertibleMLP mixing: the mixing g, on the training device.
+    :param dict held_out: ``{"eval": (z, x), "test": (z, x)}``, fresh held-out sets.
+    :param Path out: the run folder of this energy (checkpoint, history).
+    :return: the JSON-ready result (scores, baselines, trajectories, energy parameters).
+    """
+    seed_everything(args.seed)  # same encoder initialisation whichever energies run together
+    pyro.clear_param_store()
+    device = process.device
+    encoder = MLPEncoder(args.dim, args.hidden, args.depth, args.encoder_space)
+    energy = build_energy(name, args.dim, tau=args.tau, p=args.p,
+                          learn_temperature=args.learn_temperature,
+                          encoder_space=args.encoder_space)
+    model = build_rpm(encoder, energy).to(device)
+    if args.compile:
+        encoder.forward = torch.compile(encoder.forward, dynamic=False)
+    z_eval, x_eval = held_out["eval"]
+    z_test, x_test = held_out["test"]
+    untrained = _scores(z_test, _encoder_outputs(model, x_test))
+    stream = PairStream(process, mixing, args.batch_size, args.seed, args.chunk_steps)
+    elbo = rpm.RPMELBO()
+
+    def loss_fn(step: int) -> torch.Tensor:
+        x, x2 = stream(step)  # (N, n) each
+        # The pairs come from our own sampler; Pyro's input validation would synchronise with
+        # the device at every step.
+        with pyro.validation_enabled(False):
+            return elbo.differentiable_loss(model.model, model.guide, x, x2) / args.batch_size
+
+    def eval_fn(step: int) -> dict:
+        scores = _scores(z_eval, _encoder_outputs(model, x_eval))
+        scalars = {k: v for k, v in energy_parameters(energy).items() if isinstance(v, float)}
+        return {**scores, **scalars}
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr,
+                                 fused=device.type == "cuda" or None)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
+                                                  cosine_schedule(args.steps, args.warmup))
+    trainer = Trainer(
+        model, optimizer, loss_fn, out_dir=out, num_steps=args.steps, scheduler=scheduler,
+        eval_fn=eval_fn, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
+        log_every=min(100, args.steps), progress=args.progress, description=name,
+        eval_at_start=True,
+    )
+    resume = args.resume and (out / CHECKPOINT_NAME).is_file()
+    if resume:
+        step = load_checkpoint(out / CHECKPOINT_NAME)["step"]
+        print(f"{name}: {'finished earlier, reloaded' if step == args.steps else 'resuming'} "
+              f"at step {step}/{args.steps}", flush=True)
+    history = trainer.fit(resume=resume)
+
+    h_test = _encoder_outputs(model, x_test)
+    matched = mcc_per_dimension(z_test, h_test)
+    params = energy_parameters(energy)
+    evaluations = history["evaluations"]
+    truth = process.concentrations
+    result = {
+        "energy": name,
+        **_scores(z_test, h_test),
+        "r2_per_dimension": r2_per_dimension(z_test, h_test).tolist(),
+        "mcc_per_dimension": matched.abs_correlation.tolist(),
+        "baseline": {"identity": _scores(z_test, x_test), "untrained": untrained},
+        "energy_parameters": params,
+        **_concentration_report(params, matched.index, truth),
+        "trajectory": {key: [e.get(key) for e in evaluations]
+                       for key in ("step", "r2", "mcc", "wall_time", *(
+                           k for k in evaluations[-1] if k not in ("step", "r2", "mcc",
+                                                                   "wall_time")))},
+        "losses": history["losses"],
+        "time_to_r2": {str(level): _time_to(evaluations, level) for level in R2_LEVELS},
+        "train_seconds": evaluations[-1]["wall_time"],
+        "steps": args.steps,
+        "pairs_per_second": args.steps * args.batch_size / evaluations[-1]["wall_time"],
+    }
+    return result
+
+
+def _prepare(args: argparse.Namespace) -> Path:
+    out = Path(args.out)
+    if not args.resume:
+        return prepare_run_dir(out, overwrite=args.overwrite)
+    if not (out / "config.json").is_file():
+        raise ConfigurationError(
+            f"--resume: there is no run to resume in {out} (no config.json); start a fresh run "
+            "without --resume (add --overwrite if the folder holds a failed run)")
+    return out
+
+
+def _table(runs: dict) -> str:
+    lines = [f"{'energy':<12} {'R^2':>7} {'MCC':>7} {'identity R^2':>13} {'untrained R^2':>14} "
+             f"{'time':>8}"]
+    for name, result in runs.items():
+        lines.append(f"{name:<12} {result['r2']:>7.4f} {result['mcc']:>7.4f} "
+                     f"{result['baseline']['identity']['r2']:>13.4f} "
+                     f"{result['baseline']['untrained']['r2']:>14.4f} "
+                     f"{result['train_seconds']:>7.1f}s")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the experiment described in the module docstring; returns the exit status 0."""
+    threads = torch.get_num_threads()
+    try:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        return _run(args)
+    finally:
+        torch.set_num_threads(threads)  # leave the calling process as it was
+
+
+def _run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    args = _resolve(args)
+    device = resolve_device(args.device)
+    process = _process(args, device)
+    out = _prepare(args)
+    save_run_config(out, args, resume=args.resume,
+                    may_change=("eval_every", "threads", "compile", "chunk_steps"))
+    mixing = InvertibleMLP(args.dim, seed=derived_seed(args.seed, "mixing")).to(device)
+    held_out = {part: held_out_set(process, mixing, args.eval_samples, derived_seed(args.seed, part))
+                for part in ("eval", "test")}
+    compare = args.compare_energies is not None
+    runs = {name: train_energy(name, args, process, mixing, held_out,
+                               out / name if compare else out)
+            for name in args.energies}
+    plot_trajectories(out / "trajectories.png", runs)
+    config = json.loads((out / "config.json").read_text())
+    summary = {"config": config, "device": str(device), "torch_threads": torch.get_num_threads()}
+    if compare:
+        truth = process.concentrations
+        plot_comparison(out / "comparison.png", runs,
+                        None if truth is None else truth.tolist())
+        summary["runs"] = runs
+    else:
+        summary.update(runs[args.energies[0]])
+    summary["wall_time"] = time.perf_counter() - started
+    write_json_atomic(out / "results.json", summary)
+    print(_table(runs))
+    print(f"results and figures in {out} ({summary['wall_time']:.0f} s)")
+    return 0

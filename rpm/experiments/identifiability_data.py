@@ -1,0 +1,124 @@
+r"""Data of the ``rpm identifiability`` experiment: observed pairs
+:math:`(x, x') = (g(z), g(z'))` with :math:`z \sim p(z)`, :math:`z' \sim p(z' \mid z)`
+(Zimmermann et al., 2021), drawn on the training device.
+
+:class:`PairStream` makes the minibatch of step :math:`s` a pure function of ``(seed, s)``: the
+pairs of ``chunk_steps`` consecutive steps are drawn at once from a generator seeded by
+``(seed, s // chunk_steps)`` alone. This has two purposes:
+
+* speed: the samplers run on the device, and the one host synchronisation of a rejection
+  sampler (vMF) happens once per chunk instead of once per step;
+* exact resumption: a run restarted at any step draws the same minibatches as an uninterrupted
+  one, without any sampler state in the checkpoint.
+
+:func:`derived_seed` gives independent seeds for the mixing function, the training stream and the
+held-out sets of one run seed (``numpy.random.SeedSequence``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rpm.data.synthetic import InvertibleMLP, LatentProcess
+
+__all__ = ["PairStream", "derived_seed", "held_out_set"]
+
+#: Purposes of the derived seeds, one entropy stream each.
+SEED_PURPOSES = ("mixing", "train", "eval", "test")
+
+
+def derived_seed(seed: int, purpose: str, index: int = 0) -> int:
+    """A 63-bit seed for ``purpose`` (one of :data:`SEED_PURPOSES`) and ``index``, drawn from
+    ``numpy.random.SeedSequence([seed, purpose id, index])``: distinct purposes and indices give
+    statistically independent streams.
+
+    :param int seed: the run seed, >= 0.
+    :param str purpose: ``"mixing"``, ``"train"``, ``"eval"`` or ``"test"``.
+    :param int index: e.g. the chunk number of the training stream, >= 0.
+    """
+    if purpose not in SEED_PURPOSES:
+        raise ValueError(f"purpose must be one of {SEED_PURPOSES}, got {purpose!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ValueError(f"index must be an integer >= 0, got {index!r}")
+    words = np.random.SeedSequence([seed, SEED_PURPOSES.index(purpose), index]).generate_state(
+        2, dtype=np.uint32)
+    return (int(words[0]) << 31) ^ int(words[1])
+
+
+def _generator(device: torch.device, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+@torch.no_grad()
+def held_out_set(process: LatentProcess, mixing: InvertibleMLP, num_samples: int, seed: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Fresh latents :math:`z_i \sim p(z)` and observations :math:`x_i = g(z_i)` for evaluation.
+
+    :param LatentProcess process: the latent process (sets device and dtype).
+    :param InvertibleMLP mixing: the mixing g, on the process's device.
+    :param int num_samples: number of samples M.
+    :param int seed: seed of the generator (e.g. ``derived_seed(seed, "eval")``).
+    :return: ``(z, x)``. Shape: (M, n) each.
+    """
+    z = process.sample_marginal(num_samples, _generator(process.device, seed))
+    return z, mixing(z)
+
+
+class PairStream:
+    r"""Minibatches of observed positive pairs :math:`(x_i, x'_i) = (g(z_i), g(z'_i))`.
+
+    ``stream(step)`` returns the minibatch of training step ``step``, a pure function of
+    ``(seed, step)`` (module docstring). The latest chunk of ``chunk_steps`` minibatches,
+    ``2 * chunk_steps * batch_size * n`` numbers, is kept on the device.
+
+    :param LatentProcess process: :math:`p(z)` and :math:`p(z' \mid z)`.
+    :param InvertibleMLP mixing: the mixing g, on the process's device.
+    :param int batch_size: pairs per minibatch N.
+    :param int seed: the run seed.
+    :param int chunk_steps: minibatches drawn at once (>= 1).
+    """
+
+    def __init__(self, process: LatentProcess, mixing: InvertibleMLP, batch_size: int, seed: int,
+                 chunk_steps: int = 16) -> None:
+        for name, value in (("batch_size", batch_size), ("chunk_steps", chunk_steps)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.process = process
+        self.mixing = mixing
+        self.batch_size = batch_size
+        self.seed = seed
+        self.chunk_steps = chunk_steps
+        self._chunk_index: int | None = None
+        self._chunk: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @torch.no_grad()
+    def _draw_chunk(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = _generator(self.process.device, derived_seed(self.seed, "train", index))
+        z, z2 = self.process.sample_pairs(self.chunk_steps * self.batch_size, generator)
+        shape = (self.chunk_steps, self.batch_size, -1)
+        return self.mixing(z).reshape(shape), self.mixing(z2).reshape(shape)  # (C, N, n) each
+
+    def latents(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""The latent pairs :math:`(z, z')` of ``step`` (recomputed; for tests and plots).
+
+        :return: Shape: (N, n) each.
+        """
+        index, position = divmod(step, self.chunk_steps)
+        generator = _generator(self.process.device, derived_seed(self.seed, "train", index))
+        z, z2 = self.process.sample_pairs(self.chunk_steps * self.batch_size, generator)
+        rows = slice(position * self.batch_size, (position + 1) * self.batch_size)
+        return z[rows], z2[rows]
+
+    def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The observed pairs ``(x, x2)`` of training step ``step`` (>= 0). Shape: (N, n) each."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an integer >= 0, got {step!r}")
+        index, position = divmod(step, self.chunk_steps)
+        if index != self._chunk_index:
+            self._chunk = self._draw_chunk(index)
+            self._chunk_index = index
+        x, x2 = self._chunk
+        return x[position], x2[position]
