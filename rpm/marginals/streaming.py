@@ -69,6 +69,8 @@ _REFINE_GAIN = 2.0
 _GAIN_RATIO = ((1.0 + math.sqrt(2.0 * _REFINE_GAIN - 1.0)) / (_REFINE_GAIN - 1.0)) ** 2
 # Default block edge per device type: a block of L is block_size^2 elements.
 _DEFAULT_BLOCK_SIZE = {"cpu": 1024, "cuda": 4096}
+# Rows per chunk of the float64 log-determinant (bounds its temporary).
+_LOG_DET_CHUNK = 1 << 14
 
 
 def default_block_size(device: torch.device | str) -> int:
@@ -98,29 +100,45 @@ def ieee_float32_matmul() -> Iterator[None]:
 class _Components:
     """Everything about the N components that the blocks need, O(N D), computed once.
 
-    ``right`` is the (N, 2D + 1) matrix B of the module docstring; ``log_norm`` is
-    :math:`\\ell_n`; ``sq_norm`` is :math:`\\tilde\\mu_n^\\top w_n \\tilde\\mu_n`.
+    ``right`` is the (N, 2D + 1) matrix B of the module docstring (its first D columns are
+    the weights w); ``log_norm`` is :math:`\\ell_n`; ``sq_norm`` is
+    :math:`\\tilde\\mu_n^\\top w_n \\tilde\\mu_n`. Built in place: one (N, 2D + 1) matrix
+    and one (N, D) temporary at most.
     """
 
     def __init__(self, loc: torch.Tensor, scale: torch.Tensor):
-        dim = loc.shape[1]
-        self.loc, self.scale = loc, scale
+        num, dim = loc.shape
+        self.loc, self.scale, self.dim = loc, scale, dim
         self.centre = loc.mean(0, keepdim=True)  # (1, D)
-        self.loc_c = loc - self.centre  # (N, D)
-        self.inv_scale = scale.reciprocal()  # (N, D)
-        self.weight = self.inv_scale.square()  # (N, D): w = 1 / sigma^2
-        self.sq_norm = (self.loc_c.square() * self.weight).sum(-1)  # (N,)
-        self.right = torch.cat(
-            [self.weight, -2.0 * self.loc_c * self.weight, self.sq_norm[:, None]], dim=1
-        )  # (N, 2D + 1)
-        # Sum of D logarithms in float64: in float32 it alone would carry ~1e-4 of rounding.
-        log_det = scale.double().log().sum(-1).to(loc.dtype)  # (N,)
+        self.right = loc.new_empty(num, 2 * dim + 1)  # (N, 2D + 1)
+        weight = self.right[:, :dim]
+        weight.copy_(scale).reciprocal_().square_()  # w = 1 / sigma^2
+        middle = self.right[:, dim:2 * dim]
+        middle.copy_(loc).sub_(self.centre)  # mu - centre, for now
+        self.sq_norm = torch.einsum("nd,nd->n", middle * weight, middle)  # (N,)
+        middle.mul_(weight).mul_(-2.0)  # -2 (mu - centre) w
+        self.right[:, 2 * dim] = self.sq_norm
+        # Sum of D logarithms in float64 (in float32 it alone would carry ~1e-4 of rounding),
+        # in chunks of rows to bound the float64 temporary.
+        log_det = torch.cat([
+            scale[s:s + _LOG_DET_CHUNK].double().log().sum(-1)
+            for s in range(0, num, _LOG_DET_CHUNK)
+        ]).to(loc.dtype)  # (N,)
         self.log_norm = -log_det - 0.5 * dim * math.log(2 * math.pi)  # (N,)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """w = 1 / sigma^2, a view of ``right``, shape (N, D)."""
+        return self.right[:, :self.dim]
 
     def left(self, z: torch.Tensor) -> torch.Tensor:
         """The (M, 2D + 1) matrix A for points z (M, D)."""
-        z_c = z - self.centre
-        return torch.cat([z_c.square(), z_c, torch.ones_like(z_c[:, :1])], dim=1)
+        left = z.new_empty(z.shape[0], 2 * self.dim + 1)
+        z_c = left[:, self.dim:2 * self.dim]
+        torch.sub(z, self.centre, out=z_c)
+        torch.square(z_c, out=left[:, :self.dim])
+        left[:, 2 * self.dim] = 1.0
+        return left
 
 
 class _Refiner:
@@ -235,7 +253,7 @@ def _exact_quadratic(
     z: torch.Tensor, comps: _Components, rows: torch.Tensor, cols: torch.Tensor
 ) -> torch.Tensor:
     """sum_d ((z_rd - mu_cd) / sigma_cd)^2 for the listed (row, column) pairs, shape (K,)."""
-    diff = (z[rows] - comps.loc[cols]) * comps.inv_scale[cols]  # (K, D)
+    diff = (z[rows] - comps.loc[cols]) / comps.scale[cols]  # (K, D)
     return diff.square().sum(-1)
 
 
@@ -382,7 +400,7 @@ class _ComponentGrads:
     def __init__(self, comps: _Components):
         self.comps = comps
         self.acc_right = torch.zeros_like(comps.right)  # (N, 2D + 1): sum_m P_mn g_m a_m
-        self.grad_loc = torch.zeros_like(comps.loc_c)  # (N, D)
+        self.grad_loc = torch.zeros_like(comps.weight)  # (N, D)
         self.grad_scale = torch.zeros_like(comps.weight)  # (N, D)
         self.grad_log_norm = torch.zeros_like(comps.log_norm)  # (N,)
 
@@ -396,7 +414,7 @@ class _ComponentGrads:
         dL/dmu_c = u / sigma_c, dL/dsigma_c = u^2 / sigma_c (plus dl_c/dsigma_c via l_c).
         """
         comps = self.comps
-        inv = comps.inv_scale[cols]  # (K, D)
+        inv = comps.scale[cols].reciprocal()  # (K, D)
         diff = (z[rows] - comps.loc[cols]) * inv  # (K, D): u
         term = weight[:, None] * diff * inv  # (K, D): weight u / sigma
         # index_put_ with accumulate, not index_add_: the latter is ~1e4 times slower on a
@@ -410,19 +428,24 @@ class _ComponentGrads:
         """Chains the accumulated d/db_n to (loc, scale); returns their gradients, (N, D) each.
 
         b = [w, -2 mu w, mu^T w mu] (centred mu) and dLoss/db = -0.5 sum_m P_mn g_m a_m; the
-        last column of a is 1, so that column of the sum is also dLoss/dl_n.
+        last column of a is 1, so that column of the sum is also dLoss/dl_n. In place, with
+        two (N, D) temporaries.
         """
-        comps, dim = self.comps, self.comps.loc_c.shape[1]
-        d_right = self.acc_right * -0.5
-        d_w, d_wmu, d_ll = d_right[:, :dim], d_right[:, dim:2 * dim], d_right[:, 2 * dim:]
-        loc_c, weight = comps.loc_c, comps.weight
-        grad_weight = d_w - 2.0 * loc_c * d_wmu + loc_c.square() * d_ll  # (N, D)
-        self.grad_loc += 2.0 * weight * (loc_c * d_ll - d_wmu)
+        comps, dim = self.comps, self.comps.dim
         self.grad_log_norm += self.acc_right[:, 2 * dim]
+        d_right = self.acc_right.mul_(-0.5)
+        d_w, d_wmu, d_ll = d_right[:, :dim], d_right[:, dim:2 * dim], d_right[:, 2 * dim:]
+        weight = comps.weight
+        loc_c = comps.loc - comps.centre  # (N, D)
+        # dLoss/dmu = 2 w (mu d_ll - d_wmu); dLoss/dw = d_w - 2 mu d_wmu + mu^2 d_ll.
+        temp = torch.mul(loc_c, d_ll)  # (N, D)
+        self.grad_loc.addcmul_(weight, temp.sub(d_wmu), value=2.0)
+        temp.sub_(d_wmu, alpha=2.0).mul_(loc_c)
+        del loc_c
+        grad_weight = d_w.add_(temp)  # (N, D), in the storage of acc_right
         # w = sigma^-2: dw/dsigma = -2 w / sigma; l = -sum log sigma: dl/dsigma = -1 / sigma.
-        self.grad_scale += (-2.0 * grad_weight * weight - self.grad_log_norm[:, None]) * (
-            comps.inv_scale
-        )
+        torch.mul(grad_weight, weight, out=temp).mul_(-2.0).sub_(self.grad_log_norm[:, None])
+        self.grad_scale.add_(temp.div_(comps.scale))
         return self.grad_loc, self.grad_scale
 
 
