@@ -43,6 +43,12 @@ the exact difference form, block by block. A pair is recomputed when
 Condition 2 keeps heavily overlapping mixtures (every pair near the maximum, no cancellation)
 from being recomputed pair by pair. The gradient of a recomputed pair is also taken in the
 difference form. The normalisers :math:`\ell_n` are summed in float64.
+
+Speed. Each row block visits its diagonal column block first (when the points were drawn
+from the components, it holds the row maxima, so the online threshold is tight at once); a
+block's rows whose maximum rules out every candidate skip the refinement tests; exponents are
+clamped at the smallest normal float (subnormal ``exp`` is ~10x slower on CPUs; the change is
+below 1e-37 of a row's sum); TF32 is off for every product.
 """
 
 from __future__ import annotations

@@ -229,3 +229,27 @@ def test_cuda_float64_matches_cpu():
     expected = streaming_gaussian_mixture_log_prob(z, loc, scale, block_size=64)
     actual = streaming_gaussian_mixture_log_prob(z.cuda(), loc.cuda(), scale.cuda(), block_size=64)
     torch.testing.assert_close(actual.cpu(), expected, rtol=0, atol=1e-10)
+
+
+def test_benchmark_script_runs(tmp_path):
+    """benchmarks/marginal.py at a tiny size: every method runs and reports its numbers."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "marginal.py"
+    spec = importlib.util.spec_from_file_location("benchmark_marginal", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "result.json"
+    module.main(module.parse_args([
+        "--device", "cpu", "--min-n", "64", "--max-n", "128", "--dims", "3", "--repeats", "1",
+        "--threads", "1", "--json", str(out),
+    ]))
+    result = json.loads(out.read_text())["devices"]["cpu"]["results"]
+    for part, methods in (("mixture", {"broadcast", "matmul", "streaming", "3 gemms"}),
+                          ("info_nce", {"cross_entropy", "streaming", "3 gemms"})):
+        assert set(result[part]) == {"N=64 D=3", "N=128 D=3"}
+        for row in result[part].values():
+            assert set(row) == methods
+            assert all(entry["ms"] > 0 for entry in row.values())
