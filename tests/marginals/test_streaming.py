@@ -253,3 +253,17 @@ def test_benchmark_script_runs(tmp_path):
         for row in result[part].values():
             assert set(row) == methods
             assert all(entry["ms"] > 0 for entry in row.values())
+
+
+@cuda
+def test_cuda_memory_is_linear_in_n():
+    """N = 32768, D = 64 forward + backward in well under the 4 GiB of one N x N matrix."""
+    device = torch.device("cuda")
+    z, loc, scale = (t.float().to(device).requires_grad_() for t in make_mixture(32768, 32768, 64))
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    streaming_gaussian_mixture_log_prob(z, loc, scale).sum().backward()
+    torch.cuda.synchronize(device)
+    extra = torch.cuda.max_memory_allocated(device) - base
+    assert extra < 512 * 2**20, f"{extra / 2**20:.0f} MiB"
