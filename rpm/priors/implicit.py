@@ -72,12 +72,26 @@ def implicit_log_ratio(energy_matrix: torch.Tensor) -> torch.Tensor:
     )
 
 
+# Largest rounding error (nats) accepted from an expanded squared-distance factorisation.
+_FACTOR_TOLERANCE = 1e-3
+
+
 def _squared_distance_factors(
     a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Factors of -1/2 sum_d w_d (a_id - b_jd)^2, centred on the mean of both sets."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Factors of -1/2 sum_d w_d (a_id - b_jd)^2, centred on the mean of both sets.
+
+    Returns None when, in the input's precision, the expansion could be off by more than
+    ``_FACTOR_TOLERANCE`` nats (points close together far from the common centre, compared
+    with the weights): the caller then uses the dense matrix, which expands in float64."""
     centre = torch.cat([a, b]).mean(0, keepdim=True).detach()
     a, b = a - centre, b - centre
+    if a.dtype != torch.float64:
+        with torch.no_grad():
+            magnitude = torch.cat([a, b]).square().mul(weight).sum(-1).max()  # max_i sum_d w a^2
+            bound = (4 + a.shape[1]) * torch.finfo(a.dtype).eps * 2.0 * magnitude
+        if bound.item() > _FACTOR_TOLERANCE:
+            return None
     left = torch.cat([a * weight, torch.ones_like(a[:, :1])], dim=1)  # (N, D + 1)
     right = torch.cat([b, -0.5 * (b.square() * weight).sum(-1, keepdim=True)], dim=1)  # (M, D + 1)
     return left, right, -0.5 * (a.square() * weight).sum(-1)
