@@ -1,0 +1,157 @@
+"""The ``rpm bouncing-balls`` command: the minibatch order, a tiny end-to-end run writing its JSON
+and figures, one prior alone equal to the same prior within ``--prior all``, SGD, argument
+errors, and an interrupted ``--prior all`` run resumed exactly."""
+
+import contextlib
+import io
+import json
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+import rpm.experiments.bouncing_balls as bb
+from rpm.cli import main
+from rpm.inference.trainer import Trainer
+
+TINY = [
+    "--frames", "48", "--test-frames", "16", "--epochs", "2", "--batch-size", "15",
+    "--image-size", "16", "--ball-diameter", "3", "--hidden-channels", "4",
+    "--eval-every", "0", "--checkpoint-every", "0", "--no-progress", "--device", "cpu",
+]  # fmt: skip
+
+
+def _main(capsys, *argv):
+    """Runs ``rpm bouncing-balls ARGV`` in this process: (exit status, stdout, stderr)."""
+    try:
+        status = main(["bouncing-balls", *argv])
+    except SystemExit as exit:
+        status = exit.code
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_epoch_permutation_is_a_reproducible_permutation():
+    first = bb.epoch_permutation(7, 3, 50)
+    assert torch.equal(torch.sort(first).values, torch.arange(50))
+    assert torch.equal(first, bb.epoch_permutation(7, 3, 50))
+    assert not torch.equal(first, bb.epoch_permutation(7, 4, 50))
+    assert not torch.equal(first, bb.epoch_permutation(8, 3, 50))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """A tiny uninterrupted ``--prior all`` run: (folder, exit status, stdout)."""
+    out = tmp_path_factory.mktemp("reference")
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        status = main(["bouncing-balls", "--out", str(out), *TINY])
+    return out, status, stdout.getvalue()
+
+
+def test_tiny_run_of_every_prior_writes_results_and_figures(reference):
+    out, status, stdout = reference
+    assert status == 0
+    results = json.loads((out / "results.json").read_text())
+    assert set(results) >= {"config", "priors", "wall_time", "device", "train_frames"}
+    assert results["config"]["prior"] == "all" and results["train_frames"] == 32
+    assert list(results["priors"]) == list(bb.PRIORS)
+    for name, result in results["priors"].items():
+        for key in ("r2", "pixel_error", "untrained_r2", "train_r2", "train_seconds"):
+            assert np.isfinite(result[key]), (name, key)
+        assert len(result["r2_per_coordinate"]) == 6
+        assert result["r2"] == pytest.approx(np.mean(result["r2_per_coordinate"]))
+        assert result["steps"] == 2 * (31 // 15)
+        assert (out / name / "checkpoint.pt").is_file()
+    parameters = {name: r["prior_parameters"] for name, r in results["priors"].items()}
+    assert parameters["rbf"]["lengthscale"] > 0 and parameters["cosine"]["kappa"] > 0
+    assert np.asarray(parameters["bilinear"]["weight"]).shape == (6, 6)
+    assert len(parameters["dynamics"]["step_length"]) == 3
+    for figure in ("comparison.png", "trajectories.png", "feature_maps.png"):
+        assert (out / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the printed table has one line per prior
+    for name in bb.PRIORS:
+        assert any(line.startswith(name) for line in stdout.splitlines())
+
+
+def test_one_prior_alone_gives_the_same_result_as_within_all(reference, tmp_path, capsys):
+    status, _, _ = _main(capsys, "--out", str(tmp_path), *TINY, "--prior", "cosine")
+    assert status == 0
+    alone = json.loads((tmp_path / "results.json").read_text())["priors"]
+    within = json.loads((reference[0] / "results.json").read_text())["priors"]
+    assert list(alone) == ["cosine"]
+    assert alone["cosine"]["r2"] == within["cosine"]["r2"]
+    assert alone["cosine"]["prior_parameters"] == within["cosine"]["prior_parameters"]
+
+
+def test_sgd_trains_the_encoder(tmp_path, capsys):
+    flags = [*TINY, "--prior", "rbf", "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.5"]
+    assert _main(capsys, "--out", str(tmp_path), *flags)[0] == 0
+    state = torch.load(tmp_path / "rbf" / "checkpoint.pt", weights_only=False)["state"]
+    group = state["optimizer"]["param_groups"][0]
+    assert group["lr"] == 0.05 and group["momentum"] == 0.5 and not group["nesterov"]
+    buffers = [entry["momentum_buffer"] for entry in state["optimizer"]["state"].values()]
+    assert buffers and all(buffer.abs().sum() > 0 for buffer in buffers)  # steps were taken
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--batch-size", "1"], "argument --batch-size: expected a batch size >= 2"),
+        (["--epochs", "0"], "argument --epochs: expected a positive integer (>= 1), got '0'"),
+        (["--lr", "-1"], "argument --lr: expected a positive number (> 0), got '-1'"),
+        (["--momentum", "1"], "argument --momentum: expected a momentum in [0, 1), got '1'"),
+        (["--prior", "gaussian"], "argument --prior: invalid choice: 'gaussian'"),
+        (["--test-frames", "48"], "--test-frames 48 leaves 0 of the --frames 48 for training"),
+        (["--batch-size", "40"], "--batch-size 40 is larger than the 31 pairs"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(tmp_path, capsys, argv, message):
+    status, _, err = _main(capsys, "--out", str(tmp_path / "run"), *TINY, *argv)
+    assert status == 2
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+class _InterruptDynamics(Trainer):
+    """A Trainer that receives Ctrl-C during the second step of the dynamics prior."""
+
+    def __init__(self, module, optimizer, loss_fn, **kwargs):
+        def interrupting_loss(step):
+            if kwargs["description"] == "dynamics" and step == 1:
+                signal.raise_signal(signal.SIGINT)
+            return loss_fn(step)
+
+        super().__init__(module, optimizer, interrupting_loss, **kwargs)
+
+
+def test_interrupted_run_resumes_the_unfinished_prior_and_skips_the_others(
+    reference, tmp_path, capsys, monkeypatch
+):
+    interrupted = tmp_path / "interrupted"
+    with monkeypatch.context() as patch:
+        patch.setattr(bb, "Trainer", _InterruptDynamics)
+        status, _, err = _main(capsys, "--out", str(interrupted), *TINY)
+    assert status == 128 + signal.SIGINT and "rerun with --resume" in err
+    assert not (interrupted / "results.json").exists()
+    finished = {name: (interrupted / name / "checkpoint.pt").read_bytes()
+                for name in ("rbf", "bilinear", "cosine")}
+    assert torch.load(interrupted / "dynamics" / "checkpoint.pt",
+                      weights_only=False)["state"]["step"] == 2
+    status, out, _ = _main(capsys, "--out", str(interrupted), *TINY, "--resume")
+    assert status == 0
+    assert "dynamics: resuming at step 2/4" in out
+    for name, content in finished.items():
+        assert f"{name}: finished earlier" in out
+        assert (interrupted / name / "checkpoint.pt").read_bytes() == content  # not retrained
+    expected = json.loads((reference[0] / "results.json").read_text())["priors"]
+    resumed = json.loads((interrupted / "results.json").read_text())["priors"]
+    for name in bb.PRIORS:
+        for key in ("r2", "r2_per_coordinate", "pixel_error", "prior_parameters", "final_loss"):
+            assert resumed[name][key] == expected[name][key], (name, key)
+    # resuming a different experiment is refused
+    status, _, err = _main(capsys, "--out", str(interrupted), *TINY, "--resume", "--lr", "0.1")
+    assert status == 2 and "--lr: was 0.01, now 0.1" in err
+    status, _, err = _main(capsys, "--out", str(tmp_path / "none"), *TINY, "--resume")
+    assert status == 2 and "no run to resume" in err
