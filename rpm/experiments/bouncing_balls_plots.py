@@ -97,6 +97,17 @@ def plot_trajectories(
     fig.savefig(path, dpi=90)
 
 
+def _strip(images: np.ndarray, gap: int) -> np.ndarray:
+    """Frames side by side with ``gap`` columns of NaN (drawn blank) between them.
+    (F, H, W[, 3]) -> (H, F W + (F - 1) gap[, 3])."""
+    num, height = images.shape[:2]
+    blank = np.full((height, gap, *images.shape[3:]), np.nan)
+    parts = []
+    for index in range(num):
+        parts.extend([images[index], blank] if index < num - 1 else [images[index]])
+    return np.concatenate(parts, axis=1)
+
+
 def plot_feature_maps(
     path: str | os.PathLike,
     frames: torch.Tensor,
@@ -104,8 +115,8 @@ def plot_feature_maps(
     centres_of_mass: Mapping[str, torch.Tensor],
     frame_labels: Sequence[str] | None = None,
 ) -> None:
-    """A few frames (top row) and, for each prior, its learned feature maps with their centres
-    of mass (crosses), one row per map.
+    """A few frames (top row) and, for each prior, each learned feature map over the same
+    frames with its centre of mass (cross), one row per map.
 
     :param path-like path: the PNG to write.
     :param torch.Tensor frames: frames in ``[0, 1]``, one channel per ball (shown as RGB when
@@ -113,38 +124,39 @@ def plot_feature_maps(
     :param dict maps: prior name -> feature maps in ``(0, 1)``. Shape: (F, K, H, W) each.
     :param dict centres_of_mass: prior name -> centres of mass ``(x_1, y_1, ...)`` in pixels.
         Shape: (F, 2K) each.
-    :param frame_labels: a title per frame.
+    :param frame_labels: a label per frame, written under the top row.
     """
     images = _numpy(frames)  # (F, C, H, W)
-    num_frames = images.shape[0]
+    num_frames, channels, height, width = images.shape
+    gap = max(1, width // 8)
+    shown = images.transpose(0, 2, 3, 1) if channels == 3 else images.max(1)  # (F, H, W[, 3])
     num_maps = max((value.shape[1] for value in maps.values()), default=0)
     rows = 1 + num_maps * len(maps)
-    width, height = 1.1 * num_frames + 0.8, 1.1 * rows + 0.3
-    fig = Figure(figsize=(width, height))  # fixed margins: a layout engine is slow on many axes
-    fig.subplots_adjust(left=0.7 / width, right=1 - 0.1 / width, bottom=0.1 / height,
-                        top=1 - 0.3 / height, wspace=0.08, hspace=0.08)
-    axes = np.asarray(fig.subplots(rows, num_frames, squeeze=False))
-    for column in range(num_frames):
-        image = images[column]
-        shown = image.transpose(1, 2, 0) if image.shape[0] == 3 else image.max(0)
-        axes[0, column].imshow(np.clip(shown, 0.0, 1.0), cmap="gray", vmin=0, vmax=1)
-        if frame_labels is not None:
-            axes[0, column].set_title(frame_labels[column], fontsize=8)
-    axes[0, 0].set_ylabel("frame", fontsize=8)
+    # one axes per row (the frames side by side): much faster to draw than one per image
+    fig_width = 1.2 * num_frames + 1.0
+    fig = Figure(figsize=(fig_width, 1.25 * rows + 0.2))
+    fig.subplots_adjust(left=0.9 / fig_width, right=0.98, bottom=0.02, top=0.98, hspace=0.25)
+    axes = np.atleast_1d(fig.subplots(rows, 1))
+    axes[0].imshow(np.clip(_strip(shown, gap), 0.0, 1.0), cmap="gray", vmin=0, vmax=1)
+    axes[0].set_ylabel("frames", fontsize=8)
+    offsets = np.arange(num_frames) * (width + gap)  # x offset of each frame in a strip
+    if frame_labels is not None:
+        axes[0].set_xticks(offsets + width / 2 - 0.5, frame_labels, fontsize=7)
     row = 1
     for name, values in maps.items():
         feature = _numpy(values)  # (F, K, H, W)
         com = _numpy(centres_of_mass[name]).reshape(num_frames, -1, 2)  # (F, K, 2)
         for k in range(feature.shape[1]):
-            for column in range(num_frames):
-                ax = axes[row, column]
-                ax.imshow(feature[column, k], cmap="magma", vmin=0, vmax=1)
-                # pixel [i, j] has centre (j + 1/2, i + 1/2); imshow puts it at (j, i)
-                ax.plot(com[column, k, 0] - 0.5, com[column, k, 1] - 0.5, "+", color="cyan",
-                        ms=8, mew=1.5)
-            axes[row, 0].set_ylabel(f"{name}\nmap {k + 1}", fontsize=8)
+            ax = axes[row]
+            ax.imshow(_strip(feature[:, k], gap), cmap="magma", vmin=0, vmax=1)
+            # pixel [i, j] has centre (j + 1/2, i + 1/2); imshow puts it at (j, i)
+            ax.plot(offsets + com[:, k, 0] - 0.5, com[:, k, 1] - 0.5, "+", color="cyan",
+                    ms=8, mew=1.5, ls="none")
+            ax.set_ylabel(f"{name}\nmap {k + 1}", fontsize=8)
             row += 1
-    for ax in axes.flat:
-        ax.set_xticks([])
+    for index, ax in enumerate(axes):
+        if index or frame_labels is None:
+            ax.set_xticks([])
         ax.set_yticks([])
+        ax.tick_params(length=0)
     fig.savefig(path, dpi=80)

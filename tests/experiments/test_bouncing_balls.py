@@ -40,6 +40,15 @@ def test_epoch_permutation_is_a_reproducible_permutation():
     assert not torch.equal(first, bb.epoch_permutation(8, 3, 50))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny convolutions on a shared 2-core machine run fastest on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """A tiny uninterrupted ``--prior all`` run: (folder, exit status, stdout)."""
