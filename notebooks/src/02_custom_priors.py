@@ -85,7 +85,7 @@ model = rpm.RPM(rpm.DeltaRecognition(make_encoder()), ImplicitPrior(StudentTEner
 svi = pyro.infer.SVI(model.model, model.guide, pyro.optim.Adam({"lr": 3e-3}), rpm.RPMELBO())
 scales, spreads = [], []
 for step in range(num_steps):
-    x, x2 = heavy_tailed_pairs(256)
+    x, x2 = heavy_tailed_pairs(128 if SMOKE_TEST else 256)
     svi.step(x, x2)
     with torch.no_grad():
         scales.append(model.prior.energy.scale.item())
@@ -162,7 +162,7 @@ model = rpm.RPM(rpm.GaussianRecognition(GaussianEncoder()), LinearTransitionPrio
 svi = pyro.infer.SVI(model.model, model.guide, pyro.optim.Adam({"lr": 3e-3}), rpm.RPMELBO())
 angles, noises = [], []
 for step in range(30 if SMOKE_TEST else 800):
-    svi.step(*rotated_pairs(256))
+    svi.step(*rotated_pairs(128 if SMOKE_TEST else 256))
     eigenvalues = torch.linalg.eigvals(model.prior.transition.detach())
     angles.append(eigenvalues.angle().abs().max().item())
     noises.append(model.prior.noise.item())
@@ -215,7 +215,7 @@ def correlated_pairs(n):
 pyro.clear_param_store()
 model = rpm.RPM(rpm.GaussianRecognition(FixedEncoder()), LinearDynamicsPrior(1, scale=0.5, noise=1.0))
 svi = pyro.infer.SVI(model.model, model.guide, pyro.optim.Adam({"lr": 2e-2}), rpm.RPMELBO())
-batch_size = 512
+batch_size = 128 if SMOKE_TEST else 512
 elbo = [-svi.step(*correlated_pairs(batch_size)) / batch_size for _ in range(30 if SMOKE_TEST else 600)]
 
 window = 20

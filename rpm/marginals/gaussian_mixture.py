@@ -37,6 +37,8 @@ __all__ = ["gaussian_mixture_log_prob", "check_mixture_arguments"]
 
 # Pairs further than this below the row maximum (in nats) have relative weight < e^-30.
 _REFINE_MARGIN = 30.0
+# Log-weights further below the row maximum than this are raised to it (see the end).
+_SUBNORMAL_GUARD = 80.0
 # Pairs whose rounding bound (in nats) is below this are already accurate enough.
 _REFINE_TOLERANCE = 1e-5
 # At most this many refined pairs are recomputed at once (bounds the (K, D) temporaries).
@@ -173,8 +175,14 @@ def gaussian_mixture_log_prob(
         log_components = log_components.index_put(
             (rows, cols), log_norm[cols] - 0.5 * exact
         )
+    # Terms far below the row maximum weigh < e^-80 each (relative to it); raising them to that
+    # floor changes nothing measurable but keeps exp() out of the subnormal range, which is an
+    # order of magnitude slower on CPUs. The excluded diagonal stays at -inf.
     if exclude_self:
         eye = torch.eye(num_points, dtype=torch.bool, device=z.device)
         log_components = log_components.masked_fill(eye, -math.inf)
         num_components -= 1
+    row_max = log_components.detach().amax(-1, keepdim=True)  # (M, 1), finite
+    floored = torch.maximum(log_components, row_max - _SUBNORMAL_GUARD)
+    log_components = torch.where(torch.isneginf(log_components), log_components, floored)
     return torch.logsumexp(log_components, dim=-1) - math.log(num_components)
