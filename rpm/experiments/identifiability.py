@@ -34,14 +34,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 
-import pyro
 import torch
 
-import rpm
 from rpm.data.synthetic import CONDITIONALS, MARGINALS, SPACES, InvertibleMLP, LatentProcess
 from rpm.experiments.common import (
     ConfigurationError,
@@ -53,27 +50,14 @@ from rpm.experiments.common import (
     probability,
     resolve_device,
     save_run_config,
-    seed_everything,
     write_json_atomic,
 )
-from rpm.experiments.identifiability_data import PairStream, derived_seed, held_out_set
-from rpm.experiments.identifiability_model import (
-    ENCODER_SPACES,
-    ENERGIES,
-    MLPEncoder,
-    build_energy,
-    build_rpm,
-    energy_parameters,
-)
+from rpm.experiments.identifiability_data import derived_seed, held_out_set
+from rpm.experiments.identifiability_model import ENCODER_SPACES, ENERGIES
 from rpm.experiments.identifiability_plots import plot_comparison, plot_trajectories
-from rpm.inference.checkpoint import load_checkpoint
-from rpm.inference.trainer import CHECKPOINT_NAME, Trainer
-from rpm.metrics import mcc, mcc_per_dimension, r2, r2_per_dimension
+from rpm.experiments.identifiability_train import train_energy
 
-__all__ = ["add_parser", "cosine_schedule", "run", "train_energy"]
-
-#: R^2 levels whose first crossing time is reported.
-R2_LEVELS = (0.9, 0.95, 0.99)
+__all__ = ["add_parser", "run"]
 
 
 # --------------------------------------------------------------------------- command line
@@ -150,6 +134,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="pairs per minibatch, >= 2 (default: 256)")
     train.add_argument("--lr", type=positive_float, default=1e-3,
                        help="peak learning rate of Adam (default: 1e-3)")
+    train.add_argument("--energy-lr", type=positive_float, default=0.03,
+                       help="peak learning rate of the energy's parameters (kappa, tau, l, "
+                       "Lambda, W), which start far from their optimum (default: 0.03)")
     train.add_argument("--warmup", type=probability, default=0.05,
                        help="fraction of the steps with a linear warm-up, then a cosine decay "
                        "to 0 (default: 0.05)")
@@ -203,147 +190,6 @@ def _process(args: argparse.Namespace, device: torch.device) -> LatentProcess:
     except (TypeError, ValueError) as error:
         raise ConfigurationError(f"invalid data flags (--space/--marginal/--conditional and "
                                  f"their parameters): {error}") from None
-
-
-def cosine_schedule(num_steps: int, warmup: float):
-    r"""The learning-rate factor of step s: a linear warm-up over the first
-    :math:`W = \lceil w S \rceil` steps, then a cosine decay to 0,
-
-    .. math::
-
-        \eta_s / \eta = \frac{s + 1}{W} \ (s < W), \qquad
-        \eta_s / \eta = \tfrac12 \Big(1 + \cos \frac{\pi (s - W)}{S - W}\Big) \ (s \ge W).
-
-    :param int num_steps: S.
-    :param float warmup: w in [0, 1].
-    :return: a function of the step s (for :class:`torch.optim.lr_scheduler.LambdaLR`).
-    """
-    warm = min(num_steps, math.ceil(warmup * num_steps))
-
-    def factor(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        return 0.5 * (1.0 + math.cos(math.pi * (step - warm) / max(1, num_steps - warm)))
-
-    return factor
-
-
-def _scores(z: torch.Tensor, h: torch.Tensor) -> dict:
-    return {"r2": r2(z, h), "mcc": mcc(z, h)}
-
-
-def _encoder_outputs(model: rpm.RPM, x: torch.Tensor) -> torch.Tensor:
-    model.eval()
-    with torch.no_grad():
-        return model.encode(x)
-
-
-def _time_to(evaluations: list, level: float) -> float | None:
-    for evaluation in evaluations:
-        if evaluation["r2"] >= level:
-            return evaluation["wall_time"]
-    return None
-
-
-def _concentration_report(energy_params: dict, matched: torch.Tensor,
-                          truth: torch.Tensor | None) -> dict:
-    """Learned Lambda of the recovered dimension matched to each true dimension, and the ratio
-    of the group means (second half over first half) against the truth's."""
-    if "concentration" not in energy_params:
-        return {}
-    learned = torch.tensor(energy_params["concentration"], dtype=torch.float64)[matched]
-    report = {"concentration_matched": learned.tolist()}
-    if truth is not None:
-        half = len(truth) // 2
-        ratio_true = float(truth[half:].mean() / truth[:half].mean())
-        ratio_learned = float(learned[half:].mean() / learned[:half].mean())
-        report.update(concentration_true=truth.tolist(), group_ratio_true=ratio_true,
-                      group_ratio_learned=ratio_learned,
-                      group_ratio_error=abs(ratio_learned / ratio_true - 1.0))
-    return report
-
-
-def train_energy(name: str, args: argparse.Namespace, process: LatentProcess,
-                 mixing: InvertibleMLP, held_out: dict, out: Path) -> dict:
-    """Trains (or resumes, or reloads) the RPM with energy ``name`` in ``out`` and scores it.
-
-    :param str name: one of :data:`~rpm.experiments.identifiability_model.ENERGIES`.
-    :param argparse.Namespace args: the resolved flags.
-    :param LatentProcess process: the latent process, on the training device.
-    :param InvertibleMLP mixing: the mixing g, on the training device.
-    :param dict held_out: ``{"eval": (z, x), "test": (z, x)}``, fresh held-out sets.
-    :param Path out: the run folder of this energy (checkpoint, history).
-    :return: the JSON-ready result (scores, baselines, trajectories, energy parameters).
-    """
-    seed_everything(args.seed)  # same encoder initialisation whichever energies run together
-    pyro.clear_param_store()
-    device = process.device
-    encoder = MLPEncoder(args.dim, args.hidden, args.depth, args.encoder_space)
-    energy = build_energy(name, args.dim, tau=args.tau, p=args.p,
-                          learn_temperature=args.learn_temperature,
-                          encoder_space=args.encoder_space)
-    model = build_rpm(encoder, energy).to(device)
-    if args.compile:
-        encoder.forward = torch.compile(encoder.forward, dynamic=False)
-    z_eval, x_eval = held_out["eval"]
-    z_test, x_test = held_out["test"]
-    untrained = _scores(z_test, _encoder_outputs(model, x_test))
-    stream = PairStream(process, mixing, args.batch_size, args.seed, args.chunk_steps)
-    elbo = rpm.RPMELBO()
-
-    def loss_fn(step: int) -> torch.Tensor:
-        x, x2 = stream(step)  # (N, n) each
-        # The pairs come from our own sampler; Pyro's input validation would synchronise with
-        # the device at every step.
-        with pyro.validation_enabled(False):
-            return elbo.differentiable_loss(model.model, model.guide, x, x2) / args.batch_size
-
-    def eval_fn(step: int) -> dict:
-        scores = _scores(z_eval, _encoder_outputs(model, x_eval))
-        scalars = {k: v for k, v in energy_parameters(energy).items() if isinstance(v, float)}
-        return {**scores, **scalars}
-
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr,
-                                 fused=device.type == "cuda" or None)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
-                                                  cosine_schedule(args.steps, args.warmup))
-    trainer = Trainer(
-        model, optimizer, loss_fn, out_dir=out, num_steps=args.steps, scheduler=scheduler,
-        eval_fn=eval_fn, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
-        log_every=min(100, args.steps), progress=args.progress, description=name,
-        eval_at_start=True,
-    )
-    resume = args.resume and (out / CHECKPOINT_NAME).is_file()
-    if resume:
-        step = load_checkpoint(out / CHECKPOINT_NAME)["step"]
-        print(f"{name}: {'finished earlier, reloaded' if step == args.steps else 'resuming'} "
-              f"at step {step}/{args.steps}", flush=True)
-    history = trainer.fit(resume=resume)
-
-    h_test = _encoder_outputs(model, x_test)
-    matched = mcc_per_dimension(z_test, h_test)
-    params = energy_parameters(energy)
-    evaluations = history["evaluations"]
-    truth = process.concentrations
-    result = {
-        "energy": name,
-        **_scores(z_test, h_test),
-        "r2_per_dimension": r2_per_dimension(z_test, h_test).tolist(),
-        "mcc_per_dimension": matched.abs_correlation.tolist(),
-        "baseline": {"identity": _scores(z_test, x_test), "untrained": untrained},
-        "energy_parameters": params,
-        **_concentration_report(params, matched.index, truth),
-        "trajectory": {key: [e.get(key) for e in evaluations]
-                       for key in ("step", "r2", "mcc", "wall_time", *(
-                           k for k in evaluations[-1] if k not in ("step", "r2", "mcc",
-                                                                   "wall_time")))},
-        "losses": history["losses"],
-        "time_to_r2": {str(level): _time_to(evaluations, level) for level in R2_LEVELS},
-        "train_seconds": evaluations[-1]["wall_time"],
-        "steps": args.steps,
-        "pairs_per_second": args.steps * args.batch_size / evaluations[-1]["wall_time"],
-    }
-    return result
 
 
 def _prepare(args: argparse.Namespace) -> Path:

@@ -25,7 +25,7 @@ from rpm.data.synthetic import InvertibleMLP, LatentProcess
 __all__ = ["PairStream", "derived_seed", "held_out_set"]
 
 #: Purposes of the derived seeds, one entropy stream each.
-SEED_PURPOSES = ("mixing", "train", "eval", "test")
+SEED_PURPOSES = ("mixing", "train", "eval", "test", "oracle")
 
 
 def derived_seed(seed: int, purpose: str, index: int = 0) -> int:
@@ -34,7 +34,7 @@ def derived_seed(seed: int, purpose: str, index: int = 0) -> int:
     statistically independent streams.
 
     :param int seed: the run seed, >= 0.
-    :param str purpose: ``"mixing"``, ``"train"``, ``"eval"`` or ``"test"``.
+    :param str purpose: ``"mixing"``, ``"train"``, ``"eval"``, ``"test"`` or ``"oracle"``.
     :param int index: e.g. the chunk number of the training stream, >= 0.
     """
     if purpose not in SEED_PURPOSES:
