@@ -123,8 +123,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="learn kappa (cosine), tau (lp) or l (rbf) as well")
     model.add_argument("--encoder-space", choices=ENCODER_SPACES, default=None,
                        help="where the encoder's outputs live (default: the --space)")
-    model.add_argument("--hidden", type=positive_int, default=256,
-                       help="width of the encoder's hidden layers (default: 256)")
+    model.add_argument("--hidden", type=positive_int, default=128,
+                       help="width of the encoder's hidden layers (default: 128)")
     model.add_argument("--depth", type=positive_int, default=3,
                        help="number of hidden layers of the encoder (default: 3)")
     train = parser.add_argument_group("training")

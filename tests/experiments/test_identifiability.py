@@ -275,3 +275,25 @@ def test_oracle_concentrations_recover_the_box_precisions():
     fitted = oracle_concentrations(process, num_steps=250, batch_size=512, seed=0, lr=0.5,
                                    normalize=False, init=torch.tensor([40.0, 40.0]))
     assert fitted == pytest.approx([20.0, 80.0], rel=0.15)
+
+
+@pytest.mark.slow
+def test_benchmark_script_runs_every_setting_and_summarises(tmp_path, capsys):
+    """benchmarks/identifiability.py at toy size: every setting, one seed, a summary with
+    mean +- std."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "benchmarks" / "identifiability.py"
+    spec = importlib.util.spec_from_file_location("identifiability_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    status = bench.main(["--seeds", "0", "--dim", "4", "--steps", "4", "--batch-size", "32",
+                         "--hidden", "8", "--eval-every", "0", "--device", "cpu", "--threads",
+                         "1", "--extra", "--eval-samples 200 --depth 1", "--out",
+                         str(tmp_path)])
+    assert status == 0
+    summary = json.loads((tmp_path / "summary-sphere-box-aninfonce.json").read_text())
+    assert set(summary) == {"sphere", "box", "aninfonce"}
+    assert " +- " in summary["sphere"]["r2"] and " +- " in summary["box"]["mcc"]
+    assert " +- " in summary["aninfonce"]["anisotropic"]["group_ratio_learned"]
