@@ -40,15 +40,6 @@ def test_epoch_permutation_is_a_reproducible_permutation():
     assert not torch.equal(first, bb.epoch_permutation(8, 3, 50))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny convolutions on a shared 2-core machine run fastest on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """A tiny uninterrupted ``--prior all`` run: (folder, exit status, stdout)."""
@@ -85,8 +76,11 @@ def test_tiny_run_of_every_prior_writes_results_and_figures(reference):
 
 
 def test_one_prior_alone_gives_the_same_result_as_within_all(reference, tmp_path, capsys):
-    status, _, _ = _main(capsys, "--out", str(tmp_path), *TINY, "--prior", "cosine")
-    assert status == 0
+    threads = torch.get_num_threads()
+    status, _, _ = _main(capsys, "--out", str(tmp_path), *TINY, "--prior", "cosine",
+                         "--threads", "1")
+    assert status == 0 and torch.get_num_threads() == threads  # restored after the run
+    assert json.loads((tmp_path / "results.json").read_text())["torch_threads"] == 1
     alone = json.loads((tmp_path / "results.json").read_text())["priors"]
     within = json.loads((reference[0] / "results.json").read_text())["priors"]
     assert list(alone) == ["cosine"]
