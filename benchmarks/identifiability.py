@@ -97,7 +97,7 @@ def main(argv: list | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--extra", default="", help="further flags for every run, one string")
     parser.add_argument("--out", default="runs/benchmark-identifiability")

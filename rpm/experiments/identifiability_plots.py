@@ -55,11 +55,12 @@ def plot_comparison(path: str | os.PathLike, runs: Mapping[str, Mapping],
                     true_concentrations: list | None = None) -> None:
     """Per-dimension held-out R^2 of every energy (left) and, for the runs that learn a
     concentration Lambda (anisotropic energy), the learned Lambda of the recovered dimension
-    matched to each true dimension next to the true Lambda (right, log scale).
+    matched to each true dimension next to the true Lambda and the Lambda fitted on the true
+    latents (right, log scale).
 
     :param path-like path: the PNG to write.
     :param dict runs: energy name -> result with ``"r2_per_dimension"`` (list of n floats) and,
-        optionally, ``"concentration_matched"`` (list of n floats).
+        optionally, ``"concentration_matched"`` and ``"concentration_oracle"`` (n floats each).
     :param true_concentrations: the true Lambda of the anisotropic conditional (n floats), or
         None.
     """
@@ -81,8 +82,12 @@ def plot_comparison(path: str | os.PathLike, runs: Mapping[str, Mapping],
     left.set_ylabel(r"held-out $R^2_d$")
     left.legend(fontsize=7, frameon=False, loc="lower left")
     if true_concentrations is not None:
-        right.plot(dims, true_concentrations, "ks", label=r"true $\Lambda$")
+        right.plot(dims, true_concentrations, "ks", label=r"true $\Lambda$ (of the noise)")
     for colour, name in zip(_COLOURS, names, strict=False):
+        oracle = runs[name].get("concentration_oracle")
+        if oracle is not None:
+            right.plot(dims, oracle, "D", color="grey", markerfacecolor="none",
+                       label=r"$\Lambda$ fitted on the true latents")
         if name in learned:
             right.plot(dims, learned[name], "o", color=colour,
                        label=rf"learned $\Lambda$ ({name})")
