@@ -23,7 +23,8 @@ large and nearly cancel). Two steps keep the float32 result within 1e-4 of float
 1. everything is centred on the mean of the component locations, and
 2. the pairs that can matter for the logsumexp (those whose value, allowing for the rounding
    bound of the expansion, lies within ``_REFINE_MARGIN`` of the row maximum) and whose
-   rounding bound exceeds ``_REFINE_TOLERANCE`` are recomputed exactly in the difference form. The others carry a weight below
+   rounding bound exceeds ``_REFINE_TOLERANCE`` are recomputed exactly in the difference form.
+   The others carry a weight below
    :math:`e^{-30}` relative to the maximum, so their rounding cannot move the result.
 """
 

@@ -94,7 +94,7 @@ def test_rpmelbo_equals_trace_elbo_implicit(recognition, energy, batch):
     params = list(model.parameters())
     trace_grads = torch.autograd.grad(trace_loss, params)
     rpm_grads = torch.autograd.grad(rpm_loss, params)
-    for a, b in zip(trace_grads, rpm_grads):
+    for a, b in zip(trace_grads, rpm_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9)
 
 
@@ -105,7 +105,8 @@ def test_rpmelbo_equals_trace_elbo_explicit(recognition, prior, batch):
     trace_loss, rpm_loss = losses_with_same_samples(model, batch)
     assert abs(trace_loss.item() - rpm_loss.item()) <= 1e-6 * abs(trace_loss.item())
     params = list(model.parameters())
-    for a, b in zip(torch.autograd.grad(trace_loss, params), torch.autograd.grad(rpm_loss, params)):
+    grads = (torch.autograd.grad(trace_loss, params), torch.autograd.grad(rpm_loss, params))
+    for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9)
 
 

@@ -24,7 +24,7 @@ def train(optim, steps=5):
 def test_fused_adam_matches_pyro_adam():
     reference, _ = train(pyro.optim.Adam({"lr": 0.01}))
     fused, optim = train(FusedAdam({"lr": 0.01}))
-    for (name, a), (_, b) in zip(reference.named_parameters(), fused.named_parameters()):
+    for (name, a), (_, b) in zip(reference.named_parameters(), fused.named_parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=name)
     state = optim.get_state()
     assert len(state["fused"]["param_names"]) == 3  # weight, bias, lengthscale
