@@ -222,6 +222,14 @@ def oracle_concentrations(process: LatentProcess, num_steps: int, batch_size: in
         so a start far from the optimum needs many steps).
     :return: :math:`\Lambda`, n floats.
     """
+    # A parameter store of its own: the model's parameters have the same names as a trained
+    # RPM's ("prior.energy.concentration", ...), which would otherwise be read and trained here.
+    with pyro.get_param_store().scope():
+        return _fit_oracle(process, num_steps, batch_size, seed, lr, normalize, init)
+
+
+def _fit_oracle(process: LatentProcess, num_steps: int, batch_size: int, seed: int, lr: float,
+                normalize: bool, init: torch.Tensor | None) -> list[float]:
     energy = AnisotropicEnergy(process.dim, normalize=normalize).to(process.device)
     start = process.concentrations if init is None else init
     energy.concentration = start.to(process.device, torch.get_default_dtype())

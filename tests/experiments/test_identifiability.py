@@ -14,6 +14,7 @@ from rpm.experiments.identifiability_model import (
     ENERGIES,
     MLPEncoder,
     build_energy,
+    build_rpm,
     energy_parameters,
 )
 from rpm.experiments.identifiability_train import (
@@ -21,6 +22,7 @@ from rpm.experiments.identifiability_train import (
     cosine_schedule,
     oracle_concentrations,
 )
+from rpm.priors import AnisotropicEnergy
 
 
 @pytest.fixture(autouse=True)
@@ -272,9 +274,13 @@ def test_oracle_concentrations_recover_the_box_precisions():
     start 2x off in both directions."""
     process = LatentProcess(dim=2, space="box", conditional="anisotropic",
                             concentrations=torch.tensor([20.0, 80.0]))
+    # A trained RPM whose parameters have the same names must neither leak in nor change.
+    trained = build_rpm(torch.nn.Identity(), AnisotropicEnergy(2, normalize=False, init=3.0))
+    trained.model(torch.randn(8, 2), torch.randn(8, 2))
     fitted = oracle_concentrations(process, num_steps=250, batch_size=512, seed=0, lr=0.5,
                                    normalize=False, init=torch.tensor([40.0, 40.0]))
     assert fitted == pytest.approx([20.0, 80.0], rel=0.15)
+    torch.testing.assert_close(trained.prior.energy.concentration.detach(), torch.full((2,), 3.0))
 
 
 @pytest.mark.slow
