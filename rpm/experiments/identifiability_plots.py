@@ -76,11 +76,12 @@ def plot_comparison(path: str | os.PathLike, runs: Mapping[str, Mapping],
         left.bar(dims + (i - (len(names) - 1) / 2) * width, runs[name]["r2_per_dimension"],
                  width, color=colour, label=name)
     left.axhline(0.95, color="grey", linestyle="--", linewidth=1, label="0.95")
-    left.set_ylim(min(0.0, *(min(run["r2_per_dimension"]) for run in runs.values())), 1.05)
+    left.set_ylim(min(0.0, *(min(run["r2_per_dimension"]) for run in runs.values())), 1.2)
+    left.set_yticks(np.linspace(0.0, 1.0, 6))
     left.set_xticks(dims)
     left.set_xlabel("true latent dimension")
     left.set_ylabel(r"held-out $R^2_d$")
-    left.legend(fontsize=7, frameon=False, loc="lower left")
+    left.legend(fontsize=7, frameon=False, loc="upper left", ncols=3)
     if true_concentrations is not None:
         right.plot(dims, true_concentrations, "ks", label=r"true $\Lambda$ (of the noise)")
     for colour, name in zip(_COLOURS, names, strict=False):
