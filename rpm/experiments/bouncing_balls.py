@@ -82,6 +82,7 @@ from rpm.experiments.bouncing_balls_prior import BallDynamicsPrior
 from rpm.experiments.common import (
     ConfigurationError,
     add_common_arguments,
+    contrastive_batch_size,
     nonnegative_int,
     positive_float,
     positive_int,
@@ -106,16 +107,6 @@ _SHOWN_FRAMES = 4
 
 
 # --------------------------------------------------------------------------- command line
-def _batch_size(text: str) -> int:
-    value = positive_int(text)
-    if value < 2:
-        raise argparse.ArgumentTypeError(
-            f"expected a batch size >= 2 (the other pairs of the batch are the negatives), "
-            f"got {text!r}"
-        )
-    return value
-
-
 def _momentum(text: str) -> float:
     try:
         value = float(text)
@@ -143,7 +134,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="last frames held out to score the decoder (default: 200)")
     group.add_argument("--epochs", type=positive_int, default=30,
                        help="passes over the training pairs (default: 30)")
-    group.add_argument("--batch-size", type=_batch_size, default=128,
+    group.add_argument("--batch-size", type=contrastive_batch_size, default=128,
                        help="pairs per minibatch, >= 2 (default: 128)")
     group.add_argument("--lr", type=positive_float, default=1e-2,
                        help="learning rate (default: 1e-2)")

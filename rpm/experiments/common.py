@@ -35,6 +35,7 @@ __all__ = [
     "ConfigurationError",
     "RUN_MARKER",
     "add_common_arguments",
+    "contrastive_batch_size",
     "device_name",
     "nonnegative_float",
     "nonnegative_int",
@@ -91,6 +92,17 @@ def positive_int(text: str) -> int:
     value = _parse_int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer (>= 1), got {text!r}")
+    return value
+
+
+def contrastive_batch_size(text: str) -> int:
+    """argparse ``type=``: a contrastive minibatch size, an integer >= 2 (each pair's negatives
+    are the other pairs of its minibatch, so one pair alone has none)."""
+    value = positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(
+            f"expected a batch size >= 2 (the other pairs of the batch are the negatives), "
+            f"got {text!r}")
     return value
 
 

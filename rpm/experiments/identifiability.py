@@ -53,6 +53,7 @@ from rpm.data.synthetic import CONDITIONALS, MARGINALS, SPACES, InvertibleMLP, L
 from rpm.experiments.common import (
     ConfigurationError,
     add_common_arguments,
+    contrastive_batch_size,
     nonnegative_int,
     positive_float,
     positive_int,
@@ -71,15 +72,6 @@ __all__ = ["add_parser", "run"]
 
 
 # --------------------------------------------------------------------------- command line
-def _batch_size(text: str) -> int:
-    value = positive_int(text)
-    if value < 2:
-        raise argparse.ArgumentTypeError(
-            f"expected a batch size >= 2 (the other pairs of the batch are the negatives), "
-            f"got {text!r}")
-    return value
-
-
 def _energy_list(text: str) -> list[str]:
     names = [part.strip() for part in text.split(",")]
     unknown = [name for name in names if name not in ENERGIES]
@@ -140,7 +132,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     train = parser.add_argument_group("training")
     train.add_argument("--steps", type=positive_int, default=3000,
                        help="optimiser steps (default: 3000)")
-    train.add_argument("--batch-size", type=_batch_size, default=256,
+    train.add_argument("--batch-size", type=contrastive_batch_size, default=256,
                        help="pairs per minibatch, >= 2 (default: 256)")
     train.add_argument("--lr", type=positive_float, default=1e-3,
                        help="peak learning rate of Adam (default: 1e-3)")
