@@ -140,6 +140,28 @@ def test_log_ratio_with_negatives_and_blocks():
     )
 
 
+def test_cpu_streams_by_default_above_its_threshold(monkeypatch):
+    """On the CPU, log_ratio streams the normaliser from 2**18 pairs on (the faster path there)
+    and the result equals the dense InfoNCE term; below the threshold it stays dense."""
+    import rpm.priors.implicit as implicit
+
+    calls = []
+
+    def counting(left, right, block_size=None):
+        calls.append(left.shape[0])
+        return streaming_matmul_logsumexp(left, right, block_size)
+
+    monkeypatch.setattr(implicit, "streaming_matmul_logsumexp", counting)
+    torch.set_default_dtype(torch.float64)
+    prior = ImplicitPrior(CosineEnergy(kappa=3.0))
+    small, large = 2**9, 2**9 + 1  # 2**18 pairs: dense; one row and column more: streamed
+    for size in (small, large):
+        z, z2 = torch.randn(size, 5), torch.randn(size, 5)
+        torch.testing.assert_close(prior.log_ratio(z, z2), implicit_log_ratio(prior.energy(z, z2)),
+                                   rtol=0, atol=1e-10)
+    assert calls == [large]
+
+
 @cuda
 def test_cuda_matches_cpu():
     left, right = torch.randn(700, 8, dtype=torch.float64), torch.randn(900, 8, dtype=torch.float64)
