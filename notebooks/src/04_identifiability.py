@@ -108,12 +108,18 @@ print(f"held-out R^2 = {vmf['r2']:.3f}, MCC = {vmf['mcc']:.3f} "
 # %%
 status = rpm_command(["identifiability", "--dim", "4", "--conditional", "anisotropic",
                       "--concentrations", "5,25", "--compare-energies", "cosine,anisotropic",
-                      "--out", f"{runs}/aninfonce", *common])
+                      "--energy-lr", "0.1", "--out", f"{runs}/aninfonce", *common])
 assert status == 0
 comparison = json.load(open(f"{runs}/aninfonce/results.json"))["runs"]
 for name, run in comparison.items():
     print(f"{name:12s} R^2 per true dimension: {[round(v, 3) for v in run['r2_per_dimension']]}")
-print("learned parameters of the anisotropic energy:", comparison["anisotropic"]["energy_parameters"])
+anisotropic = comparison["anisotropic"]
+print("learned Lambda, matched to the true dimensions:",
+      [round(v, 2) for v in anisotropic["concentration_matched"]])
+print(f"group ratio Lambda(second half) / Lambda(first half): learned "
+      f"{anisotropic['group_ratio_learned']:.2f}, truth {anisotropic['group_ratio_true']:.2f}, "
+      f"best reachable with this energy on this data (oracle) "
+      f"{anisotropic['group_ratio_oracle']:.2f}")
 
 # %%
 image = plt.imread(f"{runs}/aninfonce/comparison.png")
@@ -123,13 +129,19 @@ ax.axis("off")
 plt.show()
 
 # %% [markdown]
-# With enough steps, the learned $\lambda$ splits into two groups whose ratio approaches the true
-# 25 : 5 (the encoder may permute and rescale dimensions, so compare groups, not positions), and
-# the anisotropic energy recovers every dimension, while a single cosine temperature recovers the
-# dimensions that vary a lot between views worse. The full experiment, with n = 10 latents and
-# the published settings:
+# The encoder may permute and rescale the latents, so the learned $\lambda$ is read through the
+# MCC assignment of recovered to true dimensions (`concentration_matched`) and compared by group.
+# The oracle ratio is what the anisotropic energy reaches with the true latents as its inputs:
+# less than 5, because the noise is added before the projection onto the sphere. In this short
+# run (4 latents, 1500 steps; checked at full size: anisotropic per-dimension $R^2$ >= 0.989,
+# cosine down to 0.933, learned ratio 3.3 against the oracle's 4.3) the anisotropic energy
+# already recovers every dimension and its $\lambda$ splits into the two groups, while the
+# cosine energy recovers the high-variation dimensions worst. In the full experiment (n = 10 latents, 10 000 steps, 3 seeds; see
+# `benchmarks/README.md`) the anisotropic energy recovers every dimension (smallest per-dimension
+# $R^2$ 0.986 +- 0.004) and learns a group ratio of 4.24 +- 0.05 (oracle 4.59, truth 5), while
+# the cosine energy loses the high-variation half (per-dimension $R^2$ 0.63 against 0.93):
 #
 # ```bash
-# rpm identifiability --conditional anisotropic --concentrations 5,25 \
-#     --compare-energies cosine,anisotropic --out runs/aninfonce
+# rpm identifiability --conditional anisotropic --concentrations 5,25 --steps 10000 \
+#     --eval-every 1000 --compare-energies cosine,anisotropic --energy-lr 0.1 --out runs/aninfonce
 # ```
