@@ -14,10 +14,13 @@ Settings (n = ``--dim`` latents, an invertible 3-layer leaky-ReLU MLP as the mix
   concentrations 5 (first half) and 25 (second half), cosine against anisotropic energy on the
   same data (Rusak et al.): per-dimension R^2 and the learned ratio of the group concentrations.
 
-Usage::
+Usage (the runs recorded in ``benchmarks/README.md``; 30 and 3 minutes per seed on one CPU
+core)::
 
-    python benchmarks/identifiability.py --device cuda --steps 20000 --batch-size 6144
-    python benchmarks/identifiability.py --settings sphere --seeds 0 --steps 3000 --threads 1
+    python benchmarks/identifiability.py --settings sphere --steps 48000 --batch-size 1024 \
+        --lr 2e-3 --eval-every 2000
+    python benchmarks/identifiability.py --settings aninfonce --steps 10000 --eval-every 1000
+    python benchmarks/identifiability.py --settings sphere --seeds 0 --steps 3000   # a quick look
 
 Each run's folder (``--out``/SETTING/seed-S) holds its ``results.json`` and figures; the table is
 also written to ``--out``/summary-SETTINGS.json.
