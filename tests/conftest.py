@@ -1,7 +1,8 @@
 """Root test configuration: every test is seeded, starts with an empty param store and runs
-with Pyro's validation enabled (as Pyro's own test suite does)."""
+with Pyro's validation enabled (as Pyro's own test suite does), and Ctrl-C reaches it."""
 
 import random
+import signal
 
 import numpy as np
 import pyro
@@ -21,3 +22,17 @@ def _seed_and_clear_param_store():
     yield
     torch.set_default_dtype(default_dtype)
     pyro.clear_param_store()
+
+
+@pytest.fixture(autouse=True)
+def _sigint_not_ignored():
+    """A suite started in the background (``nohup``, ``cmd &`` in a script) inherits an ignored
+    SIGINT, which the trainer deliberately leaves ignored; the tests of Ctrl-C handling need the
+    interactive default, so every test runs with Python's default SIGINT handler (restored
+    afterwards). Tests that start child processes reset it there as well."""
+    before = signal.getsignal(signal.SIGINT)
+    if before is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+

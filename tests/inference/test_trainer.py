@@ -155,6 +155,19 @@ def test_resume_after_crash_reproduces_uninterrupted_run(tmp_path):
     assert _without_wall_time(saved) == _without_wall_time(reference.history)
 
 
+def test_an_ignored_sigint_stays_ignored(tmp_path):
+    """Started with SIGINT ignored (nohup, a background job of a script), the trainer leaves it
+    ignored: a SIGINT neither stops the run nor changes it, and the disposition is unchanged."""
+    reference, _ = _run(tmp_path / "ref")
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ignored, _ = _run(tmp_path / "ignored", signal_at=(13, signal.SIGINT))
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+    _assert_same_run(reference.state_dict(), ignored.state_dict())
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_saves_checkpoint_midwindow_and_resume_matches(tmp_path, signum):
     reference, _ = _run(tmp_path / "ref")
@@ -382,6 +395,12 @@ def toy_reference(tmp_path_factory):
     return load_checkpoint(out / "checkpoint.pt")
 
 
+def _sigint_default() -> None:
+    """In the child: SIGINT at its default disposition, so Python turns it into
+    KeyboardInterrupt even when the suite itself runs with SIGINT ignored (started by nohup)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_toy(out, *extra):
     return subprocess.Popen(
         [sys.executable, "-u", str(TOY), "toy", "--out", str(out), *TOY_FLAGS, *extra],
@@ -389,6 +408,7 @@ def _start_toy(out, *extra):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_sigint_default,
     )
 
 
