@@ -14,11 +14,11 @@ Settings (n = ``--dim`` latents, an invertible 3-layer leaky-ReLU MLP as the mix
   concentrations 5 (first half) and 25 (second half), cosine against anisotropic energy on the
   same data (Rusak et al.): per-dimension R^2 and the learned ratio of the group concentrations.
 
-Usage (the runs recorded in ``benchmarks/README.md``; 30 and 3 minutes per seed on one CPU
+Usage (the runs recorded in ``benchmarks/README.md``; 38 and 3 minutes per seed on one CPU
 core)::
 
-    python benchmarks/identifiability.py --settings sphere --steps 48000 --batch-size 1024 \
-        --lr 2e-3 --eval-every 2000
+    python benchmarks/identifiability.py --settings sphere --steps 64000 --batch-size 1024 \
+        --lr 2e-3 --eval-every 4000      # R^2 0.992; --steps 48000: 0.989
     python benchmarks/identifiability.py --settings aninfonce --steps 10000 --eval-every 1000
     python benchmarks/identifiability.py --settings sphere --seeds 0 --steps 3000   # a quick look
 

@@ -31,10 +31,11 @@ Pyro input validation are off in the loop; the trainer reads the losses every 10
 evaluation is one forward pass of the held-out set and a 10-dimensional least-squares fit;
 Adam is fused on CUDA, and ``--compile`` compiles the encoder. The defaults (3000 steps of 256
 pairs, width 128, one CPU thread) are a quick look of a few minutes on a CPU (sphere / vMF(1):
-held-out :math:`R^2` about 0.71). The published sphere result needs some 5e7 pairs:
-``--batch-size 1024 --lr 2e-3 --steps 48000`` reached :math:`R^2` 0.9897 in 30 minutes on one
-CPU core (0.95 after 17.5 minutes); AnInfoNCE (``--conditional anisotropic --compare-energies
-cosine,anisotropic --energy-lr 0.1``) needs 10 000 steps of 256 pairs. Timings and the other
+held-out :math:`R^2` about 0.71). The published sphere result needs some 6e7 pairs:
+``--batch-size 1024 --lr 2e-3 --steps 64000`` reached :math:`R^2` 0.992 in 38 minutes on one
+CPU core (0.95 after 17.5-25 minutes, 0.99 after 31; 48 000 steps: 0.989 +- 0.002).
+AnInfoNCE (``--conditional anisotropic --compare-energies cosine,anisotropic --energy-lr 0.1``)
+needs 10 000 steps of 256 pairs. Timings and the other
 settings are in ``benchmarks/README.md``.
 
 References:
