@@ -36,3 +36,14 @@ def _sigint_not_ignored():
     yield
     signal.signal(signal.SIGINT, before)
 
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test: small kernels gain nothing from threads, and on a busy
+    shared CPU OpenMP's waits for descheduled threads make them many times slower. Modules opt
+    in with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

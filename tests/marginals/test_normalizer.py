@@ -22,13 +22,7 @@ from rpm.priors.implicit import energy_log_normalizer, energy_logit_factors
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small sizes: threads only cost time on a busy shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def lse_loop(left, right):

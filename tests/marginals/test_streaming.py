@@ -12,14 +12,7 @@ from rpm.marginals import gaussian_mixture_log_prob, streaming_gaussian_mixture_
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These sizes gain nothing from threads, and on a busy shared CPU OpenMP's waits for
-    descheduled threads make every small kernel ~30x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def mixture_loop(z, loc, scale, exclude_self=False):
