@@ -176,8 +176,8 @@ def energy_log_normalizer(
     (Eq. 23-25 of Aitchison & Ganev, without the :math:`-\log M`). For energies that are a
     matrix product (:func:`energy_logit_factors`) it is streamed in blocks with O((N + M) D)
     memory when ``block_size`` is given or the matrix has more than ``2**22`` entries (``2**18``
-    on the CPU, where the blocked form is also faster); otherwise (and always for other energies) it is
-    ``torch.logsumexp(energy(z, z2), -1)``.
+    on the CPU, where the blocked form is also faster); otherwise (and always for other
+    energies) it is ``torch.logsumexp(energy(z, z2), -1)``.
 
     :param energy: the energy f.
     :param torch.Tensor z: first-view latents, shape (N, D).
@@ -187,10 +187,23 @@ def energy_log_normalizer(
     :return: shape (N,).
     :rtype: torch.Tensor
     """
-    large = _stream_by_size(z, z2.shape[0])
-    factors = energy_logit_factors(energy, z, z2) if (large or block_size is not None) else None
+    factors = _streaming_factors(energy, z, z2, block_size)
     if factors is None:
         return torch.logsumexp(energy(z, z2), dim=-1)
+    return _streamed_log_normalizer(factors, block_size)
+
+
+def _streaming_factors(energy: Energy, z: torch.Tensor, z2: torch.Tensor,
+                       block_size: int | None):
+    """The matrix-product factors of the energy when the normaliser is to be streamed (a
+    ``block_size`` given, or a large matrix), else None (dense)."""
+    if block_size is None and not _stream_by_size(z, z2.shape[0]):
+        return None
+    return energy_logit_factors(energy, z, z2)
+
+
+def _streamed_log_normalizer(factors: tuple, block_size: int | None) -> torch.Tensor:
+    """:func:`energy_log_normalizer` from the factors ``(left, right, row_offset)``."""
     left, right, row_offset = factors
     lse = streaming_matmul_logsumexp(left, right, block_size)
     return lse if row_offset is None else lse + row_offset
@@ -311,11 +324,13 @@ class ImplicitPrior(PyroModule):
         :param negatives: the candidates, shape (M, D); default z2.
         :param block_size: block edge of the streamed normaliser; ``None`` decides by size.
         """
-        num_candidates = z2.shape[0] if negatives is None else negatives.shape[0]
-        if negatives is None and block_size is None and not _stream_by_size(z, num_candidates):
+        candidates = z2 if negatives is None else negatives
+        factors = _streaming_factors(self.energy, z, candidates, block_size)
+        if factors is None and negatives is None:
+            # Dense: one N x N matrix gives both the positives and the normaliser.
             return implicit_log_ratio(self.energy(z, z2))
         paired = getattr(self.energy, "paired", None)
         positive = paired(z, z2) if paired is not None else torch.diagonal(self.energy(z, z2))
-        candidates = z2 if negatives is None else negatives
-        normalizer = energy_log_normalizer(self.energy, z, candidates, block_size)
-        return positive - normalizer + math.log(num_candidates)
+        normalizer = (torch.logsumexp(self.energy(z, candidates), dim=-1) if factors is None
+                      else _streamed_log_normalizer(factors, block_size))
+        return positive - normalizer + math.log(candidates.shape[0])

@@ -156,6 +156,27 @@ def test_cpu_streams_by_default_above_its_threshold(monkeypatch):
     assert calls == [large]
 
 
+def test_large_dense_log_ratio_builds_its_matrix_once():
+    """Above the streaming threshold, a user's energy without a matrix-product form (and without
+    its own ``paired``) stays dense: one N x N matrix serves the positives and the normaliser,
+    and the result is the InfoNCE term."""
+    from rpm.priors.energies import Energy
+
+    class CountingL1(Energy):
+        calls = 0
+
+        def forward(self, z, z2):
+            CountingL1.calls += 1
+            return -torch.cdist(z, z2, p=1.0)
+
+    torch.set_default_dtype(torch.float64)
+    prior = ImplicitPrior(CountingL1())
+    z, z2 = torch.randn(2**9 + 1, 3), torch.randn(2**9 + 1, 3)
+    expected = implicit_log_ratio(-torch.cdist(z, z2, p=1.0))
+    torch.testing.assert_close(prior.log_ratio(z, z2), expected, rtol=0, atol=1e-12)
+    assert CountingL1.calls == 1
+
+
 @cuda
 def test_cuda_matches_cpu():
     left, right = torch.randn(700, 8, dtype=torch.float64), torch.randn(900, 8, dtype=torch.float64)
