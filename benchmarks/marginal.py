@@ -5,16 +5,16 @@ r"""Benchmark of the two O(N^2) parts of an RPM step, forward + backward, in one
 
    * ``broadcast``: ``Normal(loc[None], scale[None]).log_prob(z[:, None]).sum(-1)``, then
      ``logsumexp`` (the usual implementation; N x N x D memory), where it fits the budget;
-   * ``matmul``: :func:`rpm.marginals.gaussian_mixture_log_prob`'s dense matrix-product path
+   * ``matmul``: :func:`rpm.ops.gaussian_mixture_log_prob`'s dense matrix-product path
      (N x N memory);
-   * ``streaming``: :func:`rpm.marginals.streaming_gaussian_mixture_log_prob` (blocks, O(N D));
+   * ``streaming``: :func:`rpm.ops.streaming_gaussian_mixture_log_prob` (blocks, O(N D));
    * ``3 gemms``: the roofline, three float32 products of the mixture's shape
      (N x 2D) (2D x N), (N x N) (N x 2D), (N x N)^T (N x 2D): one forward and two backward
      products, with nothing else.
 
 2. The InfoNCE normaliser :math:`\log \sum_j e^{f(z_i, z'_j)}` of a bilinear/cosine critic, as
    ``cross_entropy``: ``cross_entropy(z1 @ z2.T / tau, arange(N))`` (N x N memory) against
-   ``streaming``: :func:`rpm.marginals.streaming_matmul_logsumexp` (O(N D)), and ``3 gemms``
+   ``streaming``: :func:`rpm.ops.streaming_matmul_logsumexp` (O(N D)), and ``3 gemms``
    with K = D.
 
 Times are the minimum over ``--repeats`` runs after one warm-up; peak memory is what the call
@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributions import Normal
 
-import rpm.marginals.gaussian_mixture as gaussian_mixture
+import rpm.ops.gaussian_mixture as gaussian_mixture
 from rpm.marginals import streaming_gaussian_mixture_log_prob, streaming_matmul_logsumexp
 
 GIB = 1 << 30

@@ -1,13 +1,18 @@
-r"""Minibatch-mixture estimates of the recognition marginal Q(z) (SPEC section 1)."""
+r"""Minibatch-mixture estimates of the recognition marginal Q(z) (Eq. 11 of Aitchison & Ganev).
 
-from rpm.marginals.gaussian_mixture import gaussian_mixture_log_prob
+The kernels that evaluate them live in :mod:`rpm.ops`; ``gaussian_mixture_log_prob``,
+``streaming_gaussian_mixture_log_prob`` and ``streaming_matmul_logsumexp`` are re-exported here."""
+
 from rpm.marginals.mixture_marginal import (
     MixtureMarginal,
     delta_mixture_log_prob,
     recognition_components,
 )
-from rpm.marginals.normalizer import streaming_matmul_logsumexp
-from rpm.marginals.streaming import streaming_gaussian_mixture_log_prob
+from rpm.ops import (
+    gaussian_mixture_log_prob,
+    streaming_gaussian_mixture_log_prob,
+    streaming_matmul_logsumexp,
+)
 
 __all__ = [
     "MixtureMarginal",

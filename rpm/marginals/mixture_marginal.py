@@ -22,7 +22,7 @@ import torch
 from pyro.distributions import Delta, Independent, Normal, TorchDistribution
 from torch.distributions import constraints
 
-from rpm.marginals.gaussian_mixture import gaussian_mixture_log_prob
+from rpm.ops.gaussian_mixture import gaussian_mixture_log_prob
 
 __all__ = ["MixtureMarginal", "delta_mixture_log_prob", "recognition_components"]
 

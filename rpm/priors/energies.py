@@ -26,6 +26,8 @@ import torch
 from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
 
+from rpm.ops.distances import squared_distances
+
 __all__ = [
     "AnisotropicEnergy",
     "BilinearEnergy",
@@ -55,39 +57,6 @@ def _positive_dim(dim: int) -> int:
     if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
         raise ValueError(f"dim must be a positive integer (the latent dimension), got {dim!r}")
     return dim
-
-
-def squared_distances(
-    z: torch.Tensor, z2: torch.Tensor, weight: torch.Tensor | None = None
-) -> torch.Tensor:
-    r"""Pairwise weighted squared distances :math:`\sum_d w_d (z_{id} - z'_{jd})^2`.
-
-    Expanded into matrix products, :math:`\sum_d w_d a_{id}^2 + \sum_d w_d b_{jd}^2
-    - 2 \sum_d w_d a_{id} b_{jd}`, after centring both sets on a common mean (which keeps the
-    cancellation error proportional to the spread of the points, not their offset); clamped at
-    zero. The expansion cancels when two points are close compared with their distance from
-    the centre (e.g. two tight clusters 2e3 apart): in float32 a squared distance of 1e-6
-    would carry an error of order 1e-1. Lower precisions are therefore centred and expanded in
-    float64 and the result is cast back, which leaves a relative error of order 1e-16 times
-    (spread / distance)^2 before the final rounding. The matrix product has only D columns, so
-    the cost is that of writing the (N, M) result.
-
-    :param torch.Tensor z: shape (N, D).
-    :param torch.Tensor z2: shape (M, D).
-    :param weight: optional per-dimension weights :math:`w_d \ge 0`, shape (D,).
-    :return: shape (N, M), in the dtype of z.
-    """
-    dtype = z.dtype
-    if dtype != torch.float64:
-        z, z2 = z.double(), z2.double()
-        weight = None if weight is None else weight.double()
-    centre = torch.cat([z, z2]).mean(0, keepdim=True).detach()
-    a, b = z - centre, z2 - centre  # (N, D), (M, D)
-    a_weighted = a if weight is None else a * weight
-    b_weighted = b if weight is None else b * weight
-    aa = (a * a_weighted).sum(-1)  # (N,)
-    bb = (b * b_weighted).sum(-1)  # (M,)
-    return (aa[:, None] + bb[None, :] - 2.0 * a_weighted @ b.T).to(dtype).clamp_min(0.0)
 
 
 def _check_pair(z: torch.Tensor, z2: torch.Tensor, dim: int | None = None) -> None:

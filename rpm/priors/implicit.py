@@ -32,7 +32,8 @@ from pyro.nn import PyroModule
 from torch.distributions import constraints
 
 from rpm.marginals import MixtureMarginal
-from rpm.marginals.normalizer import streaming_matmul_logsumexp
+from rpm.ops.distances import squared_distance_factors
+from rpm.ops.logsumexp import streaming_matmul_logsumexp
 from rpm.priors.energies import (
     AnisotropicEnergy,
     BilinearEnergy,
@@ -83,31 +84,6 @@ def implicit_log_ratio(energy_matrix: torch.Tensor) -> torch.Tensor:
     )
 
 
-# Largest rounding error (nats) accepted from an expanded squared-distance factorisation.
-_FACTOR_TOLERANCE = 1e-3
-
-
-def _squared_distance_factors(
-    a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """Factors of -1/2 sum_d w_d (a_id - b_jd)^2, centred on the mean of both sets.
-
-    Returns None when, in the input's precision, the expansion could be off by more than
-    ``_FACTOR_TOLERANCE`` nats (points close together far from the common centre, compared
-    with the weights): the caller then uses the dense matrix, which expands in float64."""
-    centre = torch.cat([a, b]).mean(0, keepdim=True).detach()
-    a, b = a - centre, b - centre
-    if a.dtype != torch.float64:
-        with torch.no_grad():
-            magnitude = torch.cat([a, b]).square().mul(weight).sum(-1).max()  # max_i sum_d w a^2
-            bound = (4 + a.shape[1]) * torch.finfo(a.dtype).eps * 2.0 * magnitude
-        if bound.item() > _FACTOR_TOLERANCE:
-            return None
-    left = torch.cat([a * weight, torch.ones_like(a[:, :1])], dim=1)  # (N, D + 1)
-    right = torch.cat([b, -0.5 * (b.square() * weight).sum(-1, keepdim=True)], dim=1)  # (M, D + 1)
-    return left, right, -0.5 * (a.square() * weight).sum(-1)
-
-
 def energy_logit_factors(
     energy: Energy, z: torch.Tensor, z2: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
@@ -153,14 +129,14 @@ def energy_logit_factors(
         return energy.kappa * unit(z, dim=-1), unit(z2, dim=-1), None
     if kind is RBFEnergy:
         weight = energy.lengthscale.square().reciprocal().expand(z.shape[1])
-        return _squared_distance_factors(z, z2, weight)
+        return squared_distance_factors(z, z2, weight)
     if kind is AnisotropicEnergy:
-        return _squared_distance_factors(
+        return squared_distance_factors(
             energy._project(z), energy._project(z2), energy.concentration
         )
     if kind is LpEnergy and energy.p == 2.0:
         weight = (2.0 / energy.tau).expand(z.shape[1])
-        return _squared_distance_factors(z, z2, weight)
+        return squared_distance_factors(z, z2, weight)
     return None
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.distributions import Normal
 
-import rpm.marginals.gaussian_mixture as gaussian_mixture
+import rpm.ops.gaussian_mixture as gaussian_mixture
 from rpm.marginals import gaussian_mixture_log_prob, streaming_gaussian_mixture_log_prob
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -34,7 +34,9 @@ import math
 
 import torch
 
-__all__ = ["gaussian_mixture_log_prob", "check_mixture_arguments"]
+from rpm.ops.streaming import check_mixture_arguments, streaming_gaussian_mixture_log_prob
+
+__all__ = ["gaussian_mixture_log_prob"]
 
 # Pairs further than this below the row maximum (in nats) have relative weight < e^-30.
 _REFINE_MARGIN = 30.0
@@ -44,39 +46,8 @@ _SUBNORMAL_GUARD = 80.0
 _REFINE_TOLERANCE = 1e-5
 # At most this many refined pairs are recomputed at once (bounds the (K, D) temporaries).
 _REFINE_CHUNK = 1 << 20
-# Above this many (point, component) pairs the streamed kernel is used (rpm.marginals.streaming).
+# Above this many (point, component) pairs the streamed kernel is used (rpm.ops.streaming).
 _STREAMING_MIN_PAIRS = 1 << 22
-
-
-def check_mixture_arguments(z: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor) -> None:
-    """Validates the shapes and dtypes of a mixture evaluation, raising ``ValueError``.
-
-    :param torch.Tensor z: points, shape (M, D).
-    :param torch.Tensor loc: component means, shape (N, D).
-    :param torch.Tensor scale: component standard deviations, shape (N, D) (or broadcastable
-        to it), all positive.
-    """
-    if z.dim() != 2 or loc.dim() != 2:
-        raise ValueError(
-            f"expected z of shape (M, D) and loc of shape (N, D), got z {tuple(z.shape)} and "
-            f"loc {tuple(loc.shape)}; flatten any extra batch dimensions first"
-        )
-    if z.shape[1] != loc.shape[1]:
-        raise ValueError(
-            f"z has dimension {z.shape[1]} but the components have dimension {loc.shape[1]}: "
-            "the points and the mixture must live in the same latent space"
-        )
-    if loc.shape[0] < 1:
-        raise ValueError("the mixture needs at least one component, got loc with 0 rows")
-    if scale.shape != loc.shape:
-        raise ValueError(
-            f"scale must have the shape of loc {tuple(loc.shape)}, got {tuple(scale.shape)}; "
-            "use scale.expand_as(loc) for a shared scale"
-        )
-    if not (z.dtype == loc.dtype == scale.dtype):
-        raise ValueError(
-            f"z, loc and scale must share a dtype, got {z.dtype}, {loc.dtype}, {scale.dtype}"
-        )
 
 
 def _exact_quadratic(
@@ -105,7 +76,7 @@ def gaussian_mixture_log_prob(
             \frac{(z_{md} - \mu_{nd})^2}{\sigma_{nd}^2} - \sum_d \log \sigma_{nd}
             - \tfrac{D}{2} \log 2\pi \Big] - \log N
 
-    the minibatch-mixture recognition marginal (SPEC section 1; Eq. 11 of Aitchison & Ganev).
+    the minibatch-mixture recognition marginal (Eq. 11 of Aitchison & Ganev).
     With ``exclude_self`` the m-th component is left out of the m-th row (a leave-one-out
     estimate, as used when z_m was sampled from component m) and the normaliser is
     :math:`\log(N - 1)`.
@@ -113,7 +84,7 @@ def gaussian_mixture_log_prob(
     Computed through matrix products (see the module docstring) in the dtype of the inputs;
     TF32 is switched off for the products so that float32 stays within 1e-4 of float64.
     Above ``_STREAMING_MIN_PAIRS`` pairs (M N), or whenever ``block_size`` is given, the
-    streamed kernel :func:`~rpm.marginals.streaming_gaussian_mixture_log_prob` computes the
+    streamed kernel :func:`~rpm.ops.streaming_gaussian_mixture_log_prob` computes the
     same value in blocks with O((M + N) D) memory (forward and backward); this dense path stays
     the reference for small sizes.
 
@@ -135,8 +106,6 @@ def gaussian_mixture_log_prob(
             f"{num_components} components"
         )
     if block_size is not None or num_points * num_components > _STREAMING_MIN_PAIRS:
-        from rpm.marginals.streaming import streaming_gaussian_mixture_log_prob
-
         return streaming_gaussian_mixture_log_prob(z, loc, scale, exclude_self, block_size)
     dim = z.shape[1]
     centre = loc.mean(0, keepdim=True).detach()

@@ -28,7 +28,7 @@ forward, three backward), memory O((M + N) D) plus one block.
 Float32 accuracy. The expansion loses digits when :math:`\tilde z_m^\top w_n \tilde z_m +
 \tilde\mu_n^\top w_n \tilde\mu_n` is much larger than the quadratic form
 :math:`q_{mn}` itself (points far from the centre in units of the component's scale). As in
-:func:`~rpm.marginals.gaussian_mixture_log_prob`, the pairs that can matter are recomputed in
+:func:`~rpm.ops.gaussian_mixture_log_prob`, the pairs that can matter are recomputed in
 the exact difference form, block by block. A pair is recomputed when
 
 1. it may lie within ``_REFINE_MARGIN`` nats of its row maximum, allowing for the worst-case
@@ -53,16 +53,15 @@ below 1e-37 of a row's sum); TF32 is off for every product.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from rpm.marginals.gaussian_mixture import check_mixture_arguments
+from rpm.ops.dispatch import default_block_size, ieee_float32_matmul
+from rpm.ops.logsumexp import _block_logsumexp, _block_softmax
 
-__all__ = ["default_block_size", "ieee_float32_matmul", "streaming_gaussian_mixture_log_prob"]
+__all__ = ["check_mixture_arguments", "streaming_gaussian_mixture_log_prob"]
 
 # Pairs further than this below the row maximum (in nats) have relative weight < e^-30.
 _REFINE_MARGIN = 30.0
@@ -73,34 +72,39 @@ _REFINE_GAIN = 2.0
 # Condition 2 with bound = q + 2 sqrt(q ll) + 2 ll holds for q / ll < _GAIN_RATIO only:
 # (g - 1) t^2 - 2 t - 2 < 0 with t = sqrt(q / ll).
 _GAIN_RATIO = ((1.0 + math.sqrt(2.0 * _REFINE_GAIN - 1.0)) / (_REFINE_GAIN - 1.0)) ** 2
-# Default block edge per device type: a block of L is block_size^2 elements.
-_DEFAULT_BLOCK_SIZE = {"cpu": 1024, "cuda": 4096}
 # Rows per chunk of the float64 log-determinant (bounds its temporary).
 _LOG_DET_CHUNK = 1 << 14
 
 
-def default_block_size(device: torch.device | str) -> int:
-    """The default block edge for a device: 1024 on the CPU (cache-sized), 4096 on CUDA.
+def check_mixture_arguments(z: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor) -> None:
+    """Validates the shapes and dtypes of a mixture evaluation, raising ``ValueError``.
 
-    :param device: the device of the inputs.
-    :return: the number of rows (and columns) per block.
+    :param torch.Tensor z: points, shape (M, D).
+    :param torch.Tensor loc: component means, shape (N, D).
+    :param torch.Tensor scale: component standard deviations, shape (N, D) (or broadcastable
+        to it), all positive.
     """
-    return _DEFAULT_BLOCK_SIZE.get(torch.device(device).type, 1024)
-
-
-@contextlib.contextmanager
-def ieee_float32_matmul() -> Iterator[None]:
-    """Context manager that switches TF32 off for CUDA matrix products (restored on exit).
-
-    TF32 rounds the inputs of a float32 product to 10 mantissa bits, which moves the mixture
-    log-density by about 1e-2; every matrix product of this module runs in full float32.
-    """
-    allow_tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    if z.dim() != 2 or loc.dim() != 2:
+        raise ValueError(
+            f"expected z of shape (M, D) and loc of shape (N, D), got z {tuple(z.shape)} and "
+            f"loc {tuple(loc.shape)}; flatten any extra batch dimensions first"
+        )
+    if z.shape[1] != loc.shape[1]:
+        raise ValueError(
+            f"z has dimension {z.shape[1]} but the components have dimension {loc.shape[1]}: "
+            "the points and the mixture must live in the same latent space"
+        )
+    if loc.shape[0] < 1:
+        raise ValueError("the mixture needs at least one component, got loc with 0 rows")
+    if scale.shape != loc.shape:
+        raise ValueError(
+            f"scale must have the shape of loc {tuple(loc.shape)}, got {tuple(scale.shape)}; "
+            "use scale.expand_as(loc) for a shared scale"
+        )
+    if not (z.dtype == loc.dtype == scale.dtype):
+        raise ValueError(
+            f"z, loc and scale must share a dtype, got {z.dtype}, {loc.dtype}, {scale.dtype}"
+        )
 
 
 class _Components:
@@ -261,44 +265,6 @@ def _exact_quadratic(
     """sum_d ((z_rd - mu_cd) / sigma_cd)^2 for the listed (row, column) pairs, shape (K,)."""
     diff = (z[rows] - comps.loc[cols]) / comps.scale[cols]  # (K, D)
     return diff.square().sum(-1)
-
-
-def _exp_floor(dtype: torch.dtype) -> float | None:
-    """Exponents below which exp() is subnormal: clamped there (float32: e^-87 ~ 1.6e-38).
-
-    A block of L spans hundreds of nats; in float32 the entries 87-103 nats below the row
-    maximum give subnormal exponentials, which CPUs compute ~10x slower. Raising them to the
-    smallest normal number changes a row sum by at most (block size) x 1.6e-38 of its maximum.
-    """
-    if dtype == torch.float64:
-        return None
-    return math.log(torch.finfo(dtype).tiny) + 0.5
-
-
-def _block_logsumexp(block: torch.Tensor, top: torch.Tensor | None = None) -> torch.Tensor:
-    """Row log-sum-exp of a block, overwriting the block; rows of -inf give -inf.
-
-    :param top: the row maxima of the block if known, shape (bm,).
-    """
-    if top is None:
-        top = block.amax(1)  # (bm,)
-    finite = torch.isfinite(top)
-    shift = torch.where(finite, top, 0.0)
-    exponent = block.sub_(shift[:, None])
-    floor = _exp_floor(block.dtype)
-    if floor is not None:
-        exponent.clamp_min_(floor)
-    total = exponent.exp_().sum(1).log_().add_(shift)
-    return torch.where(finite, total, top)
-
-
-def _block_softmax(block: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-    """P = exp(block - lse[:, None]), in place (exponents clamped as in _block_logsumexp)."""
-    exponent = block.sub_(lse[:, None])
-    floor = _exp_floor(block.dtype)
-    if floor is not None:
-        exponent.clamp_min_(floor)
-    return exponent.exp_()
 
 
 def _column_blocks(r0: int, num_comps: int, block_size: int) -> list[int]:
@@ -467,8 +433,8 @@ def streaming_gaussian_mixture_log_prob(
             \frac{(z_{md} - \mu_{nd})^2}{\sigma_{nd}^2} - \sum_d \log \sigma_{nd}
             - \tfrac{D}{2} \log 2\pi \Big] - \log N
 
-    the minibatch-mixture recognition marginal (SPEC section 1; Eq. 11 of Aitchison & Ganev),
-    equal to :func:`~rpm.marginals.gaussian_mixture_log_prob` but computed in blocks of
+    the minibatch-mixture recognition marginal (Eq. 11 of Aitchison & Ganev),
+    equal to :func:`~rpm.ops.gaussian_mixture_log_prob` but computed in blocks of
     ``block_size`` x ``block_size`` with an online log-sum-exp and a backward pass that
     recomputes the blocks (see the module docstring). Memory: O((M + N) D) plus one block,
     for the forward and the backward pass. Float32 stays within 1e-4 of float64 (TF32 is

@@ -1,0 +1,20 @@
+r"""Numerical kernels of the package, apart from the distributions that use them (as
+:mod:`pyro.ops`): the minibatch-mixture log-density, dense and streamed in blocks, the streamed
+log-sum-exp of a matrix product, and weighted squared distances."""
+
+from rpm.ops.dispatch import default_block_size, ieee_float32_matmul
+from rpm.ops.distances import squared_distance_factors, squared_distances
+from rpm.ops.gaussian_mixture import gaussian_mixture_log_prob
+from rpm.ops.logsumexp import streaming_matmul_logsumexp
+from rpm.ops.streaming import check_mixture_arguments, streaming_gaussian_mixture_log_prob
+
+__all__ = [
+    "check_mixture_arguments",
+    "default_block_size",
+    "gaussian_mixture_log_prob",
+    "ieee_float32_matmul",
+    "squared_distance_factors",
+    "squared_distances",
+    "streaming_gaussian_mixture_log_prob",
+    "streaming_matmul_logsumexp",
+]
