@@ -1,4 +1,4 @@
-r"""Identifiability metrics (SPEC section 5; Zimmermann et al., 2021; Hyvarinen &
+r"""Identifiability metrics (``docs/theory.md#evaluation``; Zimmermann et al., 2021; Hyvarinen &
 Morioka, 2016, for the MCC).
 
 * **Affine identifiability**, :func:`r2`: fit :math:`z \approx A \hat z + b` by least squares on a

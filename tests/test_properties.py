@@ -71,8 +71,8 @@ def build_energy(kind: str, dim: int, parameter: float, generator: torch.Generat
 
 
 def energy_matrix(energy, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-    """F_ij = f(z_i, z2_j) from the table of SPEC section 3, pair by pair through broadcasting
-    over (N, M, D) (never the expanded squared distance the package uses)."""
+    """F_ij = f(z_i, z2_j) from the table of docs/theory.md#energies, pair by pair through
+    broadcasting over (N, M, D) (never the expanded squared distance the package uses)."""
     a, b = z[:, None, :], z2[None, :, :]  # (N, 1, D), (1, M, D)
     if isinstance(energy, BilinearEnergy):
         return ((a @ energy.weight) * b).sum(-1)

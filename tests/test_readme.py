@@ -30,3 +30,25 @@ def test_ci_runs_the_readme_test_command():
     test_command = next(c.strip() for c in commands if "pytest" in c)
     ci = (ROOT / ".ci" / "run").read_text()
     assert test_command in ci
+
+
+def _github_anchor(heading: str) -> str:
+    """The fragment GitHub gives a markdown heading: lower case, punctuation other than '-' and
+    '_' dropped, spaces to '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_theory_page_anchors_cited_in_the_repository_exist():
+    theory = (ROOT / "docs" / "theory.md").read_text()
+    anchors = {_github_anchor(h) for h in re.findall(r"^#+ (.+)$", theory, re.M)}
+    cited = {}
+    for path in [*ROOT.glob("rpm/**/*.py"), *ROOT.glob("notebooks/src/*.py"), *ROOT.glob("*.md"),
+                 *ROOT.glob("docs/*.md"), *ROOT.glob("benchmarks/*")]:
+        if path.is_file():
+            for anchor in re.findall(r"theory\.md#([\w\-]+)", path.read_text()):
+                cited.setdefault(anchor, path.relative_to(ROOT))
+    for anchor in re.findall(r"\]\(#([\w\-]+)\)", theory):  # the page's own links
+        cited.setdefault(anchor, "docs/theory.md")
+    assert "implicit-prior" in anchors and "elbo" in anchors
+    missing = {anchor: str(where) for anchor, where in cited.items() if anchor not in anchors}
+    assert not missing, f"links to headings docs/theory.md does not have: {missing}"

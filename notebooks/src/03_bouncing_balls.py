@@ -61,7 +61,7 @@ plt.show()
 # The paper's encoder: two batch-normalised convolutions (ReLU, then sigmoid) produce three
 # feature maps; the centre of mass of each map gives an $(x, y)$, six numbers in pixel units.
 # It is wrapped as a deterministic recognition model. The dynamics prior is an explicit density,
-# so its recognition model gets a little noise (SPEC, Appendix B).
+# so its recognition model gets a little noise (Appendix B; see [docs/theory.md](../docs/theory.md#deterministic-encoders)).
 
 # %%
 def make_model(prior_name):

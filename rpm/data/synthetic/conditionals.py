@@ -14,7 +14,7 @@ r"""Positive-pair conditionals :math:`p(z' \mid z)` of the synthetic latents.
   - anisotropic (AnInfoNCE, Rusak et al., 2024): :math:`\epsilon \sim \mathcal N(0,
     \Lambda^{-1})`, :math:`\Lambda = \mathrm{diag}(\lambda_1, \dots, \lambda_n)` the per-dimension
     concentrations (precisions): :math:`p \propto e^{-\frac12 (z'-z)^\top \Lambda (z'-z)}`,
-    the density the anisotropic energy of SPEC section 3 models.
+    the density the anisotropic energy models (``docs/theory.md#energies``).
 
   and then, by space:
 

@@ -1,5 +1,6 @@
 r"""The invertible mixing :math:`g` of the identifiability experiments: a square leaky-ReLU MLP
-(Zimmermann et al., 2021, use an invertible 3-layer leaky-ReLU MLP; SPEC section 5).
+(Zimmermann et al., 2021, use an invertible 3-layer leaky-ReLU MLP;
+``docs/theory.md#reference-points``).
 
 .. math::
 
