@@ -28,8 +28,8 @@ __all__ = ["EXIT_FAILURE", "EXIT_USAGE", "SUBCOMMANDS", "build_parser", "main"]
 
 #: Modules of the experiments, one sub-command each.
 SUBCOMMANDS: tuple[str, ...] = (
-    "rpm.experiments.bouncing_balls",
-    "rpm.experiments.identifiability",
+    "rpm.experiments.bouncing_balls.command",
+    "rpm.experiments.identifiability.command",
 )
 
 EXIT_FAILURE = 1  # the run failed (non-finite loss)

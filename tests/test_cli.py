@@ -40,10 +40,11 @@ def _toy(toy, capsys, *argv):
 
 def test_every_experiment_module_is_registered_and_valid():
     defined = {
-        f"rpm.experiments.{path.stem}"
-        for path in EXPERIMENTS.glob("*.py")
+        ".".join(("rpm", "experiments", *path.relative_to(EXPERIMENTS).with_suffix("").parts))
+        for path in EXPERIMENTS.rglob("*.py")
         if re.search(r"^def add_parser\(", path.read_text(), flags=re.M)
     }
+    assert len(defined) == 2, defined
     assert defined <= set(SUBCOMMANDS), (
         f"add them to rpm.cli.SUBCOMMANDS: {defined - set(SUBCOMMANDS)}"
     )

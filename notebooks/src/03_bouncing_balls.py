@@ -27,7 +27,7 @@ import torch
 
 import rpm
 from rpm.data.bouncing_balls import generate_bouncing_balls
-from rpm.experiments.bouncing_balls_prior import BallDynamicsPrior
+from rpm.priors import BallDynamicsPrior
 from rpm.models.bouncing_balls import BallEncoder
 from rpm.priors import BilinearEnergy, ImplicitPrior, RBFEnergy
 

@@ -27,7 +27,7 @@ import torch
 
 import rpm
 from rpm.data.synthetic import InvertibleMLP, LatentProcess
-from rpm.experiments.identifiability_model import MLPEncoder
+from rpm.models import MLPEncoder
 from rpm.priors import CosineEnergy, ImplicitPrior
 
 SMOKE_TEST = os.environ.get("SMOKE_TEST") == "1"

@@ -1,1 +1,3 @@
-"""Experiments of the source papers, each runnable as an ``rpm`` sub-command."""
+"""Experiments of the source papers, each a subpackage runnable as an ``rpm`` sub-command:
+:mod:`rpm.experiments.bouncing_balls` (``rpm bouncing-balls``) and
+:mod:`rpm.experiments.identifiability` (``rpm identifiability``)."""

@@ -29,6 +29,7 @@ import numpy as np
 import pyro
 import torch
 
+from rpm._validation import check_int
 from rpm.inference.checkpoint import atomic_write
 
 __all__ = [
@@ -369,10 +370,7 @@ def seed_everything(seed: int) -> None:
 
     :param int seed: in [0, 2**32 - 1].
     """
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-    if not 0 <= seed < 2**32:
-        raise ValueError(f"seed must be in [0, 2**32 - 1], got {seed}")
+    seed = check_int("seed", seed, minimum=0, maximum=2**32 - 1)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

@@ -35,6 +35,7 @@ import pyro
 import torch
 from tqdm import tqdm
 
+from rpm._validation import check_int
 from rpm.inference.checkpoint import (
     Generator,
     atomic_write,
@@ -100,14 +101,6 @@ class TrainingInterrupted(Exception):
         self.step = step
         self.checkpoint_path = checkpoint_path
         self.signal_number = signal_number
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 class Trainer:
@@ -210,10 +203,10 @@ class Trainer:
                 "scheduler must have step(), state_dict() and load_state_dict() like a "
                 f"torch.optim.lr_scheduler, got {type(scheduler).__name__}"
             )
-        self.num_steps = _check_int("num_steps", num_steps, 1)
-        self.eval_every = _check_int("eval_every", eval_every, 0)
-        self.checkpoint_every = _check_int("checkpoint_every", checkpoint_every, 0)
-        self.log_every = _check_int("log_every", log_every, 1)
+        self.num_steps = check_int("num_steps", num_steps, minimum=1)
+        self.eval_every = check_int("eval_every", eval_every, minimum=0)
+        self.checkpoint_every = check_int("checkpoint_every", checkpoint_every, minimum=0)
+        self.log_every = check_int("log_every", log_every, minimum=1)
         if self.eval_every and eval_fn is None:
             raise ValueError(
                 f"eval_every={eval_every} needs an eval_fn; pass eval_fn or eval_every=0"

@@ -1,10 +1,12 @@
-"""Models: recognition models Q(z|x), the RPM itself, and experiment encoders."""
+"""Models: recognition models Q(z|x), the RPM itself, and encoders."""
 
+from rpm.models.mlp import MLPEncoder
 from rpm.models.recognition import DeltaRecognition, GaussianRecognition
 from rpm.models.rpm import RPM
 
 __all__ = [
     "DeltaRecognition",
     "GaussianRecognition",
+    "MLPEncoder",
     "RPM",
 ]

@@ -35,16 +35,10 @@ import math
 import torch
 from torch import nn
 
+from rpm._validation import check_positive, check_positive_int
 from rpm.models.center_of_mass import CenterOfMass
 
 __all__ = ["BallEncoder", "GaussianBallEncoder"]
-
-
-def _check_int(name: str, value: int, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
 class BallEncoder(nn.Module):
@@ -82,7 +76,7 @@ class BallEncoder(nn.Module):
         super().__init__()
         for name, value in (("in_channels", in_channels), ("hidden_channels", hidden_channels),
                             ("kernel_size", kernel_size), ("num_maps", num_maps)):
-            _check_int(name, value)
+            check_positive_int(name, value)
         self.in_channels = in_channels
         self.num_maps = num_maps
         self.conv1 = nn.Conv2d(in_channels, hidden_channels, kernel_size, padding="same",
@@ -159,9 +153,7 @@ class GaussianBallEncoder(nn.Module):
         eps: float = 1e-6,
     ) -> None:
         super().__init__()
-        if (isinstance(init_scale, bool) or not isinstance(init_scale, (int, float))
-                or not math.isfinite(init_scale) or init_scale <= 0):
-            raise ValueError(f"init_scale must be a finite number > 0, got {init_scale!r}")
+        init_scale = check_positive("init_scale", init_scale)
         self.encoder = BallEncoder(in_channels, hidden_channels, kernel_size, num_maps,
                                    normalized, eps)
         self.log_scale = nn.Parameter(torch.full((2 * num_maps,), math.log(init_scale)))

@@ -5,6 +5,7 @@ declares the sample sites ``"z"`` and ``"z2"`` and returns their values; q and q
 batch's recognition distributions (the implicit prior uses them, explicit priors ignore them).
 """
 
+from rpm.priors.circular_step import BallDynamicsPrior, CircularStep
 from rpm.priors.energies import (
     AnisotropicEnergy,
     BilinearEnergy,
@@ -20,7 +21,9 @@ from rpm.priors.implicit import ImplicitConditional, ImplicitPrior, implicit_log
 
 __all__ = [
     "AnisotropicEnergy",
+    "BallDynamicsPrior",
     "BilinearEnergy",
+    "CircularStep",
     "CosineEnergy",
     "Energy",
     "GaussianRandomWalkPrior",

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-import rpm.experiments.bouncing_balls as bb
+import rpm.experiments.bouncing_balls.command as bb
 from rpm.cli import main
 from rpm.inference.trainer import Trainer
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rpm.data.bouncing_balls import generate_bouncing_balls
-from rpm.experiments.bouncing_balls_eval import encode, evaluate, fit_linear_decoder
+from rpm.experiments.bouncing_balls.evaluate import encode, evaluate, fit_linear_decoder
 from rpm.models.center_of_mass import CenterOfMass
 
 

@@ -157,7 +157,7 @@ def test_seed_everything_reproduces_every_generator():
     assert first[2] == second[2]
     seed_everything(12)
     assert not torch.equal(draw()[0], first[0])
-    with pytest.raises(ValueError, match=r"\[0, 2\*\*32 - 1\], got -1"):
+    with pytest.raises(ValueError, match="seed must be >= 0, got -1"):
         seed_everything(-1)
     with pytest.raises(TypeError, match="seed must be an int"):
         seed_everything(1.0)

@@ -24,7 +24,7 @@ same data (same g, same minibatches, same encoder initialisation) in its own sub
 the true concentrations :math:`\Lambda` (AnInfoNCE).
 
 Speed: the pairs are sampled on the training device, ``--chunk-steps`` minibatches at once
-from a generator seeded by the step (:class:`~rpm.experiments.identifiability_data.PairStream`:
+from a generator seeded by the step (:class:`~rpm.experiments.identifiability.data.PairStream`:
 one host synchronisation of the vMF rejection sampler per chunk, exact resumption without
 sampler state); nothing in a training step reads a value back to the host (recognition and
 Pyro input validation are off in the loop; the trainer reads the losses every 100 steps); the
@@ -68,10 +68,11 @@ from rpm.experiments.common import (
     save_run_config,
     write_json_atomic,
 )
-from rpm.experiments.identifiability_data import derived_seed, held_out_set
-from rpm.experiments.identifiability_model import ENCODER_SPACES, ENERGIES
-from rpm.experiments.identifiability_plots import plot_comparison, plot_trajectories
-from rpm.experiments.identifiability_train import train_energy
+from rpm.experiments.identifiability.data import derived_seed, held_out_set
+from rpm.experiments.identifiability.model import ENERGIES
+from rpm.experiments.identifiability.plots import plot_comparison, plot_trajectories
+from rpm.experiments.identifiability.train import train_energy
+from rpm.models.mlp import ENCODER_SPACES
 
 __all__ = ["add_parser", "run"]
 

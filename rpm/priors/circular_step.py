@@ -66,6 +66,8 @@ from pyro.nn import PyroModule, PyroParam
 from torch.distributions import constraints
 from torch.distributions.utils import broadcast_all
 
+from rpm._validation import check_positive, check_positive_int, check_real
+
 __all__ = ["BallDynamicsPrior", "CircularStep"]
 
 
@@ -167,10 +169,7 @@ class CircularStep(TorchDistribution):
 
 
 def _positive_vector(name: str, value: float, size: int) -> torch.Tensor:
-    value = float(value)
-    if not 0.0 < value < math.inf:
-        raise ValueError(f"{name} must be a finite number > 0, got {value}")
-    return torch.full((size,), value)
+    return torch.full((size,), check_positive(name, value))
 
 
 class BallDynamicsPrior(PyroModule):
@@ -192,11 +191,8 @@ class BallDynamicsPrior(PyroModule):
     def __init__(self, num_balls: int = 3, centre: float = 0.0, spread: float = 1.0,
                  step_length: float = 1.0, noise: float = 1.0):
         super().__init__()
-        if isinstance(num_balls, bool) or not isinstance(num_balls, int) or num_balls < 1:
-            raise ValueError(f"num_balls must be a positive integer, got {num_balls!r}")
-        centre = float(centre)
-        if not math.isfinite(centre):
-            raise ValueError(f"centre must be a finite number, got {centre}")
+        num_balls = check_positive_int("num_balls", num_balls)
+        centre = check_real("centre", centre)
         self.num_balls = num_balls
         self.dim = 2 * num_balls
         self.loc = torch.nn.Parameter(torch.full((self.dim,), centre))  # m, (2K,)

@@ -16,7 +16,7 @@ bilinear    implicit prior, :math:`f(z,z') = z^\top W z'`, W learned from I: CPC
             critic (Eq. 8)
 cosine      implicit prior, :math:`f(z,z') = \kappa \hat z^\top \hat z'`, :math:`\kappa` learned
             from 10 (SimCLR / vMF-InfoNCE)
-dynamics    explicit prior :class:`~rpm.experiments.bouncing_balls_prior.BallDynamicsPrior`:
+dynamics    explicit prior :class:`~rpm.priors.circular_step.BallDynamicsPrior`:
             each ball moves by a learned step length in a uniformly random direction (the
             velocity, invisible in a pair of frames, marginalised out), with a recognition
             model :math:`\mathcal{N}(\mu(x), \epsilon^2 I)`, :math:`\epsilon` = ``--noise-scale``
@@ -72,13 +72,12 @@ import torch
 
 import rpm
 from rpm.data.bouncing_balls import generate_bouncing_balls
-from rpm.experiments.bouncing_balls_eval import evaluate
-from rpm.experiments.bouncing_balls_plots import (
+from rpm.experiments.bouncing_balls.evaluate import evaluate
+from rpm.experiments.bouncing_balls.plots import (
     plot_comparison,
     plot_feature_maps,
     plot_trajectories,
 )
-from rpm.experiments.bouncing_balls_prior import BallDynamicsPrior
 from rpm.experiments.common import (
     ConfigurationError,
     add_common_arguments,
@@ -96,6 +95,7 @@ from rpm.inference.checkpoint import load_checkpoint
 from rpm.inference.trainer import CHECKPOINT_NAME, Trainer
 from rpm.models.bouncing_balls import BallEncoder
 from rpm.priors import BilinearEnergy, CosineEnergy, ImplicitPrior, RBFEnergy
+from rpm.priors.circular_step import BallDynamicsPrior
 
 __all__ = ["PRIORS", "add_parser", "build_model", "epoch_permutation", "prior_parameters", "run"]
 

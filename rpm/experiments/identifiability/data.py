@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from rpm._validation import check_choice, check_int, check_positive_int
 from rpm.data.synthetic import InvertibleMLP, LatentProcess
 
 __all__ = ["PairStream", "derived_seed", "held_out_set"]
@@ -37,12 +38,9 @@ def derived_seed(seed: int, purpose: str, index: int = 0) -> int:
     :param str purpose: ``"mixing"``, ``"train"``, ``"eval"``, ``"test"`` or ``"oracle"``.
     :param int index: e.g. the chunk number of the training stream, >= 0.
     """
-    if purpose not in SEED_PURPOSES:
-        raise ValueError(f"purpose must be one of {SEED_PURPOSES}, got {purpose!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-        raise ValueError(f"index must be an integer >= 0, got {index!r}")
+    check_choice("purpose", purpose, SEED_PURPOSES)
+    seed = check_int("seed", seed, minimum=0)
+    index = check_int("index", index, minimum=0)
     words = np.random.SeedSequence([seed, SEED_PURPOSES.index(purpose), index]).generate_state(
         2, dtype=np.uint32)
     return (int(words[0]) << 31) ^ int(words[1])
@@ -83,9 +81,8 @@ class PairStream:
 
     def __init__(self, process: LatentProcess, mixing: InvertibleMLP, batch_size: int, seed: int,
                  chunk_steps: int = 16) -> None:
-        for name, value in (("batch_size", batch_size), ("chunk_steps", chunk_steps)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        batch_size = check_positive_int("batch_size", batch_size)
+        chunk_steps = check_positive_int("chunk_steps", chunk_steps)
         self.process = process
         self.mixing = mixing
         self.batch_size = batch_size
@@ -114,8 +111,7 @@ class PairStream:
 
     def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The observed pairs ``(x, x2)`` of training step ``step`` (>= 0). Shape: (N, n) each."""
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"step must be an integer >= 0, got {step!r}")
+        step = check_int("step", step, minimum=0)
         index, position = divmod(step, self.chunk_steps)
         if index != self._chunk_index:
             self._chunk = self._draw_chunk(index)

@@ -23,7 +23,7 @@ def plot_trajectories(path: str | os.PathLike, runs: Mapping[str, Mapping]) -> N
     colour per run, with the identity baseline (the observations x themselves) dashed.
 
     :param path-like path: the PNG to write.
-    :param dict runs: label -> a result of :func:`rpm.experiments.identifiability.train_energy`
+    :param dict runs: label -> a result of :func:`rpm.experiments.identifiability.train.train_energy`
         (keys ``"trajectory"`` with lists ``"step"``, ``"r2"``, ``"mcc"``, ``"wall_time"``, and
         ``"baseline"`` with ``{"identity": {"r2": ...}}``).
     """

@@ -28,9 +28,8 @@ import torch
 import rpm
 from rpm.data.synthetic import InvertibleMLP, LatentProcess
 from rpm.experiments.common import seed_everything
-from rpm.experiments.identifiability_data import PairStream, derived_seed
-from rpm.experiments.identifiability_model import (
-    MLPEncoder,
+from rpm.experiments.identifiability.data import PairStream, derived_seed
+from rpm.experiments.identifiability.model import (
     build_energy,
     build_rpm,
     energy_parameters,
@@ -38,6 +37,7 @@ from rpm.experiments.identifiability_model import (
 from rpm.inference.checkpoint import load_checkpoint
 from rpm.inference.trainer import CHECKPOINT_NAME, Trainer
 from rpm.metrics import mcc, mcc_per_dimension, r2, r2_per_dimension
+from rpm.models.mlp import MLPEncoder
 from rpm.priors import AnisotropicEnergy
 
 __all__ = ["R2_LEVELS", "cosine_schedule", "oracle_concentrations", "train_energy"]
@@ -116,7 +116,7 @@ def train_energy(name: str, args: argparse.Namespace, process: LatentProcess,
                  mixing: InvertibleMLP, held_out: dict, out: Path) -> dict:
     """Trains (or resumes, or reloads) the RPM with energy ``name`` in ``out`` and scores it.
 
-    :param str name: one of :data:`~rpm.experiments.identifiability_model.ENERGIES`.
+    :param str name: one of :data:`~rpm.experiments.identifiability.model.ENERGIES`.
     :param argparse.Namespace args: the resolved flags.
     :param LatentProcess process: the latent process, on the training device.
     :param InvertibleMLP mixing: the mixing g, on the training device.
