@@ -1,5 +1,6 @@
-"""The tutorials run top to bottom at reduced size (SMOKE_TEST=1), are committed without
-outputs, and match their sources in notebooks/src (built by notebooks/build.py)."""
+"""The tutorials run top to bottom at reduced size (SMOKE_TEST=1) without warnings or stray
+outputs, are committed without outputs, and match their sources in notebooks/src (built by
+notebooks/build.py)."""
 
 import os
 import pathlib
@@ -56,3 +57,10 @@ def test_runs_top_to_bottom(path, monkeypatch, tmp_path):
         notebook, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     )
     client.execute()
+    for index, cell in enumerate(notebook.cells):
+        for output in cell.get("outputs", []):
+            text = output.get("text", "") or output.get("data", {}).get("text/plain", "")
+            assert "Warning" not in text, f"{path.name}, cell {index} warns:\n{text}"
+            assert "<torch._C.Generator" not in text, (
+                f"{path.name}, cell {index} shows a stray generator: assign `_ = torch.manual_seed(...)`"
+            )

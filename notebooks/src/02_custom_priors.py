@@ -18,6 +18,12 @@
 #    ELBO approaches the mutual information $I_Q(z; z')$ (Eq. 19-20).
 
 # %%
+import warnings
+
+# `import pyro` loads Pyro's MCMC progress logger, which imports tqdm.auto; inside Jupyter that
+# warns when ipywidgets is not installed. Nothing in this notebook uses a widget bar.
+warnings.filterwarnings("ignore", message="IProgress not found")
+
 import math
 import os
 
@@ -31,7 +37,7 @@ import rpm
 from rpm.priors import Energy, ImplicitPrior, LinearDynamicsPrior, squared_distances
 
 SMOKE_TEST = os.environ.get("SMOKE_TEST") == "1"
-torch.manual_seed(0)
+_ = torch.manual_seed(0)
 pyro.set_rng_seed(0)
 
 # %% [markdown]
@@ -223,13 +229,14 @@ smoothed = [sum(elbo[max(0, i - window):i + 1]) / len(elbo[max(0, i - window):i 
 fig, ax = plt.subplots(figsize=(6, 3))
 ax.plot(elbo, lw=0.5, alpha=0.5, label="ELBO / N")
 ax.plot(smoothed, label="running mean")
-ax.axhline(mutual_information, color="k", ls="--", label=f"$I_Q(z; z')$ = {mutual_information:.3f}")
+ax.axhline(mutual_information, color="k", ls="--", label=f"$I_Q(z; z')$ = {mutual_information:.3f} nats")
 ax.set_xlabel("step")
+ax.set_ylabel("ELBO / N (nats)")
 ax.legend()
 plt.show()
-print(f"final ELBO/N (mean of the last 100 steps): {sum(elbo[-100:]) / len(elbo[-100:]):.3f}, "
-      f"I_Q = {mutual_information:.3f}")
-print("learned A =", model.prior.transition.item(), " (optimum r =", round(r, 3), ")")
+print(f"final ELBO/N (mean of the last 100 steps): {sum(elbo[-100:]) / len(elbo[-100:]):.3f} nats, "
+      f"I_Q = {mutual_information:.3f} nats")
+print(f"learned A = {model.prior.transition.item():.3f} (optimum: r = {r:.3f})")
 
 # %% [markdown]
 # As the prior learns the recognition joint, the KL term vanishes and the ELBO rises to the

@@ -19,6 +19,12 @@
 # `rpm bouncing-balls` (about 5 minutes on two CPU cores).
 
 # %%
+import warnings
+
+# `import pyro` loads Pyro's MCMC progress logger, which imports tqdm.auto; inside Jupyter that
+# warns when ipywidgets is not installed. Nothing in this notebook uses a widget bar.
+warnings.filterwarnings("ignore", message="IProgress not found")
+
 import os
 
 import matplotlib.pyplot as plt
@@ -32,7 +38,7 @@ from rpm.models.bouncing_balls import BallEncoder
 from rpm.priors import BilinearEnergy, ImplicitPrior, RBFEnergy
 
 SMOKE_TEST = os.environ.get("SMOKE_TEST") == "1"
-torch.manual_seed(0)
+_ = torch.manual_seed(0)
 
 # %% [markdown]
 # ## 1. The data

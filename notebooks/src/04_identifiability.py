@@ -20,6 +20,12 @@
 # The full-size experiments (n = 10 latents, as in the papers) are `rpm identifiability`.
 
 # %%
+import warnings
+
+# `import pyro` loads Pyro's MCMC progress logger, which imports tqdm.auto; inside Jupyter that
+# warns when ipywidgets is not installed. Nothing in this notebook uses a widget bar.
+warnings.filterwarnings("ignore", message="IProgress not found")
+
 import os
 
 import matplotlib.pyplot as plt
@@ -31,7 +37,7 @@ from rpm.models import MLPEncoder
 from rpm.priors import CosineEnergy, ImplicitPrior
 
 SMOKE_TEST = os.environ.get("SMOKE_TEST") == "1"
-torch.manual_seed(0)
+_ = torch.manual_seed(0)
 
 # %% [markdown]
 # ## 1. The data-generating process
