@@ -1,18 +1,24 @@
 r"""Numerical kernels of the package, apart from the distributions that use them (as
 :mod:`pyro.ops`): the minibatch-mixture log-density, dense and streamed in blocks, the streamed
-log-sum-exp of a matrix product, and weighted squared distances."""
+log-sum-exp of a matrix product, weighted squared distances, and the square-root Kalman
+filter, smoother and backward sampler of linear-Gaussian state-space models."""
 
 from rpm.ops.dispatch import default_block_size, ieee_float32_matmul
 from rpm.ops.distances import squared_distance_factors, squared_distances
 from rpm.ops.gaussian_mixture import gaussian_mixture_log_prob
+from rpm.ops.kalman import backward_sample, kalman_filter, kalman_forecast, rts_smoother
 from rpm.ops.logsumexp import streaming_matmul_logsumexp
 from rpm.ops.streaming import check_mixture_arguments, streaming_gaussian_mixture_log_prob
 
 __all__ = [
+    "backward_sample",
     "check_mixture_arguments",
     "default_block_size",
     "gaussian_mixture_log_prob",
     "ieee_float32_matmul",
+    "kalman_filter",
+    "kalman_forecast",
+    "rts_smoother",
     "squared_distance_factors",
     "squared_distances",
     "streaming_gaussian_mixture_log_prob",

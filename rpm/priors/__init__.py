@@ -18,6 +18,7 @@ from rpm.priors.energies import (
 )
 from rpm.priors.explicit import GaussianRandomWalkPrior, LinearDynamicsPrior
 from rpm.priors.implicit import ImplicitConditional, ImplicitPrior, implicit_log_ratio
+from rpm.priors.state_space import GaussianStateSpace, StateSpacePosterior, StateSpacePrior
 
 __all__ = [
     "AnisotropicEnergy",
@@ -27,12 +28,15 @@ __all__ = [
     "CosineEnergy",
     "Energy",
     "GaussianRandomWalkPrior",
+    "GaussianStateSpace",
     "ImplicitConditional",
     "ImplicitPrior",
     "LinearDynamicsPrior",
     "LpEnergy",
     "NeuralEnergy",
     "RBFEnergy",
+    "StateSpacePosterior",
+    "StateSpacePrior",
     "implicit_log_ratio",
     "squared_distances",
 ]

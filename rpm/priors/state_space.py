@@ -1,0 +1,369 @@
+r"""The linear-Gaussian state-space prior over a sequence of latents, and its structured posterior.
+
+A hidden state :math:`s_t \in \mathbb{R}^H` moves linearly and each view's latent is a noisy
+linear read-out of it (``docs/theory.md``, sequences; the prior over :math:`z_{1:T}` of an RPM
+with T views):
+
+.. math::
+
+    s_1 \sim \mathcal{N}(m_1, S_1), \quad s_{t+1} = A s_t + w_t,\ w_t \sim \mathcal{N}(0, Q), \quad
+    z_t = C s_t + v_t,\ v_t \sim \mathcal{N}(0, R).
+
+:math:`\log P(z_{1:T})` is the Kalman filter's marginal likelihood
+(:func:`rpm.ops.kalman.kalman_filter`, square-root form in float64). With H = 2D and A
+initialised as constant velocity, :math:`A = \begin{pmatrix} I & I \\ 0 & I\end{pmatrix}`,
+:math:`C = (I\ 0)`, the prior knows that objects keep moving, which no prior over a pair can
+express: two frames carry no velocity.
+
+:class:`StateSpacePosterior` is the structured guide: with Gaussian recognition
+:math:`Q(z_t|x_t) = \mathcal{N}(\mu_t, \Sigma_t)`, the prior conditioned on the recognition
+means as pseudo-observations,
+
+.. math::
+
+    Q(z_{1:T} | x_{1:T}) \propto P(z_{1:T}) \prod_t \mathcal{N}(\mu_t;\ z_t, \Sigma_t),
+
+which shares the prior's dynamics, so the latents of a sequence are inferred together (the
+recognition-parametrised Gaussian state-space model of Hromadka et al., 2025). Any guide gives
+an ELBO of the same RPM (Eq. 12 of Aitchison & Ganev).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pyro
+import torch
+from pyro.distributions import Normal, TorchDistribution
+from pyro.nn import PyroModule, PyroParam
+from torch.distributions import constraints
+
+from rpm.ops.kalman import (
+    KalmanFilterResult,
+    KalmanForecast,
+    KalmanSmootherResult,
+    backward_sample,
+    kalman_filter,
+    kalman_forecast,
+    rts_smoother,
+    triangularize,
+)
+
+__all__ = ["GaussianStateSpace", "StateSpacePosterior", "StateSpacePrior"]
+
+
+def _matvec(matrix: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
+    return (matrix @ vector.unsqueeze(-1)).squeeze(-1)
+
+
+class GaussianStateSpace(TorchDistribution):
+    r"""The marginal distribution of :math:`z_{1:T}` under a linear-Gaussian state-space model.
+
+    ``event_shape`` (T, D); ``batch_shape`` is that of the parameters' leading dimensions (or
+    set by ``expand``, e.g. by a plate over sequences). ``log_prob`` is the Kalman filter's
+    :math:`\log P(z_{1:T})` (prediction-error decomposition); ``rsample`` simulates the chain
+    with reparameterised noise. It is the distribution Pyro's
+    :class:`~pyro.distributions.GaussianHMM` describes with the initial state moved one
+    transition later, computed in square-root form in float64 so that it stays positive
+    definite for long windows and nearly deterministic dynamics.
+
+    :param torch.Tensor init_loc: :math:`m_1`, shape (..., H).
+    :param torch.Tensor init_scale_tril: Cholesky factor of :math:`S_1`, (..., H, H).
+    :param torch.Tensor transition_matrix: A, (..., H, H).
+    :param torch.Tensor transition_scale_tril: Cholesky factor of Q, (..., H, H).
+    :param torch.Tensor observation_matrix: C, (..., D, H).
+    :param torch.Tensor observation_scale_tril: Cholesky factor of R, (..., D, D).
+    :param int duration: T, the number of views.
+    """
+
+    arg_constraints = {
+        "init_loc": constraints.real_vector,
+        "init_scale_tril": constraints.lower_cholesky,
+        "transition_matrix": constraints.independent(constraints.real, 2),
+        "transition_scale_tril": constraints.lower_cholesky,
+        "observation_matrix": constraints.independent(constraints.real, 2),
+        "observation_scale_tril": constraints.lower_cholesky,
+    }
+    support = constraints.independent(constraints.real, 2)
+    has_rsample = True
+
+    def __init__(self, init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
+                 observation_matrix, observation_scale_tril, duration: int, validate_args=None):
+        if isinstance(duration, bool) or not isinstance(duration, int) or duration < 1:
+            raise ValueError(f"duration must be a positive integer (T), got {duration!r}")
+        hidden_dim = init_loc.shape[-1]
+        obs_dim = observation_matrix.shape[-2]
+        if observation_matrix.shape[-1] != hidden_dim:
+            raise ValueError(
+                f"observation_matrix must have shape (D, H) with H = {hidden_dim}, got "
+                f"{tuple(observation_matrix.shape)}")
+        batch_shape = torch.broadcast_shapes(
+            init_loc.shape[:-1], init_scale_tril.shape[:-2], transition_matrix.shape[:-2],
+            transition_scale_tril.shape[:-2], observation_matrix.shape[:-2],
+            observation_scale_tril.shape[:-2])
+        self.init_loc = init_loc
+        self.init_scale_tril = init_scale_tril
+        self.transition_matrix = transition_matrix
+        self.transition_scale_tril = transition_scale_tril
+        self.observation_matrix = observation_matrix
+        self.observation_scale_tril = observation_scale_tril
+        self.duration = duration
+        self.hidden_dim = hidden_dim
+        super().__init__(batch_shape, torch.Size([duration, obs_dim]), validate_args=validate_args)
+
+    @property
+    def _params(self) -> dict:
+        return {name: getattr(self, name) for name in self.arg_constraints}
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(GaussianStateSpace, _instance)
+        batch_shape = torch.Size(batch_shape)
+        for name, value in self._params.items():
+            event_dims = 1 if name == "init_loc" else 2
+            setattr(new, name, value.expand(batch_shape + value.shape[-event_dims:]))
+        new.duration = self.duration
+        new.hidden_dim = self.hidden_dim
+        super(GaussianStateSpace, new).__init__(batch_shape, self.event_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    def filter(self, value: torch.Tensor) -> KalmanFilterResult:
+        """The Kalman filter of ``value`` (..., T, D): log-likelihood and filtered states."""
+        return kalman_filter(value, **self._params)
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        if self._validate_args:
+            self._validate_sample(value)
+        return self.filter(value).log_prob
+
+    def smooth(self, value: torch.Tensor) -> KalmanSmootherResult:
+        r""":math:`P(s_t | z_{1:T})` for each t (RTS smoother): loc (..., T, H), scale_tril."""
+        return rts_smoother(self.filter(value), self.transition_matrix, self.transition_scale_tril)
+
+    def forecast(self, value: torch.Tensor, steps: int = 1) -> KalmanForecast:
+        r"""The predictive distributions of :math:`s_{T+j}` and :math:`z_{T+j}`, j = 1..steps,
+        given :math:`z_{1:T}` = ``value`` (:func:`rpm.ops.kalman.kalman_forecast`)."""
+        return kalman_forecast(self.filter(value), self.transition_matrix,
+                               self.transition_scale_tril, self.observation_matrix,
+                               self.observation_scale_tril, steps)
+
+    def rsample(self, sample_shape=torch.Size()) -> torch.Tensor:
+        shape = torch.Size(sample_shape) + self.batch_shape
+        noise = torch.randn(shape + (self.duration, self.hidden_dim + self.event_shape[1]),
+                            dtype=self.init_loc.dtype, device=self.init_loc.device)
+        noise_s, noise_z = noise.split([self.hidden_dim, self.event_shape[1]], dim=-1)
+        state = self.init_loc + _matvec(self.init_scale_tril, noise_s[..., 0, :])
+        values = []
+        for t in range(self.duration):
+            if t > 0:
+                state = (_matvec(self.transition_matrix, state)
+                         + _matvec(self.transition_scale_tril, noise_s[..., t, :]))
+            values.append(_matvec(self.observation_matrix, state)
+                          + _matvec(self.observation_scale_tril, noise_z[..., t, :]))
+        return torch.stack(values, dim=-2)
+
+
+class StateSpacePosterior(TorchDistribution):
+    r"""The structured guide: a state-space prior conditioned on Gaussian pseudo-observations.
+
+    .. math::
+
+        Q(z_{1:T}) \propto P(z_{1:T}) \prod_t \mathcal{N}(\mu_t;\ z_t, \operatorname{diag}\sigma_t^2)
+
+    with P a :class:`GaussianStateSpace`. Given the states, the pseudo-observations are
+    :math:`\mu_t = C s_t + v_t + e_t` with :math:`e_t \sim \mathcal{N}(0, \Sigma_t)`, so
+
+    * :math:`s_{1:T} | \mu_{1:T}` is the smoothing distribution of the same chain with
+      observation noise :math:`R + \Sigma_t`, drawn by forward filtering and backward sampling
+      (:func:`rpm.ops.kalman.backward_sample`), and
+    * :math:`z_t | s_t, \mu_t \sim \mathcal{N}(C s_t + K_t(\mu_t - C s_t),\ R - K_t R)`,
+      :math:`K_t = R (R + \Sigma_t)^{-1}`, independently over t;
+
+    both draws are reparameterised. The density is exact:
+
+    .. math::
+
+        \log Q(z_{1:T}) = \log P(z_{1:T}) + \sum_t \log\mathcal{N}(\mu_t; z_t, \Sigma_t)
+            - \log P_{R+\Sigma}(\mu_{1:T}),
+
+    the last term the Kalman likelihood of the pseudo-observations (the normaliser).
+
+    ``batch_shape`` (N,) (that of the pseudo-observations), ``event_shape`` (T, D).
+
+    :param GaussianStateSpace prior: the prior P, batch_shape broadcastable to (N,).
+    :param torch.Tensor loc: the pseudo-observations :math:`\mu_t`, shape (N, T, D).
+    :param torch.Tensor scale: their standard deviations :math:`\sigma_t > 0`, shape (N, T, D).
+    """
+
+    arg_constraints = {"loc": constraints.real, "scale": constraints.positive}
+    support = constraints.independent(constraints.real, 2)
+    has_rsample = True
+
+    def __init__(self, prior: GaussianStateSpace, loc: torch.Tensor, scale: torch.Tensor,
+                 validate_args=None):
+        if not isinstance(prior, GaussianStateSpace):
+            raise TypeError(f"prior must be a GaussianStateSpace, got {type(prior).__name__}")
+        if loc.dim() < 2 or loc.shape[-2:] != prior.event_shape or scale.shape != loc.shape:
+            raise ValueError(
+                f"loc and scale must both have shape (N, T, D) with (T, D) = "
+                f"{tuple(prior.event_shape)}, got {tuple(loc.shape)} and {tuple(scale.shape)}")
+        self.prior = prior
+        self.loc = loc
+        self.scale = scale
+        batch_shape = torch.broadcast_shapes(loc.shape[:-2], prior.batch_shape)
+        super().__init__(batch_shape, prior.event_shape, validate_args=validate_args)
+        obs_dim = loc.shape[-1]
+        # Observation noise of the pseudo-observations given the states: R + Sigma_t.
+        r_scale = prior.observation_scale_tril.unsqueeze(-3)  # (..., 1, D, D)
+        r_scale = r_scale.expand(*torch.broadcast_shapes(r_scale.shape[:-2], scale.shape[:-1]),
+                                 obs_dim, obs_dim)
+        sigma = torch.diag_embed(scale.expand(*r_scale.shape[:-1]))  # (..., T, D, D)
+        # Triangularize [[L_Sigma, L_R], [0, L_R]] -> [[L_{R+Sigma}, 0], [K_bar, L_post]]:
+        # K = K_bar L_{R+Sigma}^{-1} = R (R + Sigma)^{-1}, L_post L_post^T = R - K R.
+        post = triangularize(torch.cat([
+            torch.cat([sigma, r_scale], -1),
+            torch.cat([torch.zeros_like(r_scale), r_scale], -1)], -2))
+        self._noise_scale = post[..., :obs_dim, :obs_dim]  # chol(R + Sigma_t), (..., T, D, D)
+        self._gain_bar = post[..., obs_dim:, :obs_dim]
+        self._conditional_scale = post[..., obs_dim:, obs_dim:]
+        self._filtered = None
+
+    @property
+    def filtered(self) -> KalmanFilterResult:
+        """The Kalman filter of the pseudo-observations under observation noise R + Sigma_t."""
+        if self._filtered is None:
+            params = dict(self.prior._params, observation_scale_tril=self._noise_scale)
+            self._filtered = kalman_filter(self.loc, **params)
+        return self._filtered
+
+    def expand(self, batch_shape, _instance=None):
+        if torch.Size(batch_shape) != self.batch_shape:
+            raise ValueError(
+                f"the structured posterior of {tuple(self.batch_shape)} sequences cannot be "
+                f"expanded to {tuple(batch_shape)}; use a plate of the number of sequences")
+        return self
+
+    def _rsample_from_noise(self, noise: torch.Tensor) -> torch.Tensor:
+        """The draw as an affine function of standard normal noise (..., N, T, H + D)."""
+        hidden_dim = self.prior.hidden_dim
+        noise_s, noise_z = noise.split([hidden_dim, self.event_shape[1]], dim=-1)
+        states = backward_sample(self.filtered, self.prior.transition_matrix,
+                                 self.prior.transition_scale_tril, noise_s)  # (..., N, T, H)
+        predicted = _matvec(self.prior.observation_matrix.unsqueeze(-3), states)  # C s_t
+        # K (mu - C s) with K = K_bar L^{-1}
+        white = torch.linalg.solve_triangular(
+            self._noise_scale, (self.loc - predicted).unsqueeze(-1), upper=False).squeeze(-1)
+        return (predicted + _matvec(self._gain_bar, white)
+                + _matvec(self._conditional_scale, noise_z))
+
+    def rsample(self, sample_shape=torch.Size()) -> torch.Tensor:
+        shape = torch.Size(sample_shape) + self.batch_shape + torch.Size(
+            [self.event_shape[0], self.prior.hidden_dim + self.event_shape[1]])
+        return self._rsample_from_noise(torch.randn(shape, dtype=self.loc.dtype,
+                                                    device=self.loc.device))
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        if self._validate_args:
+            self._validate_sample(value)
+        pseudo = Normal(value, self.scale).log_prob(self.loc).sum((-1, -2))
+        return self.prior.log_prob(value) + pseudo - self.filtered.log_prob
+
+
+def _cholesky_init(name: str, value: float, size: int) -> torch.Tensor:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number, got {value!r}") from None
+    if not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a finite positive number (an initial standard "
+                         f"deviation), got {value}")
+    return value * torch.eye(size)
+
+
+class StateSpacePrior(PyroModule):
+    r"""A learned linear-Gaussian state-space prior :math:`P(z_{1:T})` over T views.
+
+    .. math::
+
+        s_1 \sim \mathcal{N}(m_1, S_1), \quad s_{t+1} \sim \mathcal{N}(A s_t, Q), \quad
+        z_t \sim \mathcal{N}(C s_t, R)
+
+    with :math:`m_1`, A and C unconstrained and :math:`S_1`, Q, R held through their Cholesky
+    factors (``constraints.lower_cholesky``), all learned. Called inside the model's plate over
+    sequences as ``prior(q)`` it declares the site ``"z"`` ~ :class:`GaussianStateSpace` with
+    event_shape (T, D). As an explicit density it needs stochastic recognition (Appendix B of
+    Aitchison & Ganev). :meth:`posterior` gives the structured guide.
+
+    :param int dim: D, the latent dimension.
+    :param int state_dim: H, the hidden-state dimension (default 2 D).
+    :param bool constant_velocity: start at :math:`A = \begin{pmatrix} I & I \\ 0 & I
+        \end{pmatrix}`, :math:`C = (I\ 0)` (needs H = 2D; default: whenever H = 2D); otherwise
+        A starts at the identity and C at the first D coordinates of the state.
+    :param float init_scale: :math:`S_1` starts at ``init_scale**2 I``.
+    :param float process_noise: Q starts at ``process_noise**2 I``.
+    :param float observation_noise: R starts at ``observation_noise**2 I``.
+    """
+
+    #: an explicit continuous density: Delta recognition needs noise (Appendix B).
+    accepts_delta_recognition = False
+
+    def __init__(self, dim: int, state_dim: int | None = None, constant_velocity: bool | None = None,
+                 init_scale: float = 1.0, process_noise: float = 0.1,
+                 observation_noise: float = 0.1):
+        super().__init__()
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"dim must be a positive integer (the latent dimension), got {dim!r}")
+        state_dim = 2 * dim if state_dim is None else state_dim
+        if isinstance(state_dim, bool) or not isinstance(state_dim, int) or state_dim < 1:
+            raise ValueError(f"state_dim must be a positive integer, got {state_dim!r}")
+        if constant_velocity is None:
+            constant_velocity = state_dim == 2 * dim
+        if constant_velocity and state_dim != 2 * dim:
+            raise ValueError(
+                f"constant_velocity needs state_dim = 2 * dim = {2 * dim} (a position and a "
+                f"velocity per latent coordinate), got state_dim={state_dim}")
+        self.dim = dim
+        self.state_dim = state_dim
+        eye = torch.eye(dim)
+        if constant_velocity:
+            transition = torch.cat([torch.cat([eye, eye], 1), torch.cat([0 * eye, eye], 1)])
+        else:
+            transition = torch.eye(state_dim)
+        self.init_loc = torch.nn.Parameter(torch.zeros(state_dim))  # m_1, (H,)
+        self.init_scale_tril = PyroParam(_cholesky_init("init_scale", init_scale, state_dim),
+                                         constraints.lower_cholesky)  # chol(S_1), (H, H)
+        self.transition_matrix = torch.nn.Parameter(transition)  # A, (H, H)
+        self.transition_scale_tril = PyroParam(
+            _cholesky_init("process_noise", process_noise, state_dim),
+            constraints.lower_cholesky)  # chol(Q), (H, H)
+        self.observation_matrix = torch.nn.Parameter(torch.eye(dim, state_dim))  # C, (D, H)
+        self.observation_scale_tril = PyroParam(
+            _cholesky_init("observation_noise", observation_noise, dim),
+            constraints.lower_cholesky)  # chol(R), (D, D)
+
+    def distribution(self, duration: int) -> GaussianStateSpace:
+        r""":math:`P(z_{1:T})` for T = ``duration`` views, batch_shape (), event_shape (T, D)."""
+        return GaussianStateSpace(self.init_loc, self.init_scale_tril, self.transition_matrix,
+                                  self.transition_scale_tril, self.observation_matrix,
+                                  self.observation_scale_tril, duration)
+
+    def forward(self, q: TorchDistribution) -> torch.Tensor:
+        """Declares ``"z"`` ~ :class:`GaussianStateSpace` for the T views of the recognition
+        distributions ``q`` (batch_shape (N, T), event_shape (D,)); returns z, (N, T, D)."""
+        return pyro.sample("z", self.distribution(q.batch_shape[-1]))
+
+    def posterior(self, loc: torch.Tensor, scale: torch.Tensor) -> StateSpacePosterior:
+        r"""The structured guide :math:`Q(z_{1:T}) \propto P(z_{1:T}) \prod_t \mathcal{N}(\mu_t;
+        z_t, \operatorname{diag}\sigma_t^2)` for recognition means ``loc`` and standard deviations
+        ``scale``, each (N, T, D)."""
+        return StateSpacePosterior(self.distribution(loc.shape[-2]), loc, scale)
+
+    def smooth(self, z: torch.Tensor) -> KalmanSmootherResult:
+        r"""The hidden states given the latents, :math:`P(s_t | z_{1:T})` (RTS smoother); ``z``
+        (N, T, D); returns loc (N, T, H) and scale_tril (N, T, H, H)."""
+        return self.distribution(z.shape[-2]).smooth(z)
+
+    def forecast(self, z: torch.Tensor, steps: int = 1) -> KalmanForecast:
+        r"""The next ``steps`` latents given :math:`z_{1:T}`: loc (N, steps, D) and the state
+        predictions (:func:`rpm.ops.kalman.kalman_forecast`)."""
+        return self.distribution(z.shape[-2]).forecast(z, steps)
