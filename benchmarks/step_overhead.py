@@ -7,10 +7,8 @@ Both train the same MLP encoder on the same batch with Adam:
 * **svi**: ``pyro.infer.SVI(rpm.model, rpm.guide, pyro.optim.Adam(...), rpm.RPMELBO()).step``
   for an RPM with Delta recognition and the implicit prior with a cosine energy (the same
   objective, Eq. 23-25 of Aitchison & Ganev);
-* **svi+fused**: the same with :func:`rpm.inference.FusedAdam` (one fused Adam over all
-  params instead of Pyro's one optimizer per parameter);
 * **elbo+torch**: ``rpm.RPMELBO().differentiable_loss`` with a plain ``torch.optim.Adam``, the
-  path of :class:`rpm.inference.Trainer`.
+  path of :class:`rpm.training.Trainer`.
 
 Prints the median step time of each and the ratio to the bare step (target: at most 1.2x).
 Usage: ``python benchmarks/step_overhead.py --batch-sizes 256 6144 --device cpu``.
@@ -27,7 +25,6 @@ import torch
 from pyro.infer import SVI
 
 import rpm
-from rpm.inference.optim import FusedAdam
 from rpm.priors import CosineEnergy, ImplicitPrior
 
 
@@ -90,13 +87,6 @@ def benchmark(batch_size: int, dim: int, hidden: int, kappa: float, device: torc
     def svi_step():
         return svi.step(x, x2)
 
-    fused_model = rpm.RPM(rpm.DeltaRecognition(make_encoder(dim, hidden, 0)),
-                          ImplicitPrior(CosineEnergy(kappa))).to(device)
-    fused_svi = SVI(fused_model.model, fused_model.guide, FusedAdam({"lr": 1e-4}), rpm.RPMELBO())
-
-    def fused_svi_step():
-        return fused_svi.step(x, x2)
-
     torch_model = rpm.RPM(rpm.DeltaRecognition(make_encoder(dim, hidden, 0)),
                           ImplicitPrior(CosineEnergy(kappa))).to(device)
     torch_optimizer = torch.optim.Adam(torch_model.parameters(), lr=1e-4)
@@ -112,8 +102,7 @@ def benchmark(batch_size: int, dim: int, hidden: int, kappa: float, device: torc
     results = {}
     # interleave the three so that machine load affects them alike
     for _ in range(3):
-        for name, step in (("bare", bare_step), ("svi", svi_step), ("svi+fused", fused_svi_step),
-                           ("elbo+torch", torch_step)):
+        for name, step in (("bare", bare_step), ("svi", svi_step), ("elbo+torch", torch_step)):
             t = time_steps(step, device, warmup, repeats, clock)
             results[name] = min(results.get(name, float("inf")), t)
     return results
@@ -125,7 +114,7 @@ def main(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
     print(f"device={device} threads={torch.get_num_threads()} dim={args.dim} hidden={args.hidden} "
           f"clock={args.clock}")
-    names = ("svi", "svi+fused", "elbo+torch")
+    names = ("svi", "elbo+torch")
     print(f"{'batch':>7} {'bare ms':>9} " + " ".join(f"{n + ' ms':>14}" for n in names)
           + " " + " ".join(f"{n + '/bare':>16}" for n in names))
     for batch_size in args.batch_sizes:

@@ -7,7 +7,7 @@ objective, and the ELBO of the implicit prior with energy f is InfoNCE with crit
 """
 
 from rpm import marginals, priors
-from rpm.inference import RPMELBO, info_nce, rpm_elbo_per_pair
+from rpm.inference import RPMELBO, info_nce
 from rpm.marginals import MixtureMarginal
 from rpm.models import RPM, DeltaRecognition, GaussianRecognition
 
@@ -22,5 +22,4 @@ __all__ = [
     "info_nce",
     "marginals",
     "priors",
-    "rpm_elbo_per_pair",
 ]

@@ -8,8 +8,8 @@ An experiment module registers itself by being listed in :data:`SUBCOMMANDS`; it
 
 ``main`` turns the predictable failures into one-line messages and exit statuses instead of
 tracebacks: :class:`~rpm.experiments.common.ConfigurationError` gives 2 (like an argparse
-error), :class:`~rpm.inference.trainer.NonFiniteLossError` gives 1, and
-:class:`~rpm.inference.trainer.TrainingInterrupted` gives 128 + the signal number (130 for
+error), :class:`~rpm.training.trainer.NonFiniteLossError` gives 1, and
+:class:`~rpm.training.trainer.TrainingInterrupted` gives 128 + the signal number (130 for
 Ctrl-C, 143 for SIGTERM) with the hint to rerun with ``--resume``.
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from types import ModuleType
 
 from rpm.experiments.common import ConfigurationError
-from rpm.inference.trainer import NonFiniteLossError, TrainingInterrupted
+from rpm.training.trainer import NonFiniteLossError, TrainingInterrupted
 
 __all__ = ["EXIT_FAILURE", "EXIT_USAGE", "SUBCOMMANDS", "build_parser", "main"]
 

@@ -15,9 +15,9 @@ import torch
 
 import rpm.cli
 from rpm.cli import SUBCOMMANDS, build_parser, main
-from rpm.inference.checkpoint import load_checkpoint
+from rpm.training.checkpoint import load_checkpoint
 
-TOY = Path(__file__).parent / "inference" / "toy_experiment.py"
+TOY = Path(__file__).parent / "training" / "toy_experiment.py"
 EXPERIMENTS = Path(rpm.cli.__file__).parent / "experiments"
 
 

@@ -30,7 +30,7 @@ import pyro
 import torch
 
 from rpm._validation import check_int
-from rpm.inference.checkpoint import atomic_write
+from rpm.training.checkpoint import atomic_write
 
 __all__ = [
     "ConfigurationError",

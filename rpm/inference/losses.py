@@ -1,4 +1,4 @@
-r"""Reference contrastive losses, to see the identity RPM ELBO = -InfoNCE + log N.
+r"""The reference InfoNCE loss, to see the identity RPM ELBO = -InfoNCE + log N.
 
 With logits :math:`F_{ij} = f(z_i, z'_j)` for a batch of N positive pairs (i, i):
 
@@ -7,7 +7,8 @@ With logits :math:`F_{ij} = f(z_i, z'_j)` for a batch of N positive pairs (i, i)
     \text{InfoNCE} = \frac1N \sum_i -\log \frac{e^{F_{ii}}}{\sum_j e^{F_{ij}}}
                    = \text{CrossEntropy}(F, \text{labels}=i),
 
-and the per-pair RPM ELBO under the implicit prior (Eq. 23-25 of Aitchison & Ganev) is
+and the per-pair RPM ELBO under the implicit prior (Eq. 23-25 of Aitchison & Ganev),
+:func:`rpm.priors.implicit_log_ratio`, is
 
 .. math::
 
@@ -18,9 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from rpm.priors.implicit import implicit_log_ratio
-
-__all__ = ["info_nce", "rpm_elbo_per_pair"]
+__all__ = ["info_nce"]
 
 
 def _check_square(logits: torch.Tensor) -> None:
@@ -40,16 +39,3 @@ def info_nce(logits: torch.Tensor) -> torch.Tensor:
     _check_square(logits)
     labels = torch.arange(logits.shape[0], device=logits.device)
     return torch.nn.functional.cross_entropy(logits, labels)
-
-
-def rpm_elbo_per_pair(logits: torch.Tensor) -> torch.Tensor:
-    r"""The per-pair RPM ELBO under the implicit prior, :math:`F_{ii} - \mathrm{LSE}_j F_{ij} + \log N`.
-
-    Equal to ``-cross_entropy_i + log N`` (Eq. 23-25 of Aitchison & Ganev), up to the constant
-    :math:`\log P_\text{true}(x) + \log P_\text{true}(x')`.
-
-    :param torch.Tensor logits: :math:`F_{ij}`, shape (N, N).
-    :return: shape (N,).
-    """
-    _check_square(logits)
-    return implicit_log_ratio(logits)

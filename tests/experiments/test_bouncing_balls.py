@@ -13,7 +13,7 @@ import torch
 
 import rpm.experiments.bouncing_balls.command as bb
 from rpm.cli import main
-from rpm.inference.trainer import Trainer
+from rpm.training.trainer import Trainer
 
 TINY = [
     "--frames", "48", "--test-frames", "16", "--epochs", "2", "--batch-size", "15",
@@ -91,7 +91,7 @@ def test_one_prior_alone_gives_the_same_result_as_within_all(reference, tmp_path
 def test_sgd_trains_the_encoder(tmp_path, capsys):
     flags = [*TINY, "--prior", "rbf", "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.5"]
     assert _main(capsys, "--out", str(tmp_path), *flags)[0] == 0
-    state = torch.load(tmp_path / "rbf" / "checkpoint.pt", weights_only=False)["state"]
+    state = torch.load(tmp_path / "rbf" / "checkpoint.pt", weights_only=True)["state"]
     group = state["optimizer"]["param_groups"][0]
     assert group["lr"] == 0.05 and group["momentum"] == 0.5 and not group["nesterov"]
     buffers = [entry["momentum_buffer"] for entry in state["optimizer"]["state"].values()]
@@ -141,7 +141,7 @@ def test_interrupted_run_resumes_the_unfinished_prior_and_skips_the_others(
     finished = {name: (interrupted / name / "checkpoint.pt").read_bytes()
                 for name in ("rbf", "bilinear", "cosine")}
     assert torch.load(interrupted / "dynamics" / "checkpoint.pt",
-                      weights_only=False)["state"]["step"] == 2
+                      weights_only=True)["state"]["step"] == 2
     status, out, _ = _main(capsys, "--out", str(interrupted), *TINY, "--resume")
     assert status == 0
     assert "dynamics: resuming at step 2/4" in out

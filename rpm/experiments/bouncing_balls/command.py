@@ -91,11 +91,11 @@ from rpm.experiments.common import (
     seed_everything,
     write_json_atomic,
 )
-from rpm.inference.checkpoint import load_checkpoint
-from rpm.inference.trainer import CHECKPOINT_NAME, Trainer
 from rpm.models.bouncing_balls import BallEncoder
 from rpm.priors import BilinearEnergy, CosineEnergy, ImplicitPrior, RBFEnergy
 from rpm.priors.circular_step import BallDynamicsPrior
+from rpm.training.checkpoint import load_checkpoint
+from rpm.training.trainer import CHECKPOINT_NAME, Trainer
 
 __all__ = ["PRIORS", "add_parser", "build_model", "epoch_permutation", "prior_parameters", "run"]
 

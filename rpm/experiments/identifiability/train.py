@@ -9,7 +9,7 @@ the implicit prior, InfoNCE minus :math:`\log N`, Eq. 23-25),
     = \frac1N \sum_i \Big[\log \sum_j e^{f(h(x_i), h(x'_j))} - f(h(x_i), h(x'_i))\Big] - \log N,
 
 with Adam (the encoder at ``--lr``, the energy's parameters at ``--energy-lr``) and the schedule
-of :func:`cosine_schedule`, through :class:`~rpm.inference.trainer.Trainer` (checkpoints, exact
+of :func:`cosine_schedule`, through :class:`~rpm.training.trainer.Trainer` (checkpoints, exact
 resumption, a progress bar with the latest held-out score). It then scores the encoder on a
 fresh held-out set. :func:`oracle_concentrations` fits the anisotropic energy to the true latent
 pairs, the best :math:`\Lambda` the energy family can reach on the data, against which the
@@ -34,11 +34,11 @@ from rpm.experiments.identifiability.model import (
     build_rpm,
     energy_parameters,
 )
-from rpm.inference.checkpoint import load_checkpoint
-from rpm.inference.trainer import CHECKPOINT_NAME, Trainer
 from rpm.metrics import mcc, mcc_per_dimension, r2, r2_per_dimension
 from rpm.models.mlp import MLPEncoder
 from rpm.priors import AnisotropicEnergy
+from rpm.training.checkpoint import load_checkpoint
+from rpm.training.trainer import CHECKPOINT_NAME, Trainer
 
 __all__ = ["R2_LEVELS", "cosine_schedule", "oracle_concentrations", "train_energy"]
 

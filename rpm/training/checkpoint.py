@@ -1,9 +1,15 @@
-r"""Atomic checkpoints and the random-number-generator state of a training run.
+r"""Atomic, safe checkpoints and the random-number-generator state of a training run.
 
 A run is resumable bit for bit when everything that decides its future is saved together:
 parameters, optimiser and scheduler state, the step counter, and the state of every random
 number generator the loss draws from. This module saves such a state atomically and captures or
 restores the generators.
+
+Safety: a checkpoint holds only tensors, numbers, strings, ``None``, lists, tuples and dicts
+(the generators' states included: NumPy's and Python's are stored as lists of integers), so
+that it is read with ``torch.load(path, weights_only=True)``, which never runs code from the
+file. :func:`save_checkpoint` refuses any other object, naming where it sits in the state, and
+:func:`load_checkpoint` refuses a file that carries a pickled object.
 
 Atomicity: the file is written to a temporary file in the destination folder, flushed and
 ``fsync``-ed, then moved over the destination with :func:`os.replace`, which is atomic on POSIX
@@ -15,7 +21,9 @@ the new one, never a truncated file (at worst a stray ``.NAME.*.tmp`` file, whic
 from __future__ import annotations
 
 import os
+import pickle
 import random
+import re
 import secrets
 import warnings
 from collections.abc import Callable, Mapping
@@ -36,7 +44,9 @@ __all__ = [
 ]
 
 _FORMAT = "rpm-checkpoint"
-_VERSION = 1
+_VERSION = 2
+#: The leaf types a checkpoint may hold (besides tensors); containers are lists, tuples, dicts.
+_SAFE_LEAVES = (bool, int, float, str, type(None))
 
 #: Random number generators a run may register besides the global ones.
 Generator = torch.Generator | np.random.Generator
@@ -117,42 +127,84 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def _check_safe(obj: Any, where: str) -> None:
+    if isinstance(obj, (torch.Tensor, *_SAFE_LEAVES)):
+        return
+    if isinstance(obj, (list, tuple)):
+        for i, item in enumerate(obj):
+            _check_safe(item, f"{where}[{i}]")
+        return
+    if isinstance(obj, dict):
+        for key, item in obj.items():
+            if not isinstance(key, (str, int)) or isinstance(key, bool):
+                raise TypeError(
+                    f"checkpoint state {where} has the key {key!r} of type "
+                    f"{type(key).__name__}; keys must be strings or integers"
+                )
+            _check_safe(item, f"{where}[{key!r}]")
+        return
+    raise TypeError(
+        f"checkpoint state {where} is a {type(obj).__module__}.{type(obj).__qualname__}; a "
+        "checkpoint holds only tensors, numbers, strings, None, lists, tuples and dicts (so that "
+        "torch.load(..., weights_only=True) can read it without running code): convert it, "
+        "e.g. an array to a tensor or a list"
+    )
+
+
 def save_checkpoint(path: str | os.PathLike, state: dict) -> Path:
     """Save a training state atomically with :func:`torch.save`.
 
     The state is wrapped with a format tag so that :func:`load_checkpoint` can tell an rpm
     checkpoint from any other file.
 
-    :param path-like path: destination, conventionally ``RUN_DIR/checkpoint.pt``.
-    :param dict state: anything :func:`torch.save` can pickle (state dicts, RNG states, history).
+    :param path-like path: destination, conventionally ``RUN_DIR/MODEL/checkpoint.pt``.
+    :param dict state: tensors, numbers, strings, ``None``, and lists, tuples and dicts of them
+        (state dicts, the output of :func:`capture_rng_state`, a history).
     :returns: the destination as a :class:`~pathlib.Path`.
-    :raises TypeError: if ``state`` is not a dict.
+    :raises TypeError: if ``state`` is not a dict or holds any other object (the message says
+        where), since such a file could only be read by unpickling arbitrary code.
     """
     if not isinstance(state, dict):
         raise TypeError(f"save_checkpoint expects the state as a dict, got {type(state).__name__}")
+    _check_safe(state, "state")
     payload = {"format": _FORMAT, "version": _VERSION, "state": state}
     return atomic_write(path, lambda f: torch.save(payload, f))
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: Any = None) -> dict:
-    """Load a state saved by :func:`save_checkpoint`.
-
-    The file is unpickled with ``weights_only=False`` because a checkpoint holds Python and
-    NumPy random states and Pyro constraint objects: load only checkpoints you wrote yourself.
+    """Load a state saved by :func:`save_checkpoint`, with ``torch.load(...,
+    weights_only=True)``: the file is never unpickled as arbitrary Python objects, so a
+    checkpoint from someone else cannot run code.
 
     :param path-like path: the checkpoint file.
     :param map_location: passed to :func:`torch.load`, e.g. ``"cpu"`` to load a GPU run's
         tensors on the CPU.
     :returns: the saved state dict.
     :raises FileNotFoundError: if there is no file at ``path``.
-    :raises CheckpointError: if the file is truncated, corrupt, or not an rpm checkpoint.
+    :raises CheckpointError: if the file carries a pickled object (any type other than
+        tensors, numbers, strings, lists, tuples and dicts), is truncated or corrupt, or is
+        not an rpm checkpoint.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}: the file does not exist")
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=False)
-    except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ...
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "weights only" not in str(err).lower():
+            raise CheckpointError(
+                f"cannot read checkpoint {path} (UnpicklingError: {err}); the file is truncated "
+                "or corrupt: delete it, or start the run afresh with --overwrite"
+            ) from err
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(err))
+        raise CheckpointError(
+            f"refusing to load {path}: it carries a pickled Python object"
+            + (f" ({found.group(1)})" if found else "")
+            + ", and unpickling it could run arbitrary code. rpm checkpoints hold only tensors, "
+            "numbers, strings, lists and dicts; a file written by an older rpm or by other code "
+            "cannot be resumed: start the run afresh with --overwrite"
+        ) from None
+    except Exception as err:  # torch raises RuntimeError, EOFError, ...
         raise CheckpointError(
             f"cannot read checkpoint {path} ({type(err).__name__}: {err}); the file is "
             "truncated or corrupt: delete it, or start the run afresh with --overwrite"
@@ -164,9 +216,40 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = None) -> dict:
     if payload.get("version") != _VERSION:
         raise CheckpointError(
             f"{path} has checkpoint format version {payload.get('version')!r}, this rpm reads "
-            f"version {_VERSION}"
+            f"version {_VERSION}; start the run afresh with --overwrite"
         )
     return payload["state"]
+
+
+def _encode_numpy_state(state: Any) -> Any:
+    # NumPy's bit-generator states are dicts of integers and uint32 arrays: arrays become
+    # {"array": [...], "dtype": "uint32"} so that the state holds only lists and numbers.
+    if isinstance(state, np.ndarray):
+        return {"array": state.tolist(), "dtype": str(state.dtype)}
+    if isinstance(state, dict):
+        return {key: _encode_numpy_state(value) for key, value in state.items()}
+    if isinstance(state, np.generic):
+        return state.item()
+    return state
+
+
+def _decode_numpy_state(state: Any) -> Any:
+    if isinstance(state, dict):
+        if set(state) == {"array", "dtype"}:
+            return np.asarray(state["array"], dtype=state["dtype"])
+        return {key: _decode_numpy_state(value) for key, value in state.items()}
+    return state
+
+
+def _encode_python_state(state: tuple) -> list:
+    # random.getstate() is (version, tuple of 625 ints, gauss_next).
+    version, internal, gauss_next = state
+    return [version, list(internal), gauss_next]
+
+
+def _decode_python_state(state: list) -> tuple:
+    version, internal, gauss_next = state
+    return (version, tuple(internal), gauss_next)
 
 
 def _check_generators(generators: Mapping[str, Generator] | None) -> dict[str, Generator]:
@@ -196,13 +279,14 @@ def capture_rng_state(generators: Mapping[str, Generator] | None = None) -> dict
 
     :param dict generators: extra generators by name, ``torch.Generator`` (any device) or
         ``numpy.random.Generator``.
-    :returns: a picklable dict for :func:`restore_rng_state`.
+    :returns: a dict of tensors, numbers, lists and dicts for :func:`restore_rng_state` (and
+        :func:`save_checkpoint`).
     """
     generators = _check_generators(generators)
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
-        "random": random.getstate(),
+        "numpy": _encode_numpy_state(np.random.get_state(legacy=False)),
+        "random": _encode_python_state(random.getstate()),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
         "generators": {},
     }
@@ -210,7 +294,8 @@ def capture_rng_state(generators: Mapping[str, Generator] | None = None) -> dict
         if isinstance(gen, torch.Generator):
             state["generators"][name] = {"kind": "torch", "state": gen.get_state()}
         else:
-            state["generators"][name] = {"kind": "numpy", "state": gen.bit_generator.state}
+            state["generators"][name] = {
+                "kind": "numpy", "state": _encode_numpy_state(gen.bit_generator.state)}
     return state
 
 
@@ -244,8 +329,8 @@ def restore_rng_state(state: dict, generators: Mapping[str, Generator] | None = 
                 f"now a {kind} generator"
             )
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["random"])
+    np.random.set_state(_decode_numpy_state(state["numpy"]))
+    random.setstate(_decode_python_state(state["random"]))
     if state["cuda"] is not None:
         if torch.cuda.is_available() and torch.cuda.device_count() >= len(state["cuda"]):
             torch.cuda.set_rng_state_all(state["cuda"])
@@ -260,4 +345,4 @@ def restore_rng_state(state: dict, generators: Mapping[str, Generator] | None = 
         if isinstance(gen, torch.Generator):
             gen.set_state(saved[name]["state"])
         else:
-            gen.bit_generator.state = saved[name]["state"]
+            gen.bit_generator.state = _decode_numpy_state(saved[name]["state"])

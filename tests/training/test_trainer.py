@@ -22,8 +22,8 @@ import torch
 from torch.distributions import constraints
 
 from rpm.experiments.common import seed_everything
-from rpm.inference.checkpoint import load_checkpoint
-from rpm.inference.trainer import NonFiniteLossError, Trainer, TrainingInterrupted
+from rpm.training.checkpoint import load_checkpoint
+from rpm.training.trainer import NonFiniteLossError, Trainer, TrainingInterrupted
 
 TOY = Path(__file__).with_name("toy_experiment.py")
 REPO = Path(__file__).resolve().parents[2]

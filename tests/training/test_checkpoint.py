@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from rpm.inference import checkpoint as ckpt
-from rpm.inference.checkpoint import (
+from rpm.training import checkpoint as ckpt
+from rpm.training.checkpoint import (
     CheckpointError,
     capture_rng_state,
     load_checkpoint,
@@ -165,3 +165,49 @@ def test_atomic_write_creates_folder_and_uses_default_permissions(tmp_path):
     reference = tmp_path / "reference.txt"
     reference.write_bytes(b"")  # created with the process umask, as atomic_write should
     assert path.stat().st_mode & 0o777 == reference.stat().st_mode & 0o777
+
+
+def _weights_only_load(path):
+    return torch.load(path, weights_only=True)
+
+
+@pytest.mark.parametrize("bit_generator", [np.random.PCG64, np.random.MT19937])
+def test_rng_state_is_plain_data_that_weights_only_reads(tmp_path, bit_generator):
+    """NumPy's and Python's states are lists and numbers, so torch.load(weights_only=True) reads
+    the file, and the decoded states replay every generator (MT19937 keeps a uint32 array)."""
+    generators = {"t": torch.Generator().manual_seed(1),
+                  "n": np.random.Generator(bit_generator(5))}
+    np.random.seed(9)
+    random.seed(9)
+    _draw_everything(generators)
+    save_checkpoint(tmp_path / "rng.pt", {"rng": capture_rng_state(generators)})
+    payload = _weights_only_load(tmp_path / "rng.pt")
+    state = payload["state"]["rng"]
+    assert isinstance(state["random"], list) and isinstance(state["random"][1], list)
+    assert isinstance(state["numpy"]["state"]["key"]["array"], list)
+    first = _draw_everything(generators)
+    restore_rng_state(state, generators)
+    _assert_same_draws(first, _draw_everything(generators))
+
+
+class _Payload:
+    """Any Python object: unpickling it would import and call code named in the file."""
+
+
+@pytest.mark.parametrize("value, where", [
+    (np.zeros(3), r"state\['rng'\]\[1\] is a numpy.ndarray"),
+    (_Payload(), r"state\['rng'\]\[1\] is a .*_Payload"),
+    ({1.5: 2}, r"state\['rng'\]\[1\] has the key 1.5"),
+])
+def test_save_refuses_objects_a_weights_only_load_could_not_read(tmp_path, value, where):
+    with pytest.raises(TypeError, match=where):
+        save_checkpoint(tmp_path / "c.pt", {"rng": [0, value]})
+    assert not (tmp_path / "c.pt").exists()
+
+
+def test_load_refuses_a_checkpoint_carrying_a_pickled_object(tmp_path):
+    path = tmp_path / "unsafe.pt"
+    torch.save({"format": "rpm-checkpoint", "version": 2, "state": {"x": _Payload()}}, path)
+    with pytest.raises(CheckpointError, match=r"refusing to load .*pickled Python object "
+                                              r"\(.*_Payload\).*--overwrite"):
+        load_checkpoint(path)

@@ -1,4 +1,4 @@
-"""A tiny experiment on :class:`rpm.inference.trainer.Trainer`, run as a real process by the
+"""A tiny experiment on :class:`rpm.training.trainer.Trainer`, run as a real process by the
 trainer and CLI tests (kill, interrupt, resume).
 
 Linear regression y = x w + 0.1 noise with a PyroModule that has a constrained PyroParam (so
@@ -37,7 +37,7 @@ from rpm.experiments.common import (
     seed_everything,
     write_json_atomic,
 )
-from rpm.inference.trainer import Trainer
+from rpm.training.trainer import Trainer
 
 DIM = 4
 

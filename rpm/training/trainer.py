@@ -31,12 +31,11 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import pyro
 import torch
 from tqdm import tqdm
 
 from rpm._validation import check_int
-from rpm.inference.checkpoint import (
+from rpm.training.checkpoint import (
     Generator,
     atomic_write,
     capture_rng_state,
@@ -62,7 +61,6 @@ _STATE_KEYS = frozenset(
         "optimizer",
         "scheduler",
         "rng",
-        "param_store",
         "history",
         "pending_losses",
         "elapsed",
@@ -119,7 +117,7 @@ class Trainer:
     Files in ``out_dir``: ``checkpoint.pt`` (every ``checkpoint_every`` steps, at the end and on
     SIGINT/SIGTERM) and ``history.json`` (rewritten after every evaluation and checkpoint),
     both written atomically. The checkpoint holds the module's ``state_dict``, the optimiser and
-    scheduler states, the Pyro param store, the RNG states (torch, NumPy, Python, CUDA when
+    scheduler states, the RNG states (torch, NumPy, Python, CUDA when
     initialised, and every entry of ``generators``), the step, the history and any
     ``extra_state``. ``fit(resume=True)`` continues from it: a run killed at any point (even by
     SIGKILL) and resumed gives bit for bit the parameters and history of an uninterrupted run
@@ -275,7 +273,6 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
             "rng": capture_rng_state(self.generators),
-            "param_store": pyro.get_param_store().get_state(),
             "history": copy.deepcopy(self.history),
             "pending_losses": self._window_values(),
             "elapsed": self._elapsed(),
@@ -305,7 +302,6 @@ class Trainer:
                 f"the checkpoint holds extra_state {sorted(state['extra'])} but the trainer has "
                 f"{sorted(self.extra_state)}"
             )
-        self._restore_param_store(state["param_store"])
         self.module.load_state_dict(state["module"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None:
@@ -328,35 +324,6 @@ class Trainer:
             if evaluations
             else {}
         )
-
-    def _restore_param_store(self, saved: dict) -> None:
-        # Copy values into the live tensors rather than replacing them: a PyroModule adopts
-        # whatever tensor the store holds under its name, which would detach it from the
-        # optimiser. Names the store has not seen yet (PyroModules register lazily) get the
-        # module's own parameter object when one matches.
-        store = pyro.get_param_store()
-        live = store.get_state()["params"]
-        own = dict(self.module.named_parameters())
-        new_params, new_constraints = {}, {}
-        for name, value in saved["params"].items():
-            target = live.get(name)
-            if target is None:
-                target = own.get(name, own.get(name + "_unconstrained"))
-                if target is None:
-                    new_params[name] = value
-                    new_constraints[name] = saved["constraints"][name]
-                    continue
-                new_params[name] = target
-                new_constraints[name] = saved["constraints"][name]
-            if target.shape != value.shape:
-                raise ValueError(
-                    f"Pyro param {name!r} has shape {tuple(target.shape)} but the checkpoint "
-                    f"holds shape {tuple(value.shape)}"
-                )
-            with torch.no_grad():
-                target.copy_(value)
-        if new_params:
-            store.set_state({"params": new_params, "constraints": new_constraints})
 
     # ----------------------------------------------------------------------------- loop
     def fit(self, resume: bool = False) -> dict:
