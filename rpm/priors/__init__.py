@@ -18,6 +18,7 @@ from rpm.priors.energies import (
 )
 from rpm.priors.explicit import GaussianRandomWalkPrior, LinearDynamicsPrior
 from rpm.priors.implicit import ImplicitConditional, ImplicitPrior, implicit_log_ratio
+from rpm.priors.pooled import PooledImplicitPrior
 from rpm.priors.state_space import GaussianStateSpace, StateSpacePosterior, StateSpacePrior
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "LinearDynamicsPrior",
     "LpEnergy",
     "NeuralEnergy",
+    "PooledImplicitPrior",
     "RBFEnergy",
     "StateSpacePosterior",
     "StateSpacePrior",

@@ -1,0 +1,442 @@
+r"""The pooled implicit prior: SimCLR's NT-Xent as an RPM.
+
+NT-Xent (Chen et al., 2020, SimCLR) pools the 2N latents of a batch of N pairs,
+:math:`u = (z_1, \dots, z_N, z'_1, \dots, z'_N)`; every :math:`u_k` is an anchor whose positive
+is its partner :math:`u_{p(k)}` and whose candidates are the 2N - 1 other latents:
+
+.. math::
+
+    \text{NT-Xent} = \frac{1}{2N} \sum_{k=1}^{2N}
+    -\log \frac{e^{f(u_k, u_{p(k)})}}{\sum_{m \ne k} e^{f(u_k, u_m)}}.
+
+It is the ELBO of the uniform-implicit prior (Eq. 21-22 of Aitchison & Ganev) built on the
+**pooled** recognition marginal, the mixture over both views' recognition distributions,
+
+.. math::
+
+    Q_\text{pool}(z) = \frac{1}{2N} \sum_{k=1}^{2N} Q(z | x_k), \qquad
+    (x_1, \dots, x_{2N}) = (x_1, \dots, x_N, x'_1, \dots, x'_N),
+
+with one RPM per direction. Direction view 1 :math:`\to` view 2:
+
+.. math::
+
+    P(z) = Q_\text{pool}(z), \qquad
+    P(z'_i | z_i) = \frac{Q_\text{pool}(z'_i)\, e^{f(z_i, z'_i)}}{\hat Z(z_i)}, \qquad
+    \hat Z(u_k) = \frac{1}{2N - 1} \sum_{m \ne k} e^{f(u_k, u_m)},
+
+the normaliser :math:`Z(z) = \mathbb{E}_{Q_\text{pool}(z')} e^{f(z, z')}` being estimated, as
+NT-Xent does, over the batch's pooled latents except the anchor itself; direction view 2
+:math:`\to` view 1 swaps the roles. The two views are two draws from one data distribution, so
+the recognition marginal in the likelihood (Eq. 10) is :math:`Q_\text{pool}` as well:
+:math:`P(x|z) = Q(z|x) P_\text{true}(x) / Q_\text{pool}(z)`. The marginals then cancel in the
+ELBO (Eq. 15), as in Eq. 23-25, and the direction :math:`d` leaves, per pair,
+
+.. math::
+
+    r_i^{1 \to 2} = f(z_i, z'_i) - \log \hat Z(z_i), \qquad
+    r_i^{2 \to 1} = f(z'_i, z_i) - \log \hat Z(z'_i).
+
+:class:`PooledImplicitPrior` averages the two directions' ELBOs, so that, summed over the N pairs,
+
+.. math::
+
+    \frac{\mathcal{L}}{N} = \frac{1}{N} \sum_i \tfrac12 \big(r_i^{1 \to 2} + r_i^{2 \to 1}\big)
+    = -\text{NT-Xent} + \log(2N - 1)
+
+exactly, for every energy f; the cosine energy with :math:`\kappa = 1/\tau` gives SimCLR's
+loss (and lightly's ``NTXentLoss``). By contrast the one-directional, cross-view form of
+:class:`~rpm.priors.ImplicitPrior`, whose candidates are the N latents of the other view,
+gives :math:`\mathcal{L}/N = -\text{InfoNCE} + \log N` (what info-nce-pytorch computes).
+
+**One Pyro model for the average.** The average of the two directions' ELBOs under the same
+guide is the ELBO of the model whose prior log-density is the average of the two directions'
+(a normalised geometric mean of two distributions, which has mass at most 1). Both directions
+share the factor :math:`Q_\text{pool}(z)\, Q_\text{pool}(z')`, so
+
+.. math::
+
+    \tfrac12 \log P^{1 \to 2}(z, z') + \tfrac12 \log P^{2 \to 1}(z, z')
+    = \log Q_\text{pool}(z) + \log Q_\text{pool}(z') + \tfrac12 r^{1 \to 2} + \tfrac12 r^{2 \to 1}:
+
+the model declares ``"z"`` and ``"z2"`` as draws from :class:`PooledMarginal` and adds each
+direction's tilt as a ``pyro.factor`` of weight 1/2 (``"z_to_z2"``, ``"z2_to_z"``). With
+``direction="forward"`` (or ``"backward"``) the prior is the single RPM of that direction,
+written with its conditional as a distribution, :class:`PooledImplicitConditional`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pyro
+import torch
+from pyro.distributions import Categorical, Delta, Independent, Normal, TorchDistribution
+from pyro.nn import PyroModule
+from torch.distributions import constraints
+
+from rpm.marginals import MixtureMarginal, recognition_components
+from rpm.ops.dispatch import default_block_size, ieee_float32_matmul
+from rpm.ops.logsumexp import streaming_matmul_logsumexp
+from rpm.priors.energies import Energy
+from rpm.priors.implicit import _stream_by_size, energy_logit_factors
+
+__all__ = [
+    "PooledImplicitConditional",
+    "PooledImplicitPrior",
+    "PooledMarginal",
+    "pooled_log_normalizer",
+]
+
+_DIRECTIONS = ("both", "forward", "backward")
+
+
+def pooled_recognition(q: TorchDistribution, q2: TorchDistribution) -> TorchDistribution:
+    """The 2N recognition distributions of both views as one batch, (q_1..q_N, q2_1..q2_N)."""
+    loc, scale = recognition_components(q)
+    loc2, scale2 = recognition_components(q2)
+    if (scale is None) != (scale2 is None):
+        raise TypeError(
+            "the pooled marginal mixes both views' recognition distributions, so both must be "
+            "Delta (deterministic) or both Gaussian; got "
+            f"{type(q).__name__} and {type(q2).__name__}"
+        )
+    if scale is None:
+        return Delta(torch.cat([loc, loc2]), event_dim=1)
+    return Independent(Normal(torch.cat([loc, loc2]), torch.cat([scale, scale2])), 1)
+
+
+def pooled_log_normalizer(
+    energy: Energy, u: torch.Tensor, start: int = 0, stop: int | None = None,
+    block_size: int | None = None,
+) -> torch.Tensor:
+    r"""The NT-Xent log-normaliser of anchors :math:`u_k`, :math:`k \in [\text{start}, \text{stop})`,
+    over every other row of the pool:
+
+    .. math::
+
+        \log \sum_{m \ne k} e^{f(u_k, u_m)} = \log \hat Z(u_k) + \log(M - 1),
+
+    with M the number of pooled latents. Dense (``logsumexp`` of the energy matrix with the
+    anchor's own entry masked) unless ``block_size`` is given or the matrix is large; then, for
+    energies that are a matrix product :math:`f(u_k, u_m) = a_k^\top b_m + c_k`
+    (:func:`~rpm.priors.implicit.energy_logit_factors`), each block of anchor rows is streamed
+    against the candidates before and after it (:func:`~rpm.ops.streaming_matmul_logsumexp`)
+    and its own diagonal block, with the anchors masked, is dense: O(M D) memory plus one block.
+
+    :param energy: the energy f.
+    :param torch.Tensor u: the pooled latents, shape (M, D).
+    :param int start: first anchor row.
+    :param stop: end of the anchor rows (default M).
+    :param block_size: stream in blocks of this many rows; ``None`` decides by size.
+    :return: shape (stop - start,).
+    :rtype: torch.Tensor
+    """
+    num = u.shape[0]
+    stop = num if stop is None else stop
+    if not 0 <= start < stop <= num:
+        raise ValueError(f"need 0 <= start < stop <= {num} anchor rows, got {start} and {stop}")
+    if num < 2:
+        raise ValueError("the pooled normaliser needs at least 2 latents (each anchor needs one "
+                         "candidate other than itself)")
+    factors = None
+    if block_size is not None or _stream_by_size(u[start:stop], num):
+        factors = energy_logit_factors(energy, u, u)
+    if factors is None:
+        logits = energy(u[start:stop], u)                                    # (stop - start, M)
+        own = torch.arange(start, stop, device=u.device)
+        mask = own[:, None] == torch.arange(num, device=u.device)[None, :]
+        return torch.logsumexp(logits.masked_fill(mask, -math.inf), dim=-1)
+    left, right, row_offset = factors
+    size = default_block_size(u.device) if block_size is None else block_size
+    blocks = []
+    for r0 in range(start, stop, size):
+        r1 = min(r0 + size, stop)
+        with ieee_float32_matmul():
+            own = left[r0:r1] @ right[r0:r1].T                               # (b, b)
+        eye = torch.eye(r1 - r0, dtype=torch.bool, device=u.device)
+        parts = [torch.logsumexp(own.masked_fill(eye, -math.inf), dim=-1)]
+        if r0 > 0:
+            parts.append(streaming_matmul_logsumexp(left[r0:r1], right[:r0], size))
+        if r1 < num:
+            parts.append(streaming_matmul_logsumexp(left[r0:r1], right[r1:], size))
+        lse = torch.logsumexp(torch.stack(parts), dim=0)
+        blocks.append(lse if row_offset is None else lse + row_offset[r0:r1])
+    return torch.cat(blocks)
+
+
+def _paired(energy: Energy, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    """f(z_i, z2_i), shape (N,)."""
+    paired = getattr(energy, "paired", None)
+    return paired(z, z2) if paired is not None else torch.diagonal(energy(z, z2))
+
+
+def pooled_log_ratios(
+    energy: Energy, z: torch.Tensor, z2: torch.Tensor, direction: str = "both",
+    block_size: int | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    r"""The per-pair tilts :math:`(r^{1 \to 2}, r^{2 \to 1})` of the pooled implicit prior's
+    directions (module docstring), each of shape (N,); None for a direction not asked for.
+
+    .. math::
+
+        r_i^{1 \to 2} = f(z_i, z'_i) - \log \sum_{m \ne i} e^{f(z_i, u_m)} + \log(2N - 1),
+
+    and likewise from the anchor :math:`z'_i` (pool row N + i) with positive :math:`z_i`.
+
+    :param energy: the energy f.
+    :param torch.Tensor z: first-view latents, shape (N, D).
+    :param torch.Tensor z2: second-view latents, shape (N, D).
+    :param str direction: ``"both"``, ``"forward"`` (1 -> 2) or ``"backward"`` (2 -> 1).
+    :param block_size: stream the normaliser in blocks of this many rows; ``None`` by size.
+    """
+    if z.dim() != 2 or z.shape != z2.shape:
+        raise ValueError(
+            f"the pooled prior needs paired latents z and z2 of one shape (N, D), got "
+            f"{tuple(z.shape)} and {tuple(z2.shape)}"
+        )
+    n = z.shape[0]
+    u = torch.cat([z, z2])                                                   # (2N, D)
+    start = n if direction == "backward" else 0
+    stop = n if direction == "forward" else 2 * n
+    log_norm = pooled_log_normalizer(energy, u, start, stop, block_size) - math.log(2 * n - 1)
+    forward = backward = None
+    if direction != "backward":
+        forward = _paired(energy, z, z2) - log_norm[:n]
+    if direction != "forward":
+        backward = _paired(energy, z2, z) - log_norm[-n:]
+    return forward, backward
+
+
+class PooledMarginal(TorchDistribution):
+    r"""The pooled recognition marginal :math:`Q_\text{pool}(z) = \frac{1}{2N} \sum_{k=1}^{2N}
+    Q(z | x_k)` over both views of a batch of N pairs (:math:`P(z) = Q_\text{pool}(z)` of the
+    pooled implicit prior, and the marginal of its likelihood, Eq. 10).
+
+    It stands for N independent draws, one per pair of the model's plate: batch_shape (N,),
+    event_shape (D,), with 2N mixture components. ``log_prob`` of a value (..., D) is the
+    mixture log-density of each row (:class:`~rpm.marginals.MixtureMarginal` of the 2N
+    components); ``sample`` picks a component uniformly per draw and samples from it.
+
+    :param q: first-view recognition distributions, batch_shape (N,), event_shape (D,).
+    :param q2: second-view recognition distributions, of the same kind and shape.
+    """
+
+    arg_constraints: dict = {}
+    support = constraints.real_vector
+    has_rsample = False
+
+    def __init__(self, q: TorchDistribution, q2: TorchDistribution, validate_args=None):
+        if q.batch_shape != q2.batch_shape or q.event_shape != q2.event_shape:
+            raise ValueError(
+                "the two views need recognition distributions of one shape, got batch_shape "
+                f"{tuple(q.batch_shape)} and {tuple(q2.batch_shape)}, event_shape "
+                f"{tuple(q.event_shape)} and {tuple(q2.event_shape)}"
+            )
+        self.mixture = MixtureMarginal(pooled_recognition(q, q2))
+        super().__init__(q.batch_shape, q.event_shape, validate_args=validate_args)
+
+    @property
+    def is_discrete(self) -> bool:
+        """True for Delta recognition: the empirical distribution on the 2N batch points."""
+        return self.mixture.is_discrete
+
+    def expand(self, batch_shape, _instance=None):
+        if torch.Size(batch_shape) != self.batch_shape:
+            raise ValueError(
+                f"the pooled marginal of a batch of {self.batch_shape[0]} pairs has batch_shape "
+                f"{tuple(self.batch_shape)}; it cannot be expanded to {tuple(batch_shape)}. Use "
+                "a plate of the batch size"
+            )
+        return self
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        return self.mixture.log_prob(value)
+
+    def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
+        shape = self._extended_shape(sample_shape)                           # (..., N, D)
+        loc, scale = self.mixture.loc, self.mixture.scale
+        with torch.no_grad():
+            index = torch.randint(loc.shape[0], shape[:-1], device=loc.device)
+            draw = loc[index]
+            return draw if scale is None else draw + scale[index] * torch.randn_like(draw)
+
+
+class PooledImplicitConditional(TorchDistribution):
+    r"""One direction's conditional of the pooled implicit prior,
+    :math:`P(v_i | a_i) = Q_\text{pool}(v_i)\, e^{f(a_i, v_i)} / \hat Z(a_i)`, for anchors
+    :math:`a_{1:N}` (the latents of one view) and partners :math:`v_{1:N}` (the other view's).
+
+    Its log-probability at the whole batch of partners is, for pair i,
+
+    .. math::
+
+        \log Q_\text{pool}(v_i) + f(a_i, v_i) - \log \frac{1}{2N - 1} \sum_{m \ne i} e^{f(a_i, u_m)},
+        \qquad u = (a_1, \dots, a_N, v_1, \dots, v_N),
+
+    the normaliser running over the pooled latents except the anchor itself, so ``log_prob``
+    takes exactly the (N, D) batch. batch_shape (N,), event_shape (D,). ``sample`` draws
+    2N - 1 proposals from :math:`Q_\text{pool}` and, for each i, picks proposal j with
+    probability :math:`\operatorname{softmax}_j f(a_i, c_j)` (self-normalised importance
+    sampling of the tilted pooled marginal).
+
+    :param torch.Tensor anchor: the anchors :math:`a_{1:N}`, shape (N, D).
+    :param PooledMarginal marginal: :math:`Q_\text{pool}` of the batch.
+    :param energy: the energy f, called with the anchors as first argument.
+    :param block_size: stream the normaliser in blocks; ``None`` decides by size.
+    """
+
+    arg_constraints: dict = {}
+    support = constraints.real_vector
+    has_rsample = False
+
+    def __init__(self, anchor: torch.Tensor, marginal: PooledMarginal, energy: Energy,
+                 block_size: int | None = None, validate_args=None):
+        if anchor.shape != marginal.batch_shape + marginal.event_shape:
+            raise ValueError(
+                f"the anchors must be one latent per pair, shape "
+                f"{tuple(marginal.batch_shape + marginal.event_shape)}, got {tuple(anchor.shape)}"
+            )
+        self.anchor = anchor
+        self.marginal = marginal
+        self.energy = energy
+        self.block_size = block_size
+        super().__init__(marginal.batch_shape, marginal.event_shape, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        if torch.Size(batch_shape) != self.batch_shape:
+            raise ValueError(
+                f"the pooled conditional of a batch of {self.batch_shape[0]} pairs cannot be "
+                f"expanded to {tuple(batch_shape)}; use a plate of the batch size"
+            )
+        return self
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        if value.shape != self.anchor.shape:
+            raise ValueError(
+                "the pooled conditional is evaluated at the whole batch of partners, shape "
+                f"{tuple(self.anchor.shape)}; got {tuple(value.shape)}"
+            )
+        tilt, _ = pooled_log_ratios(self.energy, self.anchor, value, "forward", self.block_size)
+        return self.marginal.log_prob(value) + tilt
+
+    def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
+        if sample_shape != torch.Size():
+            draws = [self.sample() for _ in range(int(torch.Size(sample_shape).numel()))]
+            return torch.stack(draws).reshape(self._extended_shape(sample_shape))
+        n = self.anchor.shape[0]
+        with torch.no_grad():
+            proposals = self.marginal.sample((2,)).reshape(2 * n, -1)[: 2 * n - 1]
+            index = Categorical(logits=self.energy(self.anchor, proposals)).sample()  # (N,)
+            return proposals[index]
+
+
+class PooledImplicitPrior(PyroModule):
+    r"""The pooled implicit prior, whose RPM ELBO is SimCLR's NT-Xent (module docstring).
+
+    .. math::
+
+        P(z) = Q_\text{pool}(z), \qquad
+        P(z'|z) = \frac{Q_\text{pool}(z')\, e^{f(z, z')}}{\hat Z(z)}, \qquad
+        \hat Z(u_k) = \frac{1}{2N - 1} \sum_{m \ne k} e^{f(u_k, u_m)},
+
+    one RPM per direction, the two ELBOs averaged: with Delta encoders,
+    :math:`\mathcal{L}/N = -\text{NT-Xent} + \log(2N - 1)` for every energy.
+
+    .. code-block:: python
+
+        model = rpm.RPM(rpm.DeltaRecognition(encoder),
+                        rpm.priors.PooledImplicitPrior(rpm.priors.CosineEnergy(kappa=1 / 0.5)))
+        loss = rpm.RPMELBO().differentiable_loss(model.model, model.guide, x, x2)
+        # loss / N == NT-Xent(tau=0.5) - log(2N - 1)
+
+    Called inside the model's plate as ``prior(q, q2)``, it declares ``"z"`` and ``"z2"``:
+    with ``direction="both"`` two :class:`PooledMarginal` draws and the factors ``"z_to_z2"``
+    and ``"z2_to_z"`` (each direction's tilt, weight 1/2); with ``"forward"`` (view 1 -> 2),
+    ``z ~`` :class:`PooledMarginal` and ``z2 ~`` :class:`PooledImplicitConditional` given z;
+    with ``"backward"`` the reverse. It also adds the factor ``"pooled_likelihood"``,
+    :math:`\log Q(z) - \log Q_\text{pool}(z) + \log Q(z') - \log Q_\text{pool}(z')`, which turns
+    the RPM's likelihood factors ``"x"``, ``"x2"`` (divided by each view's own marginal) into
+    the pooled RPM's (divided by :math:`Q_\text{pool}`, Eq. 10). :meth:`log_ratio` gives the
+    ELBO's per-pair terms after the analytic cancellation, so :class:`~rpm.RPMELBO` never
+    evaluates a mixture.
+
+    :param energy: f(z, z'), e.g. :class:`~rpm.priors.CosineEnergy` (kappa = 1/tau for
+        SimCLR).
+    :param str direction: ``"both"`` (NT-Xent, default), ``"forward"`` or ``"backward"``.
+    """
+
+    #: P(z'|z) is a density relative to the pooled recognition marginal, so deterministic
+    #: (Delta) encoders are fine.
+    accepts_delta_recognition = True
+
+    def __init__(self, energy: Energy, direction: str = "both"):
+        super().__init__()
+        if not isinstance(energy, torch.nn.Module) or not callable(energy):
+            raise TypeError(
+                "PooledImplicitPrior needs an energy module mapping (z (N, D), z2 (M, D)) to an "
+                f"(N, M) matrix, e.g. rpm.priors.CosineEnergy(); got {type(energy).__name__}"
+            )
+        if direction not in _DIRECTIONS:
+            raise ValueError(
+                f"direction must be one of {_DIRECTIONS} (both: NT-Xent; forward: view 1 -> 2 "
+                f"only; backward: view 2 -> 1 only), got {direction!r}"
+            )
+        self.energy = energy
+        self.direction = direction
+
+    def forward(self, q: TorchDistribution, q2: TorchDistribution):
+        """Declares ``"z"``, ``"z2"`` and the factors of the class docstring; returns
+        ``(z, z2)``, each (N, D)."""
+        marginal = PooledMarginal(q, q2)
+        if self.direction == "forward":
+            z = pyro.sample("z", marginal)
+            z2 = pyro.sample("z2", PooledImplicitConditional(z, marginal, self.energy))
+        elif self.direction == "backward":
+            z2 = pyro.sample("z2", marginal)
+            z = pyro.sample("z", PooledImplicitConditional(z2, marginal, self.energy))
+        else:
+            z = pyro.sample("z", marginal)
+            z2 = pyro.sample("z2", marginal)
+            forward, backward = pooled_log_ratios(self.energy, z, z2)
+            pyro.factor("z_to_z2", 0.5 * forward)
+            pyro.factor("z2_to_z", 0.5 * backward)
+        pyro.factor(
+            "pooled_likelihood",
+            MixtureMarginal(q).log_prob(z) - marginal.log_prob(z)
+            + MixtureMarginal(q2).log_prob(z2) - marginal.log_prob(z2),
+        )
+        return z, z2
+
+    def log_ratio(
+        self, z: torch.Tensor, z2: torch.Tensor, q=None, q2=None,
+        negatives: torch.Tensor | None = None, block_size: int | None = None,
+    ) -> torch.Tensor:
+        r"""Per-pair ELBO terms after the analytic cancellation of the marginals (shape (N,)):
+
+        .. math::
+
+            \tfrac12 \big(r_i^{1 \to 2} + r_i^{2 \to 1}\big), \qquad
+            r_i^{1 \to 2} = f(z_i, z'_i) - \log \frac{1}{2N-1} \sum_{m \ne i} e^{f(z_i, u_m)},
+
+        or the one direction asked for (:func:`pooled_log_ratios`).
+
+        :param torch.Tensor z: shape (N, D).
+        :param torch.Tensor z2: shape (N, D), paired with z.
+        :param negatives: must be None or z2 itself: the candidates are the batch's own 2N
+            pooled latents (a global batch across processes is not supported by this prior).
+        :param block_size: block edge of the streamed normaliser; ``None`` decides by size.
+        """
+        if negatives is not None and negatives is not z2:
+            raise ValueError(
+                "PooledImplicitPrior draws its candidates from the batch's own 2N pooled "
+                "latents; a global batch gathered across processes (RPMELBO(global_batch=True) "
+                "under torch.distributed) or other negatives are not supported. Use "
+                "ImplicitPrior for a global batch, or RPMELBO(global_batch=False)"
+            )
+        forward, backward = pooled_log_ratios(self.energy, z, z2, self.direction, block_size)
+        if backward is None:
+            return forward
+        if forward is None:
+            return backward
+        return 0.5 * (forward + backward)

@@ -1,0 +1,267 @@
+"""The pooled implicit prior against NT-Xent written as a loop, SimCLR's loss written from the
+paper, and Pyro's Trace_ELBO (values and gradients), float64."""
+
+import copy
+import math
+
+import numpy as np
+import pyro
+import pytest
+import torch
+from pyro import poutine
+from pyro.infer import Trace_ELBO
+
+import rpm
+from rpm.priors import (
+    AnisotropicEnergy,
+    BilinearEnergy,
+    CosineEnergy,
+    ImplicitPrior,
+    LpEnergy,
+    NeuralEnergy,
+    PooledImplicitPrior,
+    RBFEnergy,
+)
+from rpm.priors.pooled import (
+    PooledImplicitConditional,
+    PooledMarginal,
+    pooled_log_normalizer,
+)
+from tests.helpers import GaussianHead
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+N, X_DIM, D = 7, 5, 3
+
+ENERGIES = {
+    "bilinear": lambda: BilinearEnergy(D, init_scale=0.7),
+    "cosine": lambda: CosineEnergy(kappa=4.0),
+    "rbf": lambda: RBFEnergy(lengthscale=0.8),
+    "anisotropic": lambda: AnisotropicEnergy(D),
+    "lp1": lambda: LpEnergy(p=1.0, tau=0.5),
+    "lp2": lambda: LpEnergy(p=2.0, tau=0.7),
+    "neural": lambda: NeuralEnergy(D, hidden=6),
+}
+RECOGNITION = {
+    "delta": lambda: rpm.DeltaRecognition(torch.nn.Linear(X_DIM, D)),
+    "gaussian": lambda: rpm.GaussianRecognition(GaussianHead(X_DIM, D)),
+}
+
+
+@pytest.fixture
+def batch():
+    torch.set_default_dtype(torch.float64)
+    x = torch.randn(N, X_DIM)
+    return x, x + 0.3 * torch.randn(N, X_DIM)
+
+
+def scalar_energy(energy, a, b):
+    return energy(a[None], b[None])[0, 0].item()
+
+
+def nt_xent_loop(energy, z, z2):
+    """(1/2N) sum_k -log(exp f(u_k, u_p(k)) / sum_{m != k} exp f(u_k, u_m)), one pair at a time."""
+    u = torch.cat([z, z2])
+    n = z.shape[0]
+    total = 0.0
+    for k in range(2 * n):
+        partner = (k + n) % (2 * n)
+        numerator = math.exp(scalar_energy(energy, u[k], u[partner]))
+        denominator = sum(math.exp(scalar_energy(energy, u[k], u[m]))
+                          for m in range(2 * n) if m != k)
+        total += -math.log(numerator / denominator)
+    return total / (2 * n)
+
+
+def encode(model, batch):
+    with torch.no_grad():
+        return model.recognition.net(batch[0]), model.recognition.net(batch[1])
+
+
+@pytest.mark.parametrize("energy", sorted(ENERGIES))
+def test_loss_is_nt_xent_minus_log_2n_minus_1(energy, batch):
+    """Delta encoders: RPMELBO loss / N == NT-Xent - log(2N - 1) (the ELBO is -loss)."""
+    model = rpm.RPM(RECOGNITION["delta"](), PooledImplicitPrior(ENERGIES[energy]()))
+    loss = rpm.RPMELBO().loss(model.model, model.guide, *batch)
+    z, z2 = encode(model, batch)
+    expected = nt_xent_loop(model.prior.energy, z, z2) - math.log(2 * N - 1)
+    assert abs(loss / N - expected) < 1e-10
+    trace_loss = Trace_ELBO().loss(model.model, model.guide, *batch)
+    assert abs(trace_loss / N - expected) < 1e-10
+
+
+def simclr_loss(h, h2, tau):
+    """SimCLR's NT-Xent (Chen et al. 2020, Eq. 1 and Algorithm 1), numpy: the 2N views are
+    interleaved, view 2k and 2k+1 being the two augmentations of example k;
+    l(i, j) = -log exp(sim(i, j)/tau) / sum_{k != i} exp(sim(i, k)/tau) with cosine sim, and
+    L = 1/(2N) sum_k [l(2k, 2k+1) + l(2k+1, 2k)]."""
+    n = h.shape[0]
+    views = np.empty((2 * n, h.shape[1]))
+    views[0::2], views[1::2] = h, h2
+    sim = np.array([[a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) for b in views]
+                    for a in views])
+
+    def ell(i, j):
+        others = sum(np.exp(sim[i, k] / tau) for k in range(2 * n) if k != i)
+        return -np.log(np.exp(sim[i, j] / tau) / others)
+
+    return sum(ell(2 * k, 2 * k + 1) + ell(2 * k + 1, 2 * k) for k in range(n)) / (2 * n)
+
+
+@pytest.mark.parametrize("tau", [0.1, 0.5])
+def test_cosine_with_kappa_one_over_tau_is_simclr(tau, batch):
+    model = rpm.RPM(RECOGNITION["delta"](), PooledImplicitPrior(CosineEnergy(kappa=1 / tau)))
+    loss = rpm.RPMELBO().loss(model.model, model.guide, *batch)
+    z, z2 = encode(model, batch)
+    assert abs(loss / N + math.log(2 * N - 1) - simclr_loss(z.numpy(), z2.numpy(), tau)) < 1e-10
+
+
+def test_differs_from_the_cross_view_form(batch):
+    """The pooled form (2N - 1 candidates) is not the one-directional cross-view InfoNCE."""
+    recognition = RECOGNITION["delta"]()
+    pooled = rpm.RPM(recognition, PooledImplicitPrior(CosineEnergy(kappa=4.0)))
+    cross = rpm.RPM(copy.deepcopy(recognition), ImplicitPrior(CosineEnergy(kappa=4.0)))
+    pooled_loss = rpm.RPMELBO().loss(pooled.model, pooled.guide, *batch)
+    cross_loss = rpm.RPMELBO().loss(cross.model, cross.guide, *batch)
+    assert abs(pooled_loss - cross_loss) > 1e-3
+
+
+def losses_with_same_samples(model, batch):
+    pyro.set_rng_seed(123)
+    trace_loss = Trace_ELBO().differentiable_loss(model.model, model.guide, *batch)
+    pyro.set_rng_seed(123)
+    rpm_loss = rpm.RPMELBO().differentiable_loss(model.model, model.guide, *batch)
+    return trace_loss, rpm_loss
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward", "both"])
+@pytest.mark.parametrize("recognition", sorted(RECOGNITION))
+@pytest.mark.parametrize("energy", ["bilinear", "cosine", "rbf", "neural"])
+def test_rpmelbo_equals_trace_elbo_values_and_gradients(energy, recognition, direction, batch):
+    model = rpm.RPM(RECOGNITION[recognition](),
+                    PooledImplicitPrior(ENERGIES[energy](), direction=direction))
+    trace_loss, rpm_loss = losses_with_same_samples(model, batch)
+    assert abs(trace_loss.item() - rpm_loss.item()) <= 1e-10 * (1 + abs(trace_loss.item()))
+    params = list(model.parameters())
+    trace_grads = torch.autograd.grad(trace_loss, params)
+    rpm_grads = torch.autograd.grad(rpm_loss, params)
+    for a, b in zip(trace_grads, rpm_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("recognition", sorted(RECOGNITION))
+def test_both_directions_is_the_mean_of_the_two_one_directional_elbos(recognition, batch):
+    encoder = RECOGNITION[recognition]()
+    energy = BilinearEnergy(D, init_scale=0.7)
+    losses = {}
+    for direction in ("forward", "backward", "both"):   # one encoder and energy, copied
+        model = rpm.RPM(copy.deepcopy(encoder),
+                        PooledImplicitPrior(copy.deepcopy(energy), direction=direction))
+        pyro.set_rng_seed(7)
+        losses[direction] = Trace_ELBO().loss(model.model, model.guide, *batch)
+    mean = 0.5 * (losses["forward"] + losses["backward"])
+    assert abs(losses["both"] - mean) < 1e-10 * (1 + abs(mean))
+    assert abs(losses["forward"] - losses["backward"]) > 1e-6   # W is not symmetric
+
+
+def test_model_sites(batch):
+    model = rpm.RPM(RECOGNITION["gaussian"](), PooledImplicitPrior(RBFEnergy()))
+    trace = poutine.trace(model.model).get_trace(*batch)
+    assert isinstance(trace.nodes["z"]["fn"], PooledMarginal)
+    assert isinstance(trace.nodes["z2"]["fn"], PooledMarginal)
+    for name in ("z_to_z2", "z2_to_z", "pooled_likelihood", "x", "x2"):
+        assert trace.nodes[name]["is_observed"]
+    forward = rpm.RPM(RECOGNITION["gaussian"](),
+                      PooledImplicitPrior(RBFEnergy(), direction="forward"))
+    trace = poutine.trace(forward.model).get_trace(*batch)
+    assert isinstance(trace.nodes["z2"]["fn"], PooledImplicitConditional)
+    assert "z_to_z2" not in trace.nodes
+    backward = rpm.RPM(RECOGNITION["gaussian"](),
+                       PooledImplicitPrior(RBFEnergy(), direction="backward"))
+    trace = poutine.trace(backward.model).get_trace(*batch)
+    assert isinstance(trace.nodes["z"]["fn"], PooledImplicitConditional)
+    assert isinstance(trace.nodes["z2"]["fn"], PooledMarginal)
+
+
+def test_pooled_marginal_is_the_mixture_of_both_views(batch):
+    recognition = RECOGNITION["gaussian"]()
+    q, q2 = recognition(batch[0]), recognition(batch[1])
+    marginal = PooledMarginal(q, q2)
+    value = torch.randn(4, D)
+    expected = torch.stack([
+        torch.logsumexp(torch.cat([q.log_prob(v), q2.log_prob(v)]), 0) - math.log(2 * N)
+        for v in value])
+    torch.testing.assert_close(marginal.log_prob(value), expected, rtol=1e-12, atol=1e-12)
+    assert marginal.batch_shape == (N,) and marginal.event_shape == (D,)
+    assert marginal.sample().shape == (N, D)
+    assert marginal.sample((3,)).shape == (3, N, D)
+
+
+def test_conditional_samples_lie_on_the_pooled_atoms_for_delta_encoders(batch):
+    recognition = RECOGNITION["delta"]()
+    q, q2 = recognition(batch[0]), recognition(batch[1])
+    marginal = PooledMarginal(q, q2)
+    conditional = PooledImplicitConditional(q.v.detach(), marginal, CosineEnergy(kappa=2.0))
+    draw = conditional.sample()
+    atoms = torch.cat([q.v, q2.v]).detach()
+    assert draw.shape == (N, D)
+    assert bool((torch.cdist(draw, atoms).min(1).values == 0).all())
+    assert conditional.sample((2,)).shape == (2, N, D)
+
+
+@pytest.mark.parametrize("energy", ["bilinear", "cosine", "rbf", "anisotropic", "lp2", "lp1"])
+def test_streamed_normaliser_matches_the_dense_loop(energy):
+    """Blocks of 4 rows over 2 x 9 pooled latents: every block boundary case, against a loop."""
+    torch.set_default_dtype(torch.float64)
+    f = ENERGIES[energy]()
+    u = torch.randn(18, D, requires_grad=True)
+    expected = torch.stack([
+        torch.logsumexp(torch.stack([f(u[k:k + 1], u[m:m + 1])[0, 0]
+                                     for m in range(18) if m != k]), 0)
+        for k in range(18)])
+    for start, stop in [(0, 18), (0, 9), (9, 18), (3, 14)]:
+        for block_size in (None, 4, 5, 100):
+            got = pooled_log_normalizer(f, u, start, stop, block_size=block_size)
+            torch.testing.assert_close(got, expected[start:stop], rtol=1e-12, atol=1e-12)
+    weights = torch.randn(18)
+    streamed_grad, = torch.autograd.grad((pooled_log_normalizer(f, u, block_size=4)
+                                          * weights).sum(), u)
+    dense_grad, = torch.autograd.grad((expected * weights).sum(), u)
+    torch.testing.assert_close(streamed_grad, dense_grad, rtol=1e-10, atol=1e-12)
+
+
+def test_streamed_elbo_matches_dense(batch):
+    model = rpm.RPM(RECOGNITION["delta"](), PooledImplicitPrior(CosineEnergy(kappa=5.0)))
+    dense = rpm.RPMELBO().loss(model.model, model.guide, *batch)
+    streamed = rpm.RPMELBO(block_size=3).loss(model.model, model.guide, *batch)
+    assert abs(dense - streamed) < 1e-10 * abs(dense)
+
+
+def test_streamed_normaliser_in_float32_with_a_dominant_self_term():
+    """RBF with far-apart latents: each anchor's own entry (f = 0) would dwarf every candidate,
+    so removing it by subtraction would lose everything; the masked blocks keep float32 accuracy."""
+    generator = torch.Generator().manual_seed(0)
+    u = 30 * torch.randn(64, 4, generator=generator)
+    f = RBFEnergy(lengthscale=1.0)
+    expected = pooled_log_normalizer(f, u.double(), block_size=None)
+    got = pooled_log_normalizer(f, u, block_size=16)
+    assert bool(torch.isfinite(got).all())
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-3)
+
+
+def test_bad_arguments_are_refused(batch):
+    with pytest.raises(ValueError, match="direction must be one of"):
+        PooledImplicitPrior(CosineEnergy(), direction="sideways")
+    with pytest.raises(TypeError, match="energy module"):
+        PooledImplicitPrior(lambda z, z2: z @ z2.T)
+    prior = PooledImplicitPrior(CosineEnergy())
+    z, z2 = torch.randn(N, D), torch.randn(N, D)
+    with pytest.raises(ValueError, match="global batch"):
+        prior.log_ratio(z, z2, negatives=torch.randn(2 * N, D))
+    torch.testing.assert_close(prior.log_ratio(z, z2, negatives=z2), prior.log_ratio(z, z2))
+    with pytest.raises(ValueError, match="one shape"):
+        prior.log_ratio(z, z2[:-1])
+    delta = rpm.DeltaRecognition(torch.nn.Linear(X_DIM, D))
+    gaussian = rpm.GaussianRecognition(GaussianHead(X_DIM, D))
+    with pytest.raises(TypeError, match="both must be Delta"):
+        PooledMarginal(delta(batch[0]), gaussian(batch[1]))
