@@ -10,7 +10,7 @@ the full pairwise matrix :math:`F_{ij} = f(z_i, z'_j)` of shape (N, M) in one sh
 energy          f(z, z')                                         special case
 ==============  ===============================================  ==============================
 bilinear        :math:`z^\top W z'`                              CPC / InfoNCE critic (Eq. 8)
-cosine          :math:`\kappa\, \hat z^\top \hat z'`             vMF-InfoNCE, SimCLR
+cosine          :math:`\kappa\, \hat z^\top \hat z'`             vMF-InfoNCE; NT-Xent (pooled)
 RBF             :math:`-\lVert z - z'\rVert^2 / (2 l^2)`         Eq. 27 (bouncing balls)
 anisotropic     :math:`-\tfrac12 (z-z')^\top \Lambda (z-z')`     AnInfoNCE (Rusak et al.)
 Lp              :math:`-\lVert z - z'\rVert_p^p / \tau`          Laplace (p=1), cl-ica Table 2
@@ -126,8 +126,10 @@ class CosineEnergy(Energy):
     r"""The von Mises-Fisher energy :math:`f(z, z') = \kappa\, \hat z^\top \hat z'`, with
     :math:`\hat z = z / \lVert z \rVert` and :math:`\kappa = 1/\tau`.
 
-    With this energy the RPM ELBO is vMF-InfoNCE / SimCLR's NT-Xent (Zimmermann et al.): the
-    conditional :math:`P(z'|z) \propto Q(z') \exp(\kappa \hat z^\top \hat z')` is a vMF tilt.
+    Under :class:`~rpm.priors.ImplicitPrior` its RPM ELBO is vMF-InfoNCE in the one-directional
+    cross-view form (Zimmermann et al.; info-nce-pytorch), under
+    :class:`~rpm.priors.PooledImplicitPrior` SimCLR's NT-Xent with :math:`\tau = 1/\kappa`;
+    the conditional :math:`P(z'|z) \propto Q(z') \exp(\kappa \hat z^\top \hat z')` is a vMF tilt.
 
     :param float kappa: concentration :math:`\kappa > 0`.
     :param bool learn_kappa: learn :math:`\kappa` (a positive :class:`PyroParam`).
