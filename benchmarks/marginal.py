@@ -4,25 +4,43 @@ r"""Benchmark of the two O(N^2) parts of an RPM step, forward + backward, in one
    \mu_n, \sigma_n^2) - \log N` (Eq. 11 of Aitchison & Ganev), as
 
    * ``broadcast``: ``Normal(loc[None], scale[None]).log_prob(z[:, None]).sum(-1)``, then
-     ``logsumexp`` (the usual implementation; N x N x D memory), where it fits the budget;
-   * ``matmul``: :func:`rpm.ops.gaussian_mixture_log_prob`'s dense matrix-product path
-     (N x N memory);
+     ``logsumexp`` (the obvious implementation: an N x N x D difference tensor), where it fits
+     the memory budget;
+   * ``dense``: :func:`rpm.ops.dense_gaussian_mixture_log_prob`, the dense matrix-product path
+     of :func:`rpm.ops.gaussian_mixture_log_prob` (N x N memory);
    * ``streaming``: :func:`rpm.ops.streaming_gaussian_mixture_log_prob` (blocks, O(N D));
    * ``3 gemms``: the roofline, three float32 products of the mixture's shape
-     (N x 2D) (2D x N), (N x N) (N x 2D), (N x N)^T (N x 2D): one forward and two backward
-     products, with nothing else.
+     (N x 2D) (2D x N), (N x N) (N x 2D), (N x N)^T (N x 2D), with nothing else;
+
+   in three data regimes (float32; ``--regimes``):
+
+   * ``overlapping``: locations and points independent N(0, I_D), scales U(0.5, 1.5) (the
+     usual situation of a marginal during training: most pairs near their row maximum);
+   * ``separated``: locations N(0, I_D), scales 0.3 x U(0.5, 1.5), point m drawn from
+     component m (each row dominated by its own component);
+   * ``tight``: 8 cluster centres at distance 1e3 from the origin (uniform directions),
+     component n in cluster n mod 8 with location centre + 1e-2 N(0, I_D), scales
+     1e-2 x U(0.5, 1.5), point m drawn from component m (|z| ~ 1e3: around a single centre
+     the float32 expansion of the quadratic form cancels catastrophically).
+
+   Values and gradients (of the sum, with respect to z, loc and scale) are compared with
+   float64: the broadcast in float64 over checkpointed row chunks (its memory is one chunk),
+   up to ``--max-check-n``. ``value err`` is the largest absolute error of log Q(z_m);
+   ``grad err`` the largest absolute error of a gradient relative to that gradient's largest
+   entry; ``x broadcast`` the broadcast's time over the method's, measured in the same run.
 
 2. The InfoNCE normaliser :math:`\log \sum_j e^{f(z_i, z'_j)}` of a bilinear/cosine critic, as
    ``cross_entropy``: ``cross_entropy(z1 @ z2.T / tau, arange(N))`` (N x N memory) against
-   ``streaming``: :func:`rpm.ops.streaming_matmul_logsumexp` (O(N D)), and ``3 gemms``
-   with K = D.
+   ``streaming``: :func:`rpm.ops.streaming_matmul_logsumexp` (O(N D)), and ``3 gemms`` with
+   K = D (on the first regime's z and loc, normalised).
 
 Times are the minimum over ``--repeats`` runs after one warm-up; peak memory is what the call
 allocates beyond its inputs (CUDA: the caching allocator's peak; CPU on Linux: the peak
-resident set size, reset with /proc/self/clear_refs, after ``malloc_trim``). Data: locations
-N(0, I), scales ``--scale`` x U(0.5, 1.5), each point drawn from its own component, float32.
+resident set size, reset with /proc/self/clear_refs, after ``malloc_trim``).
 
-Example: ``python benchmarks/marginal.py --device cpu --max-n 8192 --dims 16,64,128``.
+Examples: ``python benchmarks/marginal.py --device cpu --threads 1 --min-n 2048 --max-n 2048
+--dims 64`` (the three-regime table of benchmarks/README.md); ``python benchmarks/marginal.py
+--device cuda`` (N = 1024 ... 262144, D = 16 and 128).
 """
 
 from __future__ import annotations
@@ -40,9 +58,14 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch.distributions import Normal
+from torch.utils.checkpoint import checkpoint
 
-import rpm.ops.gaussian_mixture as gaussian_mixture
-from rpm.marginals import streaming_gaussian_mixture_log_prob, streaming_matmul_logsumexp
+from rpm.ops import (
+    dense_gaussian_mixture_log_prob,
+    ieee_float32_matmul,
+    streaming_gaussian_mixture_log_prob,
+    streaming_matmul_logsumexp,
+)
 
 GIB = 1 << 30
 
@@ -100,44 +123,67 @@ def best_time(fn: Callable[[], None], device: torch.device, repeats: int) -> flo
     return min(times)
 
 
-@contextlib.contextmanager
-def dense_mixture_path():
-    """Forces gaussian_mixture_log_prob onto its dense matrix-product path at every size."""
-    threshold = gaussian_mixture._STREAMING_MIN_PAIRS
-    gaussian_mixture._STREAMING_MIN_PAIRS = math.inf
-    try:
-        yield
-    finally:
-        gaussian_mixture._STREAMING_MIN_PAIRS = threshold
+# ----------------------------------------------------------------------------- the data
+REGIMES = ("overlapping", "separated", "tight")
+_CLUSTERS = 8
 
 
-@contextlib.contextmanager
-def ieee_float32():
-    allow_tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+def mixture_data(regime: str, num: int, dim: int, device: torch.device, seed: int):
+    """(z, loc, scale) of one regime (see the module docstring), float32 leaves on device."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+
+    def normal(*shape):
+        return torch.randn(*shape, generator=generator)
+
+    def uniform(*shape):
+        return 0.5 + torch.rand(*shape, generator=generator)
+
+    if regime == "overlapping":
+        loc, scale, z = normal(num, dim), uniform(num, dim), normal(num, dim)
+    elif regime == "separated":
+        loc, scale = normal(num, dim), 0.3 * uniform(num, dim)
+        z = loc + scale * normal(num, dim)
+    elif regime == "tight":
+        centres = normal(_CLUSTERS, dim)
+        centres = 1e3 * centres / centres.norm(dim=1, keepdim=True)
+        loc = centres[torch.arange(num) % _CLUSTERS] + 1e-2 * normal(num, dim)
+        scale = 1e-2 * uniform(num, dim)
+        z = loc + scale * normal(num, dim)
+    else:
+        raise ValueError(f"unknown regime {regime!r}; choose from {', '.join(REGIMES)}")
+    return [t.to(device).requires_grad_() for t in (z, loc, scale)]
 
 
 # ----------------------------------------------------------------------------- the methods
-def mixture_data(num: int, dim: int, scale: float, device: torch.device, seed: int):
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    loc = torch.randn(num, dim, generator=generator)
-    sigma = scale * (0.5 + torch.rand(num, dim, generator=generator))
-    z = loc + sigma * torch.randn(num, dim, generator=generator)
-    return [t.to(device).requires_grad_() for t in (z, loc, sigma)]
-
-
 def broadcast_mixture(z, loc, scale):
     log_components = Normal(loc[None], scale[None]).log_prob(z[:, None]).sum(-1)  # (M, N)
     return torch.logsumexp(log_components, dim=-1) - math.log(loc.shape[0])
 
 
-def matmul_mixture(z, loc, scale):
-    with dense_mixture_path():
-        return gaussian_mixture.gaussian_mixture_log_prob(z, loc, scale)
+def float64_reference(inputs, chunk: int = 32):
+    """Values and gradients of the sum in float64: the broadcast over checkpointed row chunks."""
+    leaves = [t.detach().double().requires_grad_() for t in inputs]
+    z, loc, scale = leaves
+    values = torch.cat([
+        checkpoint(broadcast_mixture, z[s:s + chunk], loc, scale, use_reentrant=False)
+        for s in range(0, z.shape[0], chunk)
+    ])
+    values.sum().backward()
+    return values.detach(), [leaf.grad for leaf in leaves]
+
+
+def errors(fn, inputs, reference) -> dict:
+    """Largest value error and largest relative gradient error against the float64 reference."""
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    values = fn(*leaves)
+    values.sum().backward()
+    want_values, want_grads = reference
+    grad_err = max(
+        ((leaf.grad.double() - want).abs().max() / want.abs().max()).item()
+        for leaf, want in zip(leaves, want_grads, strict=True)
+    )
+    return {"value_err": (values.detach().double() - want_values).abs().max().item(),
+            "grad_err": grad_err}
 
 
 def fwd_bwd(fn, inputs) -> Callable[[], None]:
@@ -202,24 +248,41 @@ def memory_budget(device: torch.device, args) -> float:
     return 8.0 * GIB
 
 
-def bench_size(num: int, dim: int, device: torch.device, args) -> tuple[dict, dict]:
-    """All methods of both parts at one (N, D); returns ({method: row}, {method: row})."""
+def bench_mixture(regime: str, num: int, dim: int, device: torch.device, args) -> dict:
+    """The mixture methods at one (regime, N, D): {method: row}."""
     budget = memory_budget(device, args)
     element = 4 * num * num  # bytes of one float32 N x N matrix
-    inputs = mixture_data(num, dim, args.scale, device, args.seed)
+    inputs = mixture_data(regime, num, dim, device, args.seed)
+    reference = float64_reference(inputs) if num <= args.max_check_n else None
 
     def streaming(*tensors):
         return streaming_gaussian_mixture_log_prob(*tensors, block_size=args.block_size)
 
-    mixture = {}
-    for name, make, estimate in (
-        ("broadcast", lambda: fwd_bwd(broadcast_mixture, inputs), 6 * element * dim),
-        ("matmul", lambda: fwd_bwd(matmul_mixture, inputs), 12 * element),
-        ("streaming", lambda: fwd_bwd(streaming, inputs), None),
-        ("3 gemms", lambda: three_gemms(num, 2 * dim, device), 2 * element),
+    rows = {}
+    for name, fn, estimate in (
+        ("broadcast", broadcast_mixture, 6 * element * dim),
+        ("dense", dense_gaussian_mixture_log_prob, 12 * element),
+        ("streaming", streaming, None),
     ):
-        mixture[name] = measure(make, device, args.repeats, budget, estimate)
-    z1, z2 = (F.normalize(t.detach(), dim=-1).requires_grad_() for t in inputs[:2])
+        rows[name] = measure(lambda fn=fn: fwd_bwd(fn, inputs), device, args.repeats, budget,
+                             estimate)
+        if reference is not None and "skipped" not in rows[name]:
+            rows[name].update(errors(fn, inputs, reference))
+    rows["3 gemms"] = measure(lambda: three_gemms(num, 2 * dim, device), device, args.repeats,
+                              budget, 2 * element)
+    base = rows["broadcast"].get("ms")
+    for row in rows.values():
+        if base is not None and "ms" in row:
+            row["x_broadcast"] = base / row["ms"]
+    return rows
+
+
+def bench_info_nce(num: int, dim: int, device: torch.device, args) -> dict:
+    """The InfoNCE normaliser methods at one (N, D): {method: row}."""
+    budget = memory_budget(device, args)
+    element = 4 * num * num
+    z, loc, _ = mixture_data(args.regimes[0], num, dim, device, args.seed)
+    z1, z2 = (F.normalize(t.detach(), dim=-1).requires_grad_() for t in (z, loc))
 
     def cross_entropy(a, b):
         return info_nce_cross_entropy(a, b, 0.1)
@@ -227,50 +290,52 @@ def bench_size(num: int, dim: int, device: torch.device, args) -> tuple[dict, di
     def streamed(a, b):
         return info_nce_streaming(a, b, 0.1, args.block_size)
 
-    info_nce = {}
+    rows = {}
     for name, make, estimate in (
         ("cross_entropy", lambda: fwd_bwd(cross_entropy, [z1, z2]), 4 * element),
         ("streaming", lambda: fwd_bwd(streamed, [z1, z2]), None),
         ("3 gemms", lambda: three_gemms(num, dim, device), 2 * element),
     ):
-        info_nce[name] = measure(make, device, args.repeats, budget, estimate)
-    return mixture, info_nce
+        rows[name] = measure(make, device, args.repeats, budget, estimate)
+    return rows
 
 
 def run_device(device: torch.device, args) -> dict:
     sizes = [n for n in (1 << k for k in range(6, 19)) if args.min_n <= n <= args.max_n]
-    results = {"mixture": {}, "info_nce": {}}
+    results = {"mixture": {regime: {} for regime in args.regimes}, "info_nce": {}}
     for dim in args.dims:
         for num in sizes:
             key = f"N={num} D={dim}"
-            results["mixture"][key], results["info_nce"][key] = bench_size(num, dim, device, args)
-            print_rows(device, key, results)
+            for regime in args.regimes:
+                rows = bench_mixture(regime, num, dim, device, args)
+                results["mixture"][regime][key] = rows
+                print_rows(device, f"mixture {regime}", key, rows, "broadcast")
+            if args.info_nce:
+                rows = bench_info_nce(num, dim, device, args)
+                results["info_nce"][key] = rows
+                print_rows(device, "info_nce", key, rows, "cross_entropy")
     return results
 
 
 def _fmt(entry: dict, field: str, spec: str) -> str:
     value = entry.get(field)
-    if "skipped" in entry:
-        return "-"
     return "n/a" if value is None else format(value, spec)
 
 
-def print_rows(device, key, results) -> None:
-    for part, reference in (("mixture", "streaming"), ("info_nce", "streaming")):
-        rows = results[part][key]
-        ref = rows.get(reference, {})
-        line = [f"{device.type:4s} {part:8s} {key:16s}"]
-        for name, entry in rows.items():
-            text = f"{name}: {_fmt(entry, 'ms', '.1f')} ms / {_fmt(entry, 'peak_mb', '.0f')} MB"
-            if "ms" in entry and "ms" in ref and name != reference:
-                text += f" (x{entry['ms'] / ref['ms']:.2f} time"
-                if entry.get("peak_mb") and ref.get("peak_mb"):
-                    text += f", x{entry['peak_mb'] / max(ref['peak_mb'], 1e-3):.0f} memory"
-                text += ")"
-            if "skipped" in entry:
-                text = f"{name}: skipped ({entry['skipped']})"
-            line.append(text)
-        print(" | ".join(line), flush=True)
+def print_rows(device, part: str, key: str, rows: dict, reference: str) -> None:
+    line = [f"{device.type:4s} {part:21s} {key:16s}"]
+    ref = rows.get(reference, {})
+    for name, entry in rows.items():
+        if "skipped" in entry:
+            line.append(f"{name}: skipped ({entry['skipped']})")
+            continue
+        text = f"{name}: {_fmt(entry, 'ms', '.1f')} ms / {_fmt(entry, 'peak_mb', '.0f')} MB"
+        if name != reference and "ms" in ref:
+            text += f" (x{ref['ms'] / entry['ms']:.1f} faster than {reference})"
+        if "value_err" in entry:
+            text += f" err {entry['value_err']:.1e} / grad {entry['grad_err']:.1e}"
+        line.append(text)
+    print(" | ".join(line), flush=True)
 
 
 def machine_name(device: torch.device) -> str:
@@ -297,9 +362,9 @@ def main(args) -> dict:
         devices.append(torch.device("cuda"))
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device is available")
-    report = {"torch": torch.__version__, "scale": args.scale, "block_size": args.block_size,
-              "devices": {}}
-    with ieee_float32():
+    report = {"torch": torch.__version__, "block_size": args.block_size,
+              "regimes": list(args.regimes), "devices": {}}
+    with ieee_float32_matmul():
         for device in devices:
             print(f"# {device.type}: {machine_name(device)}, torch {torch.__version__}",
                   flush=True)
@@ -320,9 +385,13 @@ def parse_args(argv=None):
     parser.add_argument("--max-n", type=int, default=262144)
     parser.add_argument("--dims", type=lambda s: [int(d) for d in s.split(",")],
                         default=[16, 128], help="comma-separated latent dimensions")
+    parser.add_argument("--regimes", type=lambda s: s.split(","), default=list(REGIMES),
+                        help=f"comma-separated data regimes (default: {','.join(REGIMES)})")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--scale", type=float, default=0.3,
-                        help="component scales are scale * U(0.5, 1.5); locations N(0, I)")
+    parser.add_argument("--max-check-n", type=int, default=8192,
+                        help="largest N whose errors are measured against float64")
+    parser.add_argument("--no-info-nce", dest="info_nce", action="store_false",
+                        help="skip the InfoNCE normaliser part")
     parser.add_argument("--block-size", type=int, default=None,
                         help="block edge of the streamed kernels (default: per device)")
     parser.add_argument("--memory-budget", type=float, default=None,
@@ -331,7 +400,11 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write the results to this JSON file")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    unknown = set(args.regimes) - set(REGIMES)
+    if unknown:
+        parser.error(f"unknown regimes {sorted(unknown)}; choose from {', '.join(REGIMES)}")
+    return args
 
 
 if __name__ == "__main__":

@@ -3,9 +3,13 @@ r"""Numerical kernels of the package, apart from the distributions that use them
 log-sum-exp of a matrix product, weighted squared distances, and the square-root Kalman
 filter, smoother and backward sampler of linear-Gaussian state-space models."""
 
-from rpm.ops.dispatch import default_block_size, ieee_float32_matmul
-from rpm.ops.distances import squared_distance_factors, squared_distances
-from rpm.ops.gaussian_mixture import gaussian_mixture_log_prob
+from rpm.ops.dispatch import default_block_size, ieee_float32_matmul, use_streaming
+from rpm.ops.distances import (
+    expansion_rounding_bound,
+    squared_distance_factors,
+    squared_distances,
+)
+from rpm.ops.gaussian_mixture import dense_gaussian_mixture_log_prob, gaussian_mixture_log_prob
 from rpm.ops.kalman import backward_sample, kalman_filter, kalman_forecast, rts_smoother
 from rpm.ops.logsumexp import streaming_matmul_logsumexp
 from rpm.ops.streaming import check_mixture_arguments, streaming_gaussian_mixture_log_prob
@@ -14,6 +18,8 @@ __all__ = [
     "backward_sample",
     "check_mixture_arguments",
     "default_block_size",
+    "dense_gaussian_mixture_log_prob",
+    "expansion_rounding_bound",
     "gaussian_mixture_log_prob",
     "ieee_float32_matmul",
     "kalman_filter",
@@ -23,4 +29,5 @@ __all__ = [
     "squared_distances",
     "streaming_gaussian_mixture_log_prob",
     "streaming_matmul_logsumexp",
+    "use_streaming",
 ]

@@ -1,5 +1,14 @@
-r"""Device-level settings shared by the kernels of :mod:`rpm.ops`: the block edge of the
-streamed kernels and full-precision float32 matrix products."""
+r"""The dispatch policy of the kernels of :mod:`rpm.ops`: when a matrix of pairwise terms is
+streamed in blocks instead of stored, how big the blocks are, and full-precision float32
+matrix products.
+
+One rule serves the mixture marginal (:func:`~rpm.ops.gaussian_mixture_log_prob`) and the
+InfoNCE normaliser of the implicit prior (:func:`~rpm.ops.streaming_matmul_logsumexp`): an
+M x N matrix is streamed when the caller asks for a block size, or when it has more than
+``STREAMING_MIN_PAIRS[device type]`` entries. On the CPU the blocked kernels are also the
+faster ones from about 512 x 512 pairs on (cache-sized blocks, no M x N temporaries; measured
+in ``benchmarks/marginal.py``); on CUDA the dense kernels win until memory matters.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +17,31 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["default_block_size", "ieee_float32_matmul"]
+__all__ = ["STREAMING_MIN_PAIRS", "default_block_size", "ieee_float32_matmul", "use_streaming"]
 
+#: Above this many pairs (per device type) a matrix is streamed by default.
+STREAMING_MIN_PAIRS = {"cpu": 1 << 18, "cuda": 1 << 22}
+# ... on any other device type.
+_OTHER_MIN_PAIRS = 1 << 22
 # Default block edge per device type: a block of the streamed matrix is block_size^2 elements.
 _DEFAULT_BLOCK_SIZE = {"cpu": 1024, "cuda": 4096}
+
+
+def use_streaming(
+    num_rows: int, num_cols: int, device: torch.device | str, block_size: int | None = None
+) -> bool:
+    """Whether an (num_rows, num_cols) matrix of pairwise terms is streamed in blocks.
+
+    :param int num_rows: M, the rows (points, or first-view latents).
+    :param int num_cols: N, the columns (components, or candidates).
+    :param device: the device of the inputs.
+    :param block_size: a block edge asked for by the caller (then always streamed), or None.
+    :return: True to stream, False for the dense matrix.
+    """
+    if block_size is not None:
+        return True
+    limit = STREAMING_MIN_PAIRS.get(torch.device(device).type, _OTHER_MIN_PAIRS)
+    return num_rows * num_cols > limit
 
 
 def default_block_size(device: torch.device | str) -> int:
@@ -28,7 +58,7 @@ def ieee_float32_matmul() -> Iterator[None]:
     """Context manager that switches TF32 off for CUDA matrix products (restored on exit).
 
     TF32 rounds the inputs of a float32 product to 10 mantissa bits, which moves the mixture
-    log-density by about 1e-2; every matrix product of this module runs in full float32.
+    log-density by about 1e-2; every matrix product of the kernels runs in full float32.
     """
     allow_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False

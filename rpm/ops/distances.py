@@ -17,10 +17,37 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["squared_distance_factors", "squared_distances"]
+__all__ = ["expansion_rounding_bound", "squared_distance_factors", "squared_distances"]
 
 # Largest rounding error (nats) accepted from an expanded squared-distance factorisation.
 _FACTOR_TOLERANCE = 1e-3
+
+
+def expansion_rounding_bound(magnitude, dim: int, dtype: torch.dtype):
+    r"""Worst-case rounding of an expanded weighted squared distance, the one rule of the
+    package's kernels.
+
+    Computed as :math:`\sum_d w_d a_d^2 - 2 \sum_d w_d a_d b_d + \sum_d w_d b_d^2` (sums of D
+    products, then two additions) in a floating-point type of unit roundoff
+    :math:`\epsilon`, the result is off by at most
+
+    .. math::
+
+        (4 + D)\, \epsilon \, \Big(\sum_d w_d a_d^2 + \sum_d w_d b_d^2\Big),
+
+    since :math:`|2 \sum_d w_d a_d b_d|` is at most the *magnitude*
+    :math:`\sum_d w_d a_d^2 + \sum_d w_d b_d^2`, and each sum of D terms rounds to at most
+    :math:`D \epsilon` of its absolute terms (plus the products and the two final
+    additions). The direct difference form :math:`\sum_d w_d (a_d - b_d)^2` has the same
+    bound with the squared distance itself in place of the magnitude: the expansion is worse
+    exactly when the points are close together far from the centre of the expansion.
+
+    :param magnitude: :math:`\sum_d w_d a_d^2 + \sum_d w_d b_d^2` (a number or a tensor).
+    :param int dim: D.
+    :param torch.dtype dtype: the floating-point type of the computation.
+    :return: the bound, in the units of the squared distance.
+    """
+    return (4.0 + dim) * torch.finfo(dtype).eps * magnitude
 
 
 def squared_distances(
@@ -86,7 +113,9 @@ def squared_distance_factors(
     if a.dtype != torch.float64:
         with torch.no_grad():
             magnitude = torch.cat([a, b]).square().mul(weight).sum(-1).max()  # max_i sum_d w a^2
-            bound = (4 + a.shape[1]) * torch.finfo(a.dtype).eps * 2.0 * magnitude
+            # The bound of a squared distance of magnitude <= 2 max_i sum_d w_d a_id^2; the
+            # logit is half of it, so this keeps a margin of 2.
+            bound = expansion_rounding_bound(2.0 * magnitude, a.shape[1], a.dtype)
         if bound.item() > _FACTOR_TOLERANCE:
             return None
     left = torch.cat([a * weight, torch.ones_like(a[:, :1])], dim=1)  # (N, D + 1)

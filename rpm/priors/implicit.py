@@ -32,6 +32,7 @@ from pyro.nn import PyroModule
 from torch.distributions import constraints
 
 from rpm.marginals import MixtureMarginal
+from rpm.ops.dispatch import use_streaming
 from rpm.ops.distances import squared_distance_factors
 from rpm.ops.logsumexp import streaming_matmul_logsumexp
 from rpm.priors.energies import (
@@ -51,19 +52,10 @@ __all__ = [
     "implicit_log_ratio",
 ]
 
-# Above this many (i, j) pairs the normaliser is streamed in blocks (rpm.marginals.normalizer).
-# On the CPU streaming is also the faster path from about 512 x 512 pairs on (cache-sized blocks,
-# no N x M temporaries: forward + backward of a cosine RPM step at N = 2048 took 107 ms streamed
-# against 162 ms dense on the 2-core benchmark machine); on CUDA the dense kernels win until
-# memory matters.
-_STREAMING_MIN_PAIRS = 1 << 22
-_STREAMING_MIN_PAIRS_CPU = 1 << 18
-
-
 def _stream_by_size(z: torch.Tensor, num_candidates: int) -> bool:
-    """Whether the normaliser of ``z`` against ``num_candidates`` rows is streamed by default."""
-    limit = _STREAMING_MIN_PAIRS_CPU if z.device.type == "cpu" else _STREAMING_MIN_PAIRS
-    return z.shape[0] * num_candidates > limit
+    """Whether the normaliser of ``z`` against ``num_candidates`` rows is streamed by default
+    (the package's dispatch policy, :func:`rpm.ops.dispatch.use_streaming`)."""
+    return use_streaming(z.shape[0], num_candidates, z.device)
 
 
 def implicit_log_ratio(energy_matrix: torch.Tensor) -> torch.Tensor:

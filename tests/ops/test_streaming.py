@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.distributions import Normal
 
-import rpm.ops.gaussian_mixture as gaussian_mixture
+import rpm.ops.dispatch as dispatch
 from rpm.marginals import gaussian_mixture_log_prob, streaming_gaussian_mixture_log_prob
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -149,7 +149,7 @@ def test_dispatch_to_streaming_above_threshold(monkeypatch):
     z, loc, scale = make_mixture(20, 20, 3)
     loc.requires_grad_()
     assert "Streaming" not in type(gaussian_mixture_log_prob(z, loc, scale).grad_fn).__name__
-    monkeypatch.setattr(gaussian_mixture, "_STREAMING_MIN_PAIRS", 100)
+    monkeypatch.setitem(dispatch.STREAMING_MIN_PAIRS, "cpu", 100)
     out = gaussian_mixture_log_prob(z, loc, scale)
     assert "Streaming" in type(out.grad_fn).__name__
     torch.testing.assert_close(out, mixture_loop(z, loc, scale), rtol=0, atol=1e-10)
@@ -225,7 +225,8 @@ def test_cuda_float64_matches_cpu():
 
 
 def test_benchmark_script_runs(tmp_path):
-    """benchmarks/marginal.py at a tiny size: every method runs and reports its numbers."""
+    """benchmarks/marginal.py at a tiny size: every method of every regime runs, reports its
+    numbers, and the kernels' float32 errors against its float64 reference are below 1e-4."""
     import importlib.util
     import json
     from pathlib import Path
@@ -240,12 +241,19 @@ def test_benchmark_script_runs(tmp_path):
         "--threads", "1", "--json", str(out),
     ]))
     result = json.loads(out.read_text())["devices"]["cpu"]["results"]
-    for part, methods in (("mixture", {"broadcast", "matmul", "streaming", "3 gemms"}),
-                          ("info_nce", {"cross_entropy", "streaming", "3 gemms"})):
-        assert set(result[part]) == {"N=64 D=3", "N=128 D=3"}
-        for row in result[part].values():
-            assert set(row) == methods
-            assert all(entry["ms"] > 0 for entry in row.values())
+    sizes = {"N=64 D=3", "N=128 D=3"}
+    assert set(result["mixture"]) == {"overlapping", "separated", "tight"}
+    for by_size in result["mixture"].values():
+        assert set(by_size) == sizes
+        for row in by_size.values():
+            assert set(row) == {"broadcast", "dense", "streaming", "3 gemms"}
+            assert all(entry["ms"] > 0 and entry["x_broadcast"] > 0 for entry in row.values())
+            for name in ("broadcast", "dense", "streaming"):
+                assert row[name]["value_err"] < 1e-4 and row[name]["grad_err"] < 1e-4
+    assert set(result["info_nce"]) == sizes
+    for row in result["info_nce"].values():
+        assert set(row) == {"cross_entropy", "streaming", "3 gemms"}
+        assert all(entry["ms"] > 0 for entry in row.values())
 
 
 @cuda
