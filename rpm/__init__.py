@@ -9,7 +9,7 @@ objective, and the ELBO of the implicit prior with energy f is InfoNCE with crit
 from rpm import marginals, priors
 from rpm.inference import RPMELBO, info_nce
 from rpm.marginals import MixtureMarginal
-from rpm.models import RPM, DeltaRecognition, GaussianRecognition
+from rpm.models import RPM, DeltaRecognition, GaussianRecognition, SequenceRPM
 
 __version__ = "0.1.0"
 
@@ -19,6 +19,7 @@ __all__ = [
     "MixtureMarginal",
     "RPM",
     "RPMELBO",
+    "SequenceRPM",
     "info_nce",
     "marginals",
     "priors",

@@ -8,6 +8,7 @@ from rpm.marginals.mixture_marginal import (
     delta_mixture_log_prob,
     recognition_components,
 )
+from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
 from rpm.ops import (
     gaussian_mixture_log_prob,
     streaming_gaussian_mixture_log_prob,
@@ -16,6 +17,7 @@ from rpm.ops import (
 
 __all__ = [
     "MixtureMarginal",
+    "SequenceMixtureMarginal",
     "delta_mixture_log_prob",
     "gaussian_mixture_log_prob",
     "recognition_components",

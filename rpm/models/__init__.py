@@ -3,10 +3,12 @@
 from rpm.models.mlp import MLPEncoder
 from rpm.models.recognition import DeltaRecognition, GaussianRecognition
 from rpm.models.rpm import RPM
+from rpm.models.sequence import SequenceRPM
 
 __all__ = [
     "DeltaRecognition",
     "GaussianRecognition",
     "MLPEncoder",
     "RPM",
+    "SequenceRPM",
 ]

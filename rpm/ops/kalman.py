@@ -20,7 +20,11 @@ results are returned in the dtype of the observations.
 Shapes: observations ``z`` are ``(*batch, T, D)``; ``init_loc`` ``(*batch, H)``; the square
 roots and matrices broadcast against the batch: ``init_scale_tril`` and ``transition_matrix`` A
 and ``transition_scale_tril`` ``(*batch, H, H)``, ``observation_matrix`` C ``(*batch, D, H)``,
-``observation_scale_tril`` ``(*batch, T, D, D)`` (a time-varying R_t) or ``(*batch, D, D)``.
+``observation_scale_tril`` ``(*batch, T, D, D)`` (a time-varying R_t; a time axis of size 1
+for a constant one) or ``(D, D)``. The covariances do not depend on the observations, so they
+are computed once per distinct parameter set: the returned square roots have the batch shape
+of the parameters (broadcastable to that of the means), and a batch of N sequences under one
+model costs N mean updates but a single covariance recursion.
 Pyro's :class:`~pyro.distributions.GaussianHMM` computes the same marginal likelihood in
 precision form (with the initial state one transition before the first observation and
 right-multiplied matrices); the tests check the two against each other and against the dense
@@ -70,9 +74,10 @@ class KalmanFilterResult(NamedTuple):
 
     :ivar log_prob: :math:`\log P(z_{1:T})`, shape (*batch,).
     :ivar filtered_loc: :math:`E[s_t | z_{1:t}]`, shape (*batch, T, H).
-    :ivar filtered_scale_tril: square root of :math:`Cov[s_t | z_{1:t}]`, (*batch, T, H, H).
+    :ivar filtered_scale_tril: square root of :math:`Cov[s_t | z_{1:t}]`, (*batch, T, H, H),
+        with the parameters' batch dimensions only (the covariances do not depend on z).
     :ivar predicted_loc: :math:`E[s_t | z_{1:t-1}]` (t = 1: the initial mean), (*batch, T, H).
-    :ivar predicted_scale_tril: square root of :math:`Cov[s_t | z_{1:t-1}]`, (*batch, T, H, H).
+    :ivar predicted_scale_tril: square root of :math:`Cov[s_t | z_{1:t-1}]`, likewise.
     """
 
     log_prob: torch.Tensor
@@ -170,8 +175,8 @@ def kalman_filter(
     :param torch.Tensor transition_matrix: A, (*batch, H, H), :math:`s_{t+1} = A s_t + w_t`.
     :param torch.Tensor transition_scale_tril: square root of Q, (*batch, H, H).
     :param torch.Tensor observation_matrix: C, (*batch, D, H).
-    :param torch.Tensor observation_scale_tril: square root of R_t, (*batch, T, D, D) or
-        (*batch, D, D).
+    :param torch.Tensor observation_scale_tril: square root of R_t, (*batch, T, D, D) (T may be
+        1) or (D, D).
     :param torch.dtype compute_dtype: dtype of the arithmetic (float64 by default).
     :return: a :class:`KalmanFilterResult` in the dtype of ``z``.
     """
@@ -184,28 +189,36 @@ def kalman_filter(
                                       transition_scale_tril))
     observation_matrix = observation_matrix.to(compute_dtype)
     obs_scale = observation_scale_tril.to(compute_dtype)
-    if obs_scale.dim() < 3 or obs_scale.shape[-3] != num_steps:
-        obs_scale = obs_scale.unsqueeze(-3)  # homogeneous R: a broadcastable time axis
-    batch_shape = torch.broadcast_shapes(
-        z.shape[:-2], init_loc.shape[:-1], init_scale_tril.shape[:-2],
-        transition_matrix.shape[:-2], transition_scale_tril.shape[:-2],
+    if obs_scale.dim() == 2:
+        obs_scale = obs_scale.unsqueeze(-3)  # homogeneous R: a time axis of size 1
+    if obs_scale.shape[-3] not in (1, num_steps):
+        raise ValueError(
+            f"observation_scale_tril must have shape (D, D) or (*batch, T, D, D) with T = "
+            f"{num_steps} (or 1), got {tuple(observation_scale_tril.shape)}")
+    # The covariances do not depend on the observations: they are computed once per distinct
+    # parameter set (cov_batch), the means for every sequence (batch).
+    cov_batch = torch.broadcast_shapes(
+        init_scale_tril.shape[:-2], transition_matrix.shape[:-2], transition_scale_tril.shape[:-2],
         observation_matrix.shape[:-2], obs_scale.shape[:-3])
+    batch_shape = torch.broadcast_shapes(cov_batch, z.shape[:-2], init_loc.shape[:-1])
+    observation_matrix = observation_matrix.expand(*cov_batch, obs_dim, hidden_dim)
+    transition_scale_tril = transition_scale_tril.expand(*cov_batch, hidden_dim, hidden_dim)
 
     loc = init_loc.expand(*batch_shape, hidden_dim)
-    scale = init_scale_tril.expand(*batch_shape, hidden_dim, hidden_dim)
+    scale = init_scale_tril.expand(*cov_batch, hidden_dim, hidden_dim)
     log_prob = z.new_zeros(batch_shape)
     filtered_loc, filtered_scale, predicted_loc, predicted_scale = [], [], [], []
     for t in range(num_steps):
         predicted_loc.append(loc)
         predicted_scale.append(scale)
         obs_scale_t = obs_scale[..., min(t, obs_scale.shape[-3] - 1), :, :]
-        obs_scale_t = obs_scale_t.expand(*batch_shape, obs_dim, obs_dim)
-        top = torch.cat([obs_scale_t, observation_matrix @ scale], dim=-1)  # (*batch, D, D + H)
-        bottom = torch.cat([torch.zeros_like(scale[..., :, :obs_dim]), scale], dim=-1)  # (*b, H, D+H)
-        post = triangularize(torch.cat([top, bottom], dim=-2))  # (*batch, D + H, D + H)
-        innovation_scale = post[..., :obs_dim, :obs_dim]  # (*batch, D, D)
-        gain_bar = post[..., obs_dim:, :obs_dim]  # (*batch, H, D)
-        scale = post[..., obs_dim:, obs_dim:]  # filtered square root, (*batch, H, H)
+        obs_scale_t = obs_scale_t.expand(*cov_batch, obs_dim, obs_dim)
+        top = torch.cat([obs_scale_t, observation_matrix @ scale], dim=-1)  # (*cov, D, D + H)
+        bottom = torch.cat([torch.zeros_like(scale[..., :, :obs_dim]), scale], dim=-1)  # (*cov, H, D+H)
+        post = triangularize(torch.cat([top, bottom], dim=-2))  # (*cov, D + H, D + H)
+        innovation_scale = post[..., :obs_dim, :obs_dim]  # (*cov, D, D)
+        gain_bar = post[..., obs_dim:, :obs_dim]  # (*cov, H, D)
+        scale = post[..., obs_dim:, obs_dim:]  # filtered square root, (*cov, H, H)
         innovation = z[..., t, :] - _matvec(observation_matrix, loc)  # (*batch, D)
         white = torch.linalg.solve_triangular(
             innovation_scale, innovation.unsqueeze(-1), upper=False).squeeze(-1)  # (*batch, D)
@@ -215,9 +228,7 @@ def kalman_filter(
         filtered_loc.append(loc)
         filtered_scale.append(scale)
         loc = _matvec(transition_matrix, loc)
-        scale = triangularize(torch.cat([
-            transition_matrix @ scale,
-            transition_scale_tril.expand(*batch_shape, hidden_dim, hidden_dim)], dim=-1))
+        scale = triangularize(torch.cat([transition_matrix @ scale, transition_scale_tril], dim=-1))
     return KalmanFilterResult(
         log_prob.to(out_dtype),
         torch.stack(filtered_loc, -2).to(out_dtype),

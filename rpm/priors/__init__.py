@@ -19,6 +19,13 @@ from rpm.priors.energies import (
 from rpm.priors.explicit import GaussianRandomWalkPrior, LinearDynamicsPrior
 from rpm.priors.implicit import ImplicitConditional, ImplicitPrior, implicit_log_ratio
 from rpm.priors.pooled import PooledImplicitPrior
+from rpm.priors.sequence import (
+    MarkovChain,
+    MarkovImplicitChain,
+    MarkovImplicitPrior,
+    MarkovPrior,
+    SequencePrior,
+)
 from rpm.priors.state_space import GaussianStateSpace, StateSpacePosterior, StateSpacePrior
 
 __all__ = [
@@ -34,9 +41,14 @@ __all__ = [
     "ImplicitPrior",
     "LinearDynamicsPrior",
     "LpEnergy",
+    "MarkovChain",
+    "MarkovImplicitChain",
+    "MarkovImplicitPrior",
+    "MarkovPrior",
     "NeuralEnergy",
     "PooledImplicitPrior",
     "RBFEnergy",
+    "SequencePrior",
     "StateSpacePosterior",
     "StateSpacePrior",
     "implicit_log_ratio",

@@ -35,9 +35,10 @@ import math
 import pyro
 import torch
 from pyro.distributions import Normal, TorchDistribution
-from pyro.nn import PyroModule, PyroParam
+from pyro.nn import PyroParam
 from torch.distributions import constraints
 
+from rpm.marginals.sequence_marginal import sequence_components
 from rpm.ops.kalman import (
     KalmanFilterResult,
     KalmanForecast,
@@ -48,12 +49,20 @@ from rpm.ops.kalman import (
     rts_smoother,
     triangularize,
 )
+from rpm.priors.sequence import SequencePrior
 
 __all__ = ["GaussianStateSpace", "StateSpacePosterior", "StateSpacePrior"]
 
 
 def _matvec(matrix: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
     return (matrix @ vector.unsqueeze(-1)).squeeze(-1)
+
+
+def _compact(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor with each broadcast (stride 0) dimension but the last reduced to size 1."""
+    index = tuple(slice(0, 1) if stride == 0 and size > 1 else slice(None)
+                  for stride, size in zip(tensor.stride()[:-1], tensor.shape[:-1], strict=True))
+    return tensor[index]
 
 
 class GaussianStateSpace(TorchDistribution):
@@ -116,11 +125,13 @@ class GaussianStateSpace(TorchDistribution):
         return {name: getattr(self, name) for name in self.arg_constraints}
 
     def expand(self, batch_shape, _instance=None):
+        # The parameters keep their own (smaller) batch shape: the covariance recursion of the
+        # filter then runs once for all sequences that share them.
         new = self._get_checked_instance(GaussianStateSpace, _instance)
         batch_shape = torch.Size(batch_shape)
-        for name, value in self._params.items():
-            event_dims = 1 if name == "init_loc" else 2
-            setattr(new, name, value.expand(batch_shape + value.shape[-event_dims:]))
+        torch.broadcast_shapes(batch_shape, self.batch_shape)  # raises if incompatible
+        for name in self.arg_constraints:
+            setattr(new, name, getattr(self, name))
         new.duration = self.duration
         new.hidden_dim = self.hidden_dim
         super(GaussianStateSpace, new).__init__(batch_shape, self.event_shape, validate_args=False)
@@ -129,12 +140,15 @@ class GaussianStateSpace(TorchDistribution):
 
     def filter(self, value: torch.Tensor) -> KalmanFilterResult:
         """The Kalman filter of ``value`` (..., T, D): log-likelihood and filtered states."""
-        return kalman_filter(value, **self._params)
+        params = dict(self._params,
+                      observation_scale_tril=self.observation_scale_tril.unsqueeze(-3))
+        return kalman_filter(value, **params)
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         if self._validate_args:
             self._validate_sample(value)
-        return self.filter(value).log_prob
+        log_prob = self.filter(value).log_prob
+        return log_prob.expand(torch.broadcast_shapes(log_prob.shape, self.batch_shape))
 
     def smooth(self, value: torch.Tensor) -> KalmanSmootherResult:
         r""":math:`P(s_t | z_{1:T})` for each t (RTS smoother): loc (..., T, H), scale_tril."""
@@ -213,11 +227,13 @@ class StateSpacePosterior(TorchDistribution):
         batch_shape = torch.broadcast_shapes(loc.shape[:-2], prior.batch_shape)
         super().__init__(batch_shape, prior.event_shape, validate_args=validate_args)
         obs_dim = loc.shape[-1]
-        # Observation noise of the pseudo-observations given the states: R + Sigma_t.
-        r_scale = prior.observation_scale_tril.unsqueeze(-3)  # (..., 1, D, D)
-        r_scale = r_scale.expand(*torch.broadcast_shapes(r_scale.shape[:-2], scale.shape[:-1]),
-                                 obs_dim, obs_dim)
-        sigma = torch.diag_embed(scale.expand(*r_scale.shape[:-1]))  # (..., T, D, D)
+        # Observation noise of the pseudo-observations given the states: R + Sigma_t, in
+        # float64. A scale broadcast over sequences or views (a learned noise level) is kept
+        # compact, so that the covariance recursions run once for all of them.
+        sigma = torch.diag_embed(_compact(scale).to(torch.float64))  # (n, t, D, D), n in {1, N}
+        r_scale = prior.observation_scale_tril.to(torch.float64).unsqueeze(-3)  # (..., 1, D, D)
+        shape = torch.broadcast_shapes(r_scale.shape[:-2], sigma.shape[:-2])
+        r_scale, sigma = r_scale.expand(*shape, obs_dim, obs_dim), sigma.expand(*shape, obs_dim, obs_dim)
         # Triangularize [[L_Sigma, L_R], [0, L_R]] -> [[L_{R+Sigma}, 0], [K_bar, L_post]]:
         # K = K_bar L_{R+Sigma}^{-1} = R (R + Sigma)^{-1}, L_post L_post^T = R - K R.
         post = triangularize(torch.cat([
@@ -249,12 +265,16 @@ class StateSpacePosterior(TorchDistribution):
         noise_s, noise_z = noise.split([hidden_dim, self.event_shape[1]], dim=-1)
         states = backward_sample(self.filtered, self.prior.transition_matrix,
                                  self.prior.transition_scale_tril, noise_s)  # (..., N, T, H)
-        predicted = _matvec(self.prior.observation_matrix.unsqueeze(-3), states)  # C s_t
+        states, noise_z = states.to(torch.float64), noise_z.to(torch.float64)
+        observation_matrix = self.prior.observation_matrix.to(torch.float64).unsqueeze(-3)
+        predicted = _matvec(observation_matrix, states)  # C s_t, (..., N, T, D)
         # K (mu - C s) with K = K_bar L^{-1}
         white = torch.linalg.solve_triangular(
-            self._noise_scale, (self.loc - predicted).unsqueeze(-1), upper=False).squeeze(-1)
-        return (predicted + _matvec(self._gain_bar, white)
-                + _matvec(self._conditional_scale, noise_z))
+            self._noise_scale, (self.loc.to(torch.float64) - predicted).unsqueeze(-1),
+            upper=False).squeeze(-1)
+        value = (predicted + _matvec(self._gain_bar, white)
+                 + _matvec(self._conditional_scale, noise_z))
+        return value.to(self.loc.dtype)
 
     def rsample(self, sample_shape=torch.Size()) -> torch.Tensor:
         shape = torch.Size(sample_shape) + self.batch_shape + torch.Size(
@@ -280,7 +300,7 @@ def _cholesky_init(name: str, value: float, size: int) -> torch.Tensor:
     return value * torch.eye(size)
 
 
-class StateSpacePrior(PyroModule):
+class StateSpacePrior(SequencePrior):
     r"""A learned linear-Gaussian state-space prior :math:`P(z_{1:T})` over T views.
 
     .. math::
@@ -347,15 +367,22 @@ class StateSpacePrior(PyroModule):
                                   self.transition_scale_tril, self.observation_matrix,
                                   self.observation_scale_tril, duration)
 
-    def forward(self, q: TorchDistribution) -> torch.Tensor:
+    def forward(self, q: TorchDistribution, marginal=None) -> torch.Tensor:
         """Declares ``"z"`` ~ :class:`GaussianStateSpace` for the T views of the recognition
-        distributions ``q`` (batch_shape (N, T), event_shape (D,)); returns z, (N, T, D)."""
+        distributions ``q`` (batch_shape (N, T), event_shape (D,)); returns z, (N, T, D). The
+        marginals are not used (an explicit prior)."""
         return pyro.sample("z", self.distribution(q.batch_shape[-1]))
 
-    def posterior(self, loc: torch.Tensor, scale: torch.Tensor) -> StateSpacePosterior:
+    def posterior(self, q: TorchDistribution) -> StateSpacePosterior:
         r"""The structured guide :math:`Q(z_{1:T}) \propto P(z_{1:T}) \prod_t \mathcal{N}(\mu_t;
-        z_t, \operatorname{diag}\sigma_t^2)` for recognition means ``loc`` and standard deviations
-        ``scale``, each (N, T, D)."""
+        z_t, \operatorname{diag}\sigma_t^2)` for Gaussian recognition distributions
+        ``q = Normal(mu, sigma).to_event(1)`` with batch_shape (N, T), event_shape (D,)."""
+        loc, scale = sequence_components(q)
+        if scale is None:
+            raise ValueError(
+                "the structured guide conditions the prior on Gaussian pseudo-observations and "
+                "needs stochastic recognition; use GaussianRecognition or DeltaRecognition(net, "
+                "noise_scale=...) with a positive noise scale")
         return StateSpacePosterior(self.distribution(loc.shape[-2]), loc, scale)
 
     def smooth(self, z: torch.Tensor) -> KalmanSmootherResult:

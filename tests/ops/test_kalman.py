@@ -30,7 +30,7 @@ def random_model(batch=(), H=4, D=2, T=5, time_varying_r=False):
         transition_scale_tril=random_tril(*batch, H, scale=0.5),
         observation_matrix=torch.randn(*batch, D, H, dtype=torch.float64),
         observation_scale_tril=random_tril(*batch, T, D, scale=0.3) if time_varying_r
-        else random_tril(*batch, D, scale=0.3),
+        else random_tril(*batch, 1, D, scale=0.3) if batch else random_tril(D, scale=0.3),
     )
     return params
 
@@ -114,7 +114,7 @@ def test_log_prob_matches_pyro_gaussian_hmm_in_batches():
                            scale_tril=p["transition_scale_tril"].unsqueeze(-3)),
         p["observation_matrix"].transpose(-1, -2).unsqueeze(-3),
         MultivariateNormal(torch.zeros(N, 1, D, dtype=torch.float64),
-                           scale_tril=p["observation_scale_tril"].unsqueeze(-3)),
+                           scale_tril=p["observation_scale_tril"]),
         duration=T)
     z = torch.randn(N, T, D, dtype=torch.float64)
     ours = kalman_filter(z, **{**p, "init_loc": torch.zeros(N, H, dtype=torch.float64),

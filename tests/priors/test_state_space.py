@@ -5,7 +5,7 @@ import pyro
 import pyro.poutine as poutine
 import pytest
 import torch
-from pyro.distributions import GaussianHMM, MultivariateNormal
+from pyro.distributions import Delta, GaussianHMM, MultivariateNormal, Normal
 from pyro.nn import PyroParam
 from torch.distributions import constraints
 
@@ -85,7 +85,7 @@ def test_plate_expands_and_the_site_has_event_shape_t_d():
     prior = StateSpacePrior(3)
     q = pyro.distributions.Normal(torch.zeros(5, 4, 3), 1.0).to_event(1)
     with poutine.trace() as tracer, pyro.plate("sequences", 5):
-        z = prior(q)
+        z = prior(q, None)
     site = tracer.trace.nodes["z"]
     assert z.shape == (5, 4, 3)
     assert site["fn"].batch_shape == (5,) and site["fn"].event_shape == (4, 3)
@@ -119,7 +119,7 @@ def test_structured_posterior_density_is_the_dense_posterior():
     T, D, N = 4, 2, 3
     prior = randomised_prior()
     loc, scale = torch.randn(N, T, D), torch.rand(N, T, D) + 0.2
-    posterior = prior.posterior(loc, scale)
+    posterior = prior.posterior(Normal(loc, scale).to_event(1))
     assert posterior.batch_shape == (N,) and posterior.event_shape == (T, D)
     z = torch.randn(N, T, D)
     for n in range(N):
@@ -134,7 +134,7 @@ def test_structured_posterior_draws_are_the_dense_posterior():
     T, D, H = 4, 2, 4
     prior = randomised_prior()
     loc, scale = torch.randn(1, T, D), torch.rand(1, T, D) + 0.2
-    posterior = prior.posterior(loc, scale)
+    posterior = prior.posterior(Normal(loc, scale).to_event(1))
     basis = torch.cat([torch.zeros(1, T * (H + D)), torch.eye(T * (H + D))])
     draws = posterior._rsample_from_noise(basis.reshape(-1, 1, T, H + D)).reshape(-1, T * D)
     offset, matrix = draws[0], (draws[1:] - draws[0]).T
@@ -147,7 +147,7 @@ def test_structured_posterior_is_reparameterised():
     prior = StateSpacePrior(2)
     loc = torch.randn(3, 5, 2, requires_grad=True)
     scale = (torch.rand(3, 5, 2) + 0.1).requires_grad_()
-    z = prior.posterior(loc, scale).rsample()
+    z = prior.posterior(Normal(loc, scale).to_event(1)).rsample()
     z.sum().backward()
     assert loc.grad.abs().sum() > 0 and scale.grad.abs().sum() > 0
     assert prior.transition_matrix.grad.abs().sum() > 0
@@ -162,7 +162,9 @@ def test_bad_arguments_are_refused():
         StateSpacePrior(0)
     prior = StateSpacePrior(2)
     with pytest.raises(ValueError, match=r"loc and scale must both have shape \(N, T, D\)"):
-        prior.posterior(torch.zeros(3, 4, 3), torch.ones(3, 4, 3))
+        StateSpacePosterior(prior.distribution(4), torch.zeros(3, 4, 3), torch.ones(3, 4, 3))
+    with pytest.raises(ValueError, match="needs stochastic recognition"):
+        prior.posterior(Delta(torch.zeros(3, 4, 2), event_dim=1))
     with pytest.raises(TypeError, match="prior must be a GaussianStateSpace"):
         StateSpacePosterior(None, torch.zeros(3, 4, 2), torch.ones(3, 4, 2))
     with pytest.raises(ValueError, match="duration must be a positive integer"):

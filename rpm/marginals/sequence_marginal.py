@@ -1,0 +1,139 @@
+r"""The recognition marginals :math:`Q_t(z_t)` of a batch of sequences of T views.
+
+For N sequences with recognition distributions :math:`Q(z_t|x_{n,t})` the minibatch estimate of
+the t-th view's marginal (Eq. 11 of Aitchison & Ganev, per view; ``docs/theory.md``, sequences)
+is the mixture over the batch's t-th views,
+
+.. math::
+
+    Q_t(z) \approx \frac1N \sum_{n=1}^N Q(z | x_{n,t})  \qquad\text{(per view)},
+
+or, when the views are exchangeable (a stationary video seen through one shared encoder, so
+that every :math:`Q_t` is the same Q), the pooled mixture over all N T frames,
+
+.. math::
+
+    Q_t(z) \approx \frac{1}{NT} \sum_{n=1}^N \sum_{u=1}^T Q(z | x_{n,u})  \qquad\text{(pooled)},
+
+a lower-variance estimate of the same distribution.
+"""
+
+from __future__ import annotations
+
+import torch
+from pyro.distributions import Delta, Independent, Normal, TorchDistribution
+from torch.distributions import constraints
+
+from rpm.marginals.mixture_marginal import delta_mixture_log_prob
+from rpm.ops import gaussian_mixture_log_prob
+
+__all__ = ["SequenceMixtureMarginal", "sequence_components", "view"]
+
+
+def sequence_components(q: TorchDistribution) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Returns (loc, scale) of recognition distributions with batch_shape (N, T) and
+    event_shape (D,): ``Normal(loc, scale).to_event(1)`` or ``Delta(v, event_dim=1)``; scale is
+    None for Delta. Each has shape (N, T, D)."""
+    if isinstance(q, Independent) and isinstance(q.base_dist, Normal) and (
+            q.reinterpreted_batch_ndims == 1 and len(q.batch_shape) == 2):
+        return q.base_dist.loc, q.base_dist.scale.expand_as(q.base_dist.loc)
+    if isinstance(q, Delta) and q.event_dim == 1 and q.v.dim() == 3:
+        return q.v, None
+    raise TypeError(
+        "sequence recognition must be Normal(loc, scale).to_event(1) or Delta(v, event_dim=1) "
+        "with batch_shape (N, T) and event_shape (D,); got "
+        f"{type(q).__name__} with batch_shape {tuple(q.batch_shape)} and event_shape "
+        f"{tuple(q.event_shape)}. Wrap the encoder in rpm.GaussianRecognition or "
+        "rpm.DeltaRecognition"
+    )
+
+
+def view(q: TorchDistribution, t: int) -> TorchDistribution:
+    """The recognition distributions of the t-th views, batch_shape (N,), event_shape (D,)."""
+    loc, scale = sequence_components(q)
+    if scale is None:
+        return Delta(loc[:, t], event_dim=1)
+    return Normal(loc[:, t], scale[:, t]).to_event(1)
+
+
+class SequenceMixtureMarginal(TorchDistribution):
+    r""":math:`\prod_t Q_t(z_t)`, the product of the per-view (or pooled) minibatch mixtures.
+
+    ``batch_shape`` (N,) (one draw per sequence of the model's plate), ``event_shape`` (T, D).
+    ``log_prob`` of a value (N, T, D) is :math:`\sum_t \log Q_t(z_{n,t})`, shape (N,);
+    :meth:`view_log_prob` gives the terms, shape (N, T). With Delta recognition the mixtures are
+    the empirical distributions of the batch points (Appendix A.1).
+
+    :param q: recognition distributions, batch_shape (N, T), event_shape (D,).
+    :param bool pooled: one mixture over all N T frames for every view, instead of one mixture
+        over the N sequences per view.
+    :param block_size: evaluate the Gaussian mixtures in blocks of this many rows
+        (:func:`~rpm.ops.gaussian_mixture_log_prob`); None decides by size.
+    """
+
+    arg_constraints: dict = {}
+    support = constraints.independent(constraints.real, 2)
+    has_rsample = False
+
+    def __init__(self, q: TorchDistribution, pooled: bool = False, block_size: int | None = None,
+                 validate_args=None):
+        if not isinstance(pooled, bool):
+            raise TypeError(f"pooled must be True or False, got {pooled!r}")
+        self.q = q
+        self.loc, self.scale = sequence_components(q)
+        self.pooled = pooled
+        self.block_size = block_size
+        num_sequences, num_views, dim = self.loc.shape
+        super().__init__(torch.Size([num_sequences]), torch.Size([num_views, dim]),
+                         validate_args=validate_args)
+
+    @property
+    def is_discrete(self) -> bool:
+        """True for Delta recognition (no density on R^D)."""
+        return self.scale is None
+
+    def expand(self, batch_shape, _instance=None):
+        if torch.Size(batch_shape) != self.batch_shape:
+            raise ValueError(
+                f"the mixture marginals of {self.batch_shape[0]} sequences cannot be expanded "
+                f"to {tuple(batch_shape)}; use a plate of the number of sequences")
+        return self
+
+    def _mixture(self, points: torch.Tensor, loc: torch.Tensor, scale) -> torch.Tensor:
+        if scale is None:
+            return delta_mixture_log_prob(points, loc)
+        return gaussian_mixture_log_prob(points, loc, scale, block_size=self.block_size)
+
+    def view_log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        r""":math:`\log Q_t(z_{n,t})` for a value of shape (N, T, D); returns (N, T)."""
+        if value.shape != self.loc.shape:
+            raise ValueError(
+                "the mixture marginals are evaluated at the batch's latents, shape "
+                f"{tuple(self.loc.shape)}; got {tuple(value.shape)}")
+        num_sequences, num_views, dim = value.shape
+        if self.pooled:
+            flat = lambda tensor: None if tensor is None else tensor.reshape(-1, dim)  # noqa: E731
+            return self._mixture(flat(value), flat(self.loc), flat(self.scale)).reshape(
+                num_sequences, num_views)
+        return torch.stack([
+            self._mixture(value[:, t], self.loc[:, t],
+                          None if self.scale is None else self.scale[:, t])
+            for t in range(num_views)], dim=-1)
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        return self.view_log_prob(value).sum(-1)
+
+    def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
+        shape = self._extended_shape(sample_shape)  # sample_shape + (N, T, D)
+        num_sequences, num_views, dim = self.loc.shape
+        with torch.no_grad():
+            if self.pooled:
+                index = torch.randint(num_sequences * num_views, shape[:-1], device=self.loc.device)
+                loc = self.loc.reshape(-1, dim)[index]
+                scale = None if self.scale is None else self.scale.reshape(-1, dim)[index]
+            else:
+                index = torch.randint(num_sequences, shape[:-1], device=self.loc.device)
+                views = torch.arange(num_views, device=self.loc.device).expand_as(index)
+                loc = self.loc[index, views]
+                scale = None if self.scale is None else self.scale[index, views]
+            return loc if scale is None else loc + scale * torch.randn_like(loc)

@@ -1,0 +1,324 @@
+r"""Priors over a sequence of latents :math:`z_{1:T}`, one per view (``docs/theory.md``, sequences).
+
+An RPM over T views (:class:`~rpm.SequenceRPM`) has the ELBO
+
+.. math::
+
+    \mathcal{L}(x_{1:T}) = \mathbb{E}_{Q(z_{1:T}|x_{1:T})}\Big[\log P(z_{1:T})
+        + \sum_t \big(\log Q(z_t|x_t) - \log Q_t(z_t)\big) - \log Q(z_{1:T}|x_{1:T})\Big]
+        + \text{const}
+
+(Eq. 12 and 15 of Aitchison & Ganev with T views), with :math:`Q_t` the minibatch-mixture
+marginals (:class:`~rpm.marginals.sequence_marginal.SequenceMixtureMarginal`). A sequence
+prior declares one sample site ``"z"`` with event_shape (T, D) inside the model's plate over
+the N sequences. :class:`SequencePrior` is the base class with the hooks the model and
+:class:`~rpm.RPMELBO` call; this module also holds
+
+* :class:`MarkovImplicitPrior`: the chain of implicit conditionals,
+  :math:`P(z_1) = Q_1(z_1)`, :math:`P(z_{t+1}|z_t) = Q_{t+1}(z_{t+1}) e^{f(z_t, z_{t+1})} /
+  Z(z_t)`, whose ELBO is the sum of the InfoNCE terms of consecutive views (Eq. 23-25 per
+  step) and, for T = 2, exactly the pair model's;
+* :class:`MarkovPrior`: any pair prior applied along the chain, :math:`P(z_{1:T}) =
+  P(z_1) \prod_t P(z_{t+1}|z_t)` with the pair prior's two factors, so a user's pair prior is a
+  sequence prior without new code.
+
+The linear-Gaussian state-space prior is :class:`~rpm.priors.StateSpacePrior`.
+"""
+
+from __future__ import annotations
+
+import pyro
+import torch
+from pyro import poutine
+from pyro.distributions import Categorical, TorchDistribution
+from pyro.nn import PyroModule
+from torch.distributions import constraints
+
+from rpm.marginals.sequence_marginal import SequenceMixtureMarginal, view
+from rpm.priors.implicit import ImplicitPrior, implicit_log_ratio
+
+__all__ = ["MarkovChain", "MarkovImplicitChain", "MarkovImplicitPrior", "MarkovPrior",
+           "SequencePrior"]
+
+
+class SequencePrior(PyroModule):
+    r"""Base class of priors :math:`P(z_{1:T})` over the latents of T views.
+
+    Implement :meth:`forward`; override the other hooks when their defaults do not fit:
+
+    ================================  =======================================================
+    hook                              default
+    ================================  =======================================================
+    :meth:`forward` (required)        declares ``"z"`` (event_shape (T, D)), returns z
+    :meth:`log_ratio`                 ``None``: no analytic cancellation; the ELBO traces
+                                      :meth:`forward` and subtracts the marginals
+    :meth:`posterior`                 ``None``: no structured guide of the prior's own
+    :attr:`accepts_delta_recognition` ``False``: a density on :math:`\mathbb{R}^{T D}`, so
+                                      Delta encoders need noise (Appendix B)
+    :attr:`dim`                       ``None``: any latent dimension
+    ================================  =======================================================
+    """
+
+    #: True when P is defined relative to the recognition marginals (Delta encoders allowed).
+    accepts_delta_recognition: bool = False
+
+    #: The latent dimension D the prior was built for, or None for any.
+    dim: int | None = None
+
+    def forward(self, q: TorchDistribution, marginal: SequenceMixtureMarginal) -> torch.Tensor:
+        r"""Declares the sample site ``"z"`` with event_shape (T, D) inside the model's plate
+        over the N sequences and returns its value, shape (N, T, D).
+
+        :param q: the recognition distributions, batch_shape (N, T), event_shape (D,).
+        :param marginal: the model's recognition marginals :math:`\prod_t Q_t`, batch_shape
+            (N,), event_shape (T, D) (implicit priors are built from them).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement forward(q, marginal), declaring the sample "
+            "site 'z' with event_shape (T, D) and returning its value")
+
+    def log_ratio(self, z: torch.Tensor, q: TorchDistribution,
+                  marginal: SequenceMixtureMarginal) -> torch.Tensor | None:
+        r"""Per-sequence :math:`\log P(z_{1:T}) - \sum_t \log Q_t(z_t)` after analytic
+        cancellation, shape (N,), or None (the default: the ELBO traces :meth:`forward`).
+
+        :param torch.Tensor z: latents, shape (N, T, D).
+        :param q: recognition distributions, batch_shape (N, T).
+        :param marginal: the model's marginals :math:`\prod_t Q_t`.
+        """
+        return None
+
+    def posterior(self, q: TorchDistribution) -> TorchDistribution | None:
+        r"""A structured guide :math:`Q(z_{1:T}|x_{1:T})` built from the recognition
+        distributions (batch_shape (N, T)), with batch_shape (N,) and event_shape (T, D); None
+        (the default) when the prior has none."""
+        return None
+
+
+def _check_chain_value(value: torch.Tensor, shape: torch.Size, what: str) -> None:
+    if value.shape != shape:
+        raise ValueError(
+            f"the {what} is evaluated at the whole batch of sequences, shape {tuple(shape)} "
+            f"(N, T, D); got {tuple(value.shape)}")
+
+
+class MarkovImplicitChain(TorchDistribution):
+    r"""The Markov chain of implicit conditionals over the batch of sequences.
+
+    .. math::
+
+        \log P(z_{1:T}) = \sum_t \log Q_t(z_t) + \sum_{t=1}^{T-1} \Big[f(z_t, z_{t+1})
+            - \log \frac1N \sum_j e^{f(z_t, z_{j,t+1})}\Big]
+
+    for each sequence: :math:`P(z_1) = Q_1(z_1)` and :math:`P(z_{t+1}|z_t) = Q_{t+1}(z_{t+1})
+    e^{f(z_t, z_{t+1})} / \hat Z(z_t)`, with :math:`\hat Z` estimated over the batch's own
+    (t+1)-th views, positive included (Eq. 21-25 of Aitchison & Ganev per step). As for the
+    pair's implicit conditional, ``log_prob`` takes exactly the batch (N, T, D): the normaliser
+    couples the sequences. ``sample`` draws :math:`z_1 \sim Q_1` and each next view by
+    self-normalised importance sampling of the tilted marginal over N candidates.
+
+    :param SequenceMixtureMarginal marginal: the :math:`Q_t`, batch_shape (N,).
+    :param energy: f, mapping (N, D) and (M, D) latents to an (N, M) matrix.
+    """
+
+    arg_constraints: dict = {}
+    support = constraints.independent(constraints.real, 2)
+    has_rsample = False
+
+    def __init__(self, marginal: SequenceMixtureMarginal, energy, validate_args=None):
+        self.marginal = marginal
+        self.energy = energy
+        super().__init__(marginal.batch_shape, marginal.event_shape, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        if torch.Size(batch_shape) != self.batch_shape:
+            raise ValueError(
+                f"the implicit chain of {self.batch_shape[0]} sequences cannot be expanded to "
+                f"{tuple(batch_shape)}; use a plate of the number of sequences")
+        return self
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        _check_chain_value(value, self.batch_shape + self.event_shape, "implicit chain")
+        total = self.marginal.log_prob(value)
+        for t in range(value.shape[1] - 1):
+            total = total + implicit_log_ratio(self.energy(value[:, t], value[:, t + 1]))
+        return total
+
+    def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
+        if sample_shape != torch.Size():
+            draws = [self.sample() for _ in range(int(torch.Size(sample_shape).numel()))]
+            return torch.stack(draws).reshape(self._extended_shape(sample_shape))
+        with torch.no_grad():
+            state = self.marginal.sample()[:, 0]
+            values = [state]
+            for t in range(1, self.event_shape[0]):
+                candidates = self.marginal.sample()[:, t]  # (N, D) draws from Q_t
+                index = Categorical(logits=self.energy(state, candidates)).sample()
+                state = candidates[index]
+                values.append(state)
+            return torch.stack(values, dim=1)
+
+
+class MarkovImplicitPrior(SequencePrior):
+    r"""The Markov implicit prior over T views with energy f: a chain of the pair's implicit
+    conditionals (Eq. 21-22 of Aitchison & Ganev, one per step),
+
+    .. math::
+
+        P(z_1) = Q_1(z_1), \qquad P(z_{t+1}|z_t) = \frac{Q_{t+1}(z_{t+1})\, e^{f(z_t, z_{t+1})}}{Z(z_t)}.
+
+    The marginals cancel in the ELBO and each sequence contributes the sum of the InfoNCE terms
+    of its consecutive views (Eq. 23-25),
+
+    .. math::
+
+        \sum_{t=1}^{T-1} \Big[f(z_t, z_{t+1}) - \log \frac1N \sum_j e^{f(z_t, z_{j,t+1})}\Big],
+
+    which :meth:`log_ratio` returns (through the pair prior's own
+    :meth:`~rpm.priors.ImplicitPrior.log_ratio`, streamed for large batches); with T = 2 this is
+    exactly the pair model's ELBO.
+
+    :param energy: f(z, z'), e.g. :class:`~rpm.priors.RBFEnergy`.
+    """
+
+    accepts_delta_recognition = True
+
+    def __init__(self, energy):
+        super().__init__()
+        self.pair = ImplicitPrior(energy)  # validates the energy
+        self.dim = getattr(energy, "dim", None)
+
+    @property
+    def energy(self):
+        """The energy f."""
+        return self.pair.energy
+
+    def forward(self, q: TorchDistribution, marginal: SequenceMixtureMarginal) -> torch.Tensor:
+        """Declares ``"z"`` ~ :class:`MarkovImplicitChain`; returns z, (N, T, D)."""
+        return pyro.sample("z", MarkovImplicitChain(marginal, self.energy))
+
+    def log_ratio(self, z: torch.Tensor, q: TorchDistribution,
+                  marginal: SequenceMixtureMarginal) -> torch.Tensor:
+        total = z.new_zeros(z.shape[0])
+        for t in range(z.shape[1] - 1):
+            total = total + self.pair.log_ratio(z[:, t], z[:, t + 1], view(q, t), view(q, t + 1))
+        return total
+
+
+class MarkovChain(TorchDistribution):
+    r"""A pair prior applied along a chain of T views.
+
+    .. math::
+
+        \log P(z_{1:T}) = \log P_\text{pair}(z_1) + \sum_{t=1}^{T-1}
+            \log P_\text{pair}(z_{t+1} | z_t),
+
+    where the pair prior, called as ``pair_prior(q_t, q_{t+1})`` with the recognition
+    distributions of views t and t+1, declares :math:`z_1 \sim` its site ``"z"`` and
+    :math:`z_{t+1} | z_t \sim` its site ``"z2"``. The log-densities are read from a trace of the
+    pair prior with both sites conditioned on the value, so every pair prior works unchanged.
+
+    :param pair_prior: a pair prior (``prior(q, q2)`` declaring ``"z"`` and ``"z2"``).
+    :param q: recognition distributions, batch_shape (N, T), event_shape (D,).
+    """
+
+    arg_constraints: dict = {}
+    support = constraints.independent(constraints.real, 2)
+    has_rsample = False
+
+    def __init__(self, pair_prior, q: TorchDistribution, validate_args=None):
+        self.pair_prior = pair_prior
+        self.q = q
+        num_sequences, num_views = q.batch_shape
+        super().__init__(torch.Size([num_sequences]), torch.Size([num_views]) + q.event_shape,
+                         validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        if torch.Size(batch_shape) != self.batch_shape:
+            raise ValueError(
+                f"the Markov chain of {self.batch_shape[0]} sequences cannot be expanded to "
+                f"{tuple(batch_shape)}; use a plate of the number of sequences")
+        return self
+
+    def _step(self, t: int, data: dict) -> dict:
+        """Runs the pair prior on views (t, t+1) with the sites in ``data`` (each (N, D))
+        conditioned, under its own plate over the N sequences, its sample sites hidden from
+        handlers outside (its params are not). Returns, for "z" and "z2", the value (N, D) and
+        the log-density (N,)."""
+        num_sequences = self.batch_shape[0]
+        with poutine.block(hide_types=["sample", "observe"]):
+            plate = pyro.plate("pairs", num_sequences)
+            with plate:
+                # Inside an outer plate (the model's) this plate sits further left: give the
+                # conditioned values its shape (N, 1, ..., 1, D).
+                shape = (num_sequences,) + (1,) * (-1 - plate.dim)
+                shaped = {name: value.reshape(shape + value.shape[-1:])
+                          for name, value in data.items()}
+                conditioned = poutine.condition(self.pair_prior, data=shaped)
+                trace = poutine.trace(conditioned).get_trace(view(self.q, t), view(self.q, t + 1))
+        names = sorted(name for name, site in trace.nodes.items() if site["type"] == "sample")
+        if names != ["z", "z2"]:
+            raise ValueError(
+                f"MarkovPrior needs a pair prior that declares exactly the sample sites 'z' and "
+                f"'z2'; {type(self.pair_prior).__name__} declared {names}")
+        result = {}
+        for name in names:
+            site = trace.nodes[name]
+            log_prob = site["fn"].log_prob(site["value"])
+            if log_prob.numel() != num_sequences:
+                raise ValueError(
+                    f"MarkovPrior needs the pair prior's site {name!r} to have one log-density "
+                    f"per pair ({num_sequences}), got shape {tuple(log_prob.shape)}")
+            result[name] = (site["value"].reshape(num_sequences, -1),
+                            log_prob.reshape(num_sequences))
+        return result
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        _check_chain_value(value, self.batch_shape + self.event_shape, "Markov chain")
+        total = 0.0
+        for t in range(value.shape[1] - 1):
+            step = self._step(t, {"z": value[:, t], "z2": value[:, t + 1]})
+            total = total + step["z2"][1] + (step["z"][1] if t == 0 else 0.0)
+        return total
+
+    def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
+        if sample_shape != torch.Size():
+            draws = [self.sample() for _ in range(int(torch.Size(sample_shape).numel()))]
+            return torch.stack(draws).reshape(self._extended_shape(sample_shape))
+        with torch.no_grad():
+            step = self._step(0, {})
+            values = [step["z"][0], step["z2"][0]]
+            for t in range(1, self.event_shape[0] - 1):
+                values.append(self._step(t, {"z": values[-1]})["z2"][0])
+            return torch.stack(values, dim=1)
+
+
+class MarkovPrior(SequencePrior):
+    r"""Any pair prior as a sequence prior: :math:`P(z_{1:T}) = P(z_1) \prod_t P(z_{t+1}|z_t)`
+    with the pair prior's :math:`P(z)` and :math:`P(z'|z)` (:class:`MarkovChain`).
+
+    .. code-block:: python
+
+        prior = MarkovPrior(LinearDynamicsPrior(dim=3))   # P(z'|z) = N(A z, Sigma) along t
+
+    With T = 2 the sequence model is the pair model with this prior. For the implicit prior use
+    :class:`MarkovImplicitPrior`: it cancels the marginals analytically, uses the model's own
+    (per-view or pooled) marginals, and samples inside the model's plate (the pair
+    ``ImplicitPrior`` builds its mixture for a plate of its own and can be evaluated, but not
+    sampled, along the chain).
+
+    :param pair_prior: a pair prior, ``prior(q, q2)`` declaring the sites ``"z"`` and ``"z2"``.
+    """
+
+    def __init__(self, pair_prior):
+        super().__init__()
+        if not callable(pair_prior):
+            raise TypeError(f"pair_prior must be callable as prior(q, q2), got {pair_prior!r}")
+        self.pair_prior = pair_prior
+        self.accepts_delta_recognition = bool(getattr(pair_prior, "accepts_delta_recognition",
+                                                      False))
+        self.dim = getattr(pair_prior, "dim", None)
+
+    def forward(self, q: TorchDistribution, marginal: SequenceMixtureMarginal) -> torch.Tensor:
+        """Declares ``"z"`` ~ :class:`MarkovChain` of the pair prior; returns z, (N, T, D)."""
+        return pyro.sample("z", MarkovChain(self.pair_prior, q))
