@@ -17,7 +17,8 @@ identity encoder :math:`h(x) = x` and the untrained encoder.
 
 Output folder (``--out``): ``results.json`` (the configuration; the final ``r2`` and ``mcc``
 at the top level; per-dimension scores; the baselines; the trajectories; the learned energy
-parameters; the wall time), ``trajectories.png``, and the trainer's ``checkpoint.pt`` and
+parameters; the wall time), ``trajectories.png`` (held-out R^2 and MCC against the step),
+``training.png`` (loss and held-out R^2 against the step), and the trainer's ``checkpoint.pt`` and
 ``history.json``. With ``--compare-energies cosine,anisotropic`` every energy is trained on the
 same data (same g, same minibatches, same encoder initialisation) in its own subfolder, and
 ``comparison.png`` shows the per-dimension :math:`R^2` of each energy and the learned against
@@ -70,7 +71,11 @@ from rpm.experiments.common import (
 )
 from rpm.experiments.identifiability.data import derived_seed, held_out_set
 from rpm.experiments.identifiability.model import ENERGIES
-from rpm.experiments.identifiability.plots import plot_comparison, plot_trajectories
+from rpm.experiments.identifiability.plots import (
+    plot_comparison,
+    plot_training_curves,
+    plot_trajectories,
+)
 from rpm.experiments.identifiability.train import train_energy
 from rpm.models.mlp import ENCODER_SPACES
 
@@ -251,6 +256,7 @@ def _run(args: argparse.Namespace) -> int:
                                out / name if compare else out)
             for name in args.energies}
     plot_trajectories(out / "trajectories.png", runs)
+    plot_training_curves(out / "training.png", runs)
     config = json.loads((out / "config.json").read_text())
     summary = {"config": config, "device": str(device), "torch_threads": torch.get_num_threads()}
     if compare:
