@@ -29,69 +29,99 @@ their gradients) is the single-process loss of the concatenated batch.
 
 from __future__ import annotations
 
-import inspect
+import functools
+import numbers
 
-import pyro
 import torch
-from pyro import poutine
 from pyro.infer import ELBO
+from pyro.poutine.block_messenger import BlockMessenger
+from pyro.poutine.messenger import Messenger
+from pyro.poutine.runtime import _PYRO_STACK
+from pyro.poutine.scale_messenger import ScaleMessenger
+from pyro.poutine.seed_messenger import SeedMessenger
+from pyro.poutine.trace_messenger import TraceMessenger
 
-from rpm.distributed import all_gather_with_grad
-from rpm.marginals import (
-    MixtureMarginal,
-    delta_mixture_log_prob,
-    gaussian_mixture_log_prob,
-    recognition_components,
-)
+from rpm.models.base import RPMBase
 
 __all__ = ["RPMELBO", "rpm_log_ratio"]
 
+# Handlers around the model or on the stack that do not change the value of the loss: a trace
+# records the param sites (SVI's), a block hides sites from outer handlers, a seed fixes the RNG.
+_NEUTRAL_HANDLERS = (BlockMessenger, SeedMessenger, TraceMessenger)
 
-def _owning_rpm(model, guide):
-    from rpm.models.rpm import RPM
 
-    owner = getattr(model, "__self__", model)
-    if not isinstance(owner, RPM) or getattr(guide, "__self__", None) is not owner:
+def _unwrap(fn) -> tuple[object, list[Messenger]]:
+    """Splits ``poutine.handler(fn)`` wrappers into the innermost callable and its handlers."""
+    handlers = []
+    while isinstance(fn, functools.partial):
+        if len(fn.args) >= 2 and isinstance(fn.args[0], Messenger):  # partial(_context_wrap, h, f)
+            handlers.append(fn.args[0])
+            fn = fn.args[1]
+        elif not fn.args and not fn.keywords:  # Pyro's _bound_partial around the above
+            fn = fn.func
+        else:
+            break
+    return fn, handlers
+
+
+def _scale_of(handlers, where: str) -> float:
+    """The product of the scales of ``poutine.scale`` handlers; raises for handlers that change
+    the ELBO in a way RPMELBO does not compute."""
+    scale = 1.0
+    for handler in handlers:
+        if isinstance(handler, ScaleMessenger):
+            factor = handler.scale
+            if isinstance(factor, torch.Tensor) and factor.numel() == 1:
+                factor = factor.item()
+            if isinstance(factor, bool) or not isinstance(factor, numbers.Real):
+                raise NotImplementedError(
+                    f"RPMELBO honours poutine.scale with one number; the scale {where} is a "
+                    f"{type(factor).__name__} of shape {tuple(getattr(factor, 'shape', ()))} (a "
+                    "per-pair scale does not apply to the mixture marginal, which couples the "
+                    "pairs). Use pyro.infer.Trace_ELBO"
+                )
+            scale *= float(factor)
+        elif not isinstance(handler, _NEUTRAL_HANDLERS):
+            raise NotImplementedError(
+                f"RPMELBO evaluates the RPM directly (each encoder once, cancellations by hand) "
+                f"and cannot honour the handler {type(handler).__name__} {where}; it honours "
+                "poutine.scale (one number) and ignores poutine.trace, block and seed. Use "
+                "pyro.infer.Trace_ELBO on the wrapped model, which runs every handler"
+            )
+    return scale
+
+
+def _owning_model(model, guide) -> tuple[RPMBase, float]:
+    """The model object behind ``(model, guide)`` and the scale their handlers apply."""
+    model_fn, model_handlers = _unwrap(model)
+    guide_fn, guide_handlers = _unwrap(guide)
+    owner = getattr(model_fn, "__self__", None)
+    if not isinstance(owner, RPMBase) or getattr(guide_fn, "__self__", None) is not owner:
         raise TypeError(
-            "RPMELBO evaluates an rpm.RPM directly: pass rpm.model and rpm.guide of the same "
-            f"RPM (got model={model!r}, guide={guide!r}). For any other model use "
+            "RPMELBO evaluates an rpm.RPM (or another rpm.models.base.RPMBase) directly: pass "
+            f"rpm.model and rpm.guide of the same model (got model={model!r}, guide={guide!r}). "
+            "For any other model use pyro.infer.Trace_ELBO"
+        )
+    model_scale = _scale_of(model_handlers, "around the model")
+    guide_scale = _scale_of(guide_handlers, "around the guide")
+    if model_scale != guide_scale:
+        raise NotImplementedError(
+            f"RPMELBO honours poutine.scale applied alike to the model and the guide; got "
+            f"{model_scale} around the model and {guide_scale} around the guide (the "
+            "recognition log-densities then no longer cancel). Scale both, or use "
             "pyro.infer.Trace_ELBO"
         )
-    return owner
-
-
-def _marginal_log_prob(
-    q, z: torch.Tensor, global_batch: bool, block_size: int | None
-) -> torch.Tensor:
-    """log Q(z_i) under the mixture of q's components, gathered from every rank if asked."""
-    if not global_batch and block_size is None:
-        return MixtureMarginal(q).log_prob(z)
-    loc, scale = recognition_components(q)  # (N, D), (N, D) or None
-    if global_batch:
-        if scale is None:
-            loc = all_gather_with_grad(loc)
-        else:  # one collective for both
-            loc, scale = all_gather_with_grad(torch.cat([loc, scale], dim=1)).chunk(2, dim=1)
-    if scale is None:
-        return delta_mixture_log_prob(z, loc)
-    return gaussian_mixture_log_prob(z, loc, scale, block_size=block_size)
-
-
-def _accepts_global_keywords(prior) -> bool:
-    parameters = inspect.signature(prior.log_ratio).parameters
-    return any(p.kind is p.VAR_KEYWORD for p in parameters.values()) or {
-        "negatives", "block_size"} <= set(parameters)
+    stack_scale = _scale_of(list(_PYRO_STACK), "active around the call")
+    return owner, model_scale * stack_scale
 
 
 def rpm_log_ratio(
     rpm, z: torch.Tensor, z2: torch.Tensor, q, q2, global_batch: bool = False,
     block_size: int | None = None,
 ) -> torch.Tensor:
-    r"""Total :math:`\sum_i \log P(z_i, z'_i) - \log Q(z_i) - \log Q(z'_i)` over the batch.
-
-    Uses the prior's own ``log_ratio(z, z2, q, q2)`` (per pair, analytic cancellations) when it
-    has one; otherwise traces the prior with the sites ``"z"``, ``"z2"`` conditioned on the
-    given values and subtracts the minibatch-mixture marginals.
+    r"""Total :math:`\sum_i \log P(z_i, z'_i) - \log Q(z_i) - \log Q(z'_i)` over the batch:
+    :meth:`rpm.RPM.log_ratio <rpm.models.rpm.RPM.log_ratio>` (the prior's analytic log-ratio,
+    or the traced prior minus the minibatch-mixture marginals).
 
     :param rpm: the :class:`~rpm.RPM`.
     :param torch.Tensor z: first-view latents, shape (N, D).
@@ -99,35 +129,11 @@ def rpm_log_ratio(
     :param q: first-view recognition distributions, batch_shape (N,).
     :param q2: second-view recognition distributions, batch_shape (N,).
     :param bool global_batch: evaluate the marginals (and the implicit prior's normaliser)
-        over the batches of every rank, gathered with
-        :func:`~rpm.distributed.all_gather_with_grad`; the return value is this rank's share.
+        over the batches of every rank; the return value is this rank's share.
     :param block_size: stream the O(N^2) parts in blocks of this size (``None``: by size).
     :return: a scalar.
     """
-    prior = rpm.prior
-    if hasattr(prior, "log_ratio"):
-        if not global_batch and block_size is None:
-            return prior.log_ratio(z, z2, q, q2).sum()
-        if not _accepts_global_keywords(prior):
-            raise TypeError(
-                f"global_batch=True or block_size needs a prior whose log_ratio accepts the "
-                f"keywords negatives= and block_size= (as rpm.priors.ImplicitPrior's does); "
-                f"{type(prior).__name__}.log_ratio does not"
-            )
-        negatives = all_gather_with_grad(z2) if global_batch else None
-        return prior.log_ratio(z, z2, q, q2, negatives=negatives, block_size=block_size).sum()
-    conditioned = poutine.condition(rpm.sample_prior, data={"z": z, "z2": z2})
-    with pyro.plate("pairs", z.shape[0]):
-        trace = poutine.trace(conditioned).get_trace(q, q2)
-    trace.compute_log_prob()
-    log_prior = sum(
-        site["log_prob"].sum()
-        for site in trace.nodes.values()
-        if site["type"] == "sample"
-    )
-    log_marginals = (_marginal_log_prob(q, z, global_batch, block_size).sum()
-                     + _marginal_log_prob(q2, z2, global_batch, block_size).sum())
-    return log_prior - log_marginals
+    return rpm.log_ratio(z, z2, q, q2, global_batch=global_batch, block_size=block_size)
 
 
 class RPMELBO(ELBO):
@@ -141,6 +147,18 @@ class RPMELBO(ELBO):
     The loss is :math:`-\mathcal{L}`, the negative ELBO summed over the N pairs; with Delta
     encoders and the implicit prior, :math:`\mathcal{L}/N = -\text{InfoNCE} + \log N`.
 
+    The work is the model's: ``differentiable_loss(m.model, m.guide, *args)`` returns
+    ``-m.elbo(*args, num_particles=..., global_batch=..., block_size=...)`` for any
+    :class:`~rpm.models.base.RPMBase` ``m`` (:class:`~rpm.RPM` for pairs; a model of sequences
+    implements its own :meth:`~rpm.models.base.RPMBase.elbo`), evaluated inside the model's
+    parameter scope.
+
+    Handlers: ``poutine.scale`` with one number, around the model and the guide alike or
+    active around the call, multiplies the loss, as it does under ``Trace_ELBO``;
+    ``poutine.trace``, ``block`` and ``seed`` do not change it. Any other handler (``condition``,
+    ``mask``, ``replay``, ``do``, ...) changes what the model computes in a way the direct
+    evaluation does not follow, and raises ``NotImplementedError``: use ``Trace_ELBO`` there.
+
     :param int num_particles: number of samples per step (averaged).
     :param bool global_batch: under ``torch.distributed``, use every rank's batch: the
         mixture marginals and the implicit prior's negatives are gathered from all ranks
@@ -149,8 +167,8 @@ class RPMELBO(ELBO):
         batch (``DistributedDataParallel`` averages gradients, i.e. divides that gradient by
         the number of ranks). Without ``torch.distributed`` it changes nothing.
     :param block_size: evaluate the mixture marginals and the InfoNCE normaliser in blocks of
-        this many rows and columns (O(N D) memory, :mod:`rpm.marginals.streaming`); ``None``
-        streams automatically for large batches.
+        this many rows and columns (O(N D) memory, :mod:`rpm.ops`); ``None`` streams
+        automatically for large batches.
     """
 
     def __init__(self, num_particles: int = 1, global_batch: bool = False,
@@ -170,20 +188,14 @@ class RPMELBO(ELBO):
         self.block_size = block_size
 
     def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
-        """The negative ELBO as a differentiable scalar tensor; ``args`` are ``(x, x2)``."""
-        rpm = _owning_rpm(model, guide)
-        return rpm.call_with_cached_params(self._negative_elbo, rpm, *args, **kwargs)
-
-    def _negative_elbo(self, rpm, *args, **kwargs) -> torch.Tensor:
-        q, q2 = rpm.recognise(*args, **kwargs)
-        total = 0.0
-        for _ in range(self.num_particles):
-            z = q.rsample()  # (N, D): the guide's site "z"
-            z2 = q2.rsample()  # (N, D): the guide's site "z2"
-            total = total - rpm_log_ratio(
-                rpm, z, z2, q, q2, global_batch=self.global_batch, block_size=self.block_size
-            )
-        return total / self.num_particles
+        """The negative ELBO as a differentiable scalar tensor; ``args`` are the model's data
+        (``(x, x2)`` for an :class:`~rpm.RPM`)."""
+        owner, scale = _owning_model(model, guide)
+        with owner.parameter_scope():
+            elbo = owner.elbo(*args, num_particles=self.num_particles,
+                              global_batch=self.global_batch, block_size=self.block_size,
+                              **kwargs)
+        return -elbo if scale == 1.0 else -scale * elbo
 
     def _get_trace(self, model, guide, args, kwargs):
         """Pyro's ELBO hook; RPMELBO evaluates the RPM directly, so there is no trace to get."""

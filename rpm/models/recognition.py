@@ -4,14 +4,16 @@ Calling a recognition model on a batch x of N observations returns a distributio
 batch_shape (N,) and event_shape (D,):
 
 * :class:`GaussianRecognition`: :math:`Q(z|x) = \mathcal{N}(\mu(x), \operatorname{diag}\sigma(x)^2)`,
-  reparameterised (``rsample``), the stochastic encoder of SPEC section 1.
+  reparameterised (``rsample``), the stochastic encoder (Eq. 3 of Aitchison & Ganev).
 * :class:`DeltaRecognition`: :math:`Q(z|x) = \delta(z - \mu(x))`, the usual deterministic SSL
   encoder; with ``noise_scale`` :math:`\epsilon > 0` it is :math:`\mathcal{N}(\mu(x), \epsilon^2 I)`,
   the smoothing that makes Q(z) absolutely continuous (Appendix B of Aitchison & Ganev).
 
-The wrapped network is converted in place to a :class:`~pyro.nn.PyroModule`
-(:func:`pyro.nn.module.to_pyro_module_`), so that its parameters are Pyro params that
-``pyro.infer.SVI`` sees and optimises.
+The wrapped network is held as it is, never converted or otherwise changed: a plain
+``torch.nn.Module`` is registered with Pyro (``pyro.module``) each time the recognition model
+runs inside an RPM, so ``pyro.infer.SVI`` sees and optimises its parameters, and a
+``torch.optim`` loop finds them in ``rpm.parameters()``. One recognition model may serve
+several RPMs (:class:`~rpm.models.base.RPMBase` keeps their parameters apart).
 """
 
 from __future__ import annotations
@@ -19,19 +21,17 @@ from __future__ import annotations
 import torch
 from pyro.distributions import Delta, Normal, TorchDistribution
 from pyro.infer.util import is_validation_enabled
-from pyro.nn import PyroModule
-from pyro.nn.module import to_pyro_module_
+
+from rpm.nn import ScopedModule
 
 __all__ = ["DeltaRecognition", "GaussianRecognition"]
 
 
-def _as_pyro_module(net: torch.nn.Module) -> torch.nn.Module:
+def _check_network(net: torch.nn.Module) -> torch.nn.Module:
     if not isinstance(net, torch.nn.Module):
         raise TypeError(
             f"the recognition network must be a torch.nn.Module, got {type(net).__name__}"
         )
-    if not isinstance(net, PyroModule):
-        to_pyro_module_(net)
     return net
 
 
@@ -61,7 +61,7 @@ def _check_finite(name: str, tensor: torch.Tensor) -> None:
         )
 
 
-class GaussianRecognition(PyroModule):
+class GaussianRecognition(ScopedModule):
     r"""Diagonal Gaussian recognition :math:`Q(z|x) = \mathcal{N}(\mu(x), \mathrm{diag}\,\sigma(x)^2)`.
 
     :param torch.nn.Module net: maps a batch x (N, ...) to ``(loc, scale)``, each of shape
@@ -73,7 +73,7 @@ class GaussianRecognition(PyroModule):
 
     def __init__(self, net: torch.nn.Module, validate: bool | None = None):
         super().__init__()
-        self.net = _as_pyro_module(net)
+        self.net = _check_network(net)
         self.validate = validate
 
     def forward(self, x: torch.Tensor) -> TorchDistribution:
@@ -104,7 +104,7 @@ class GaussianRecognition(PyroModule):
         return Normal(loc, scale).to_event(1)
 
 
-class DeltaRecognition(PyroModule):
+class DeltaRecognition(ScopedModule):
     r"""Deterministic recognition model :math:`Q(z|x) = \delta(z - \mu(x))`.
 
     With ``noise_scale`` :math:`\epsilon > 0` the recognition model is
@@ -126,7 +126,7 @@ class DeltaRecognition(PyroModule):
                 f"noise_scale must be a finite number >= 0, got {noise_scale}; use 0 for a "
                 "deterministic encoder or a small positive value such as 1e-2"
             )
-        self.net = _as_pyro_module(net)
+        self.net = _check_network(net)
         self.noise_scale = noise_scale
         self.validate = validate
 

@@ -1,4 +1,5 @@
-r"""The recognition parameterised model (RPM) as a Pyro model and guide (SPEC section 4).
+r"""The recognition parameterised model (RPM) as a Pyro model and guide
+(``docs/theory.md#pyro-model-and-guide``).
 
 Generative model (Eq. 9 of Aitchison & Ganev): :math:`P(x, x', z, z') = P(z, z') P(x|z) P(x'|z')`
 with the likelihood defined from the recognition joint (Eq. 10):
@@ -25,25 +26,46 @@ import torch
 from pyro import poutine
 from pyro.distributions import Delta, TorchDistribution
 from pyro.infer.util import is_validation_enabled
-from pyro.nn import PyroModule, pyro_method
 
-from rpm.marginals import MixtureMarginal
+from rpm.distributed import all_gather_with_grad
+from rpm.marginals import (
+    MixtureMarginal,
+    delta_mixture_log_prob,
+    gaussian_mixture_log_prob,
+    recognition_components,
+)
+from rpm.models.base import RPMBase, scoped
+from rpm.models.recognition import DeltaRecognition
+from rpm.priors.base import Prior
 
 __all__ = ["RPM"]
 
 
-def _is_point_mass(q: TorchDistribution) -> bool:
-    return isinstance(q, Delta)
+def _accepts_delta(prior) -> bool:
+    """The prior's :attr:`~rpm.priors.base.Prior.accepts_delta_recognition` (False, the
+    default, for a plain callable)."""
+    return isinstance(prior, Prior) and prior.accepts_delta_recognition
 
 
-def _prior_dim(prior) -> int | None:
-    dim = getattr(prior, "dim", None)
-    if dim is None:
-        dim = getattr(getattr(prior, "energy", None), "dim", None)
-    return dim if isinstance(dim, int) else None
+def _marginal_log_prob(
+    q: TorchDistribution, z: torch.Tensor, global_batch: bool, block_size: int | None
+) -> torch.Tensor:
+    """log Q(z_i) under the mixture of q's components (Eq. 11), gathered from every rank if
+    asked; shape (N,)."""
+    if not global_batch and block_size is None:
+        return MixtureMarginal(q).log_prob(z)
+    loc, scale = recognition_components(q)  # (N, D), (N, D) or None
+    if global_batch:
+        if scale is None:
+            loc = all_gather_with_grad(loc)
+        else:  # one collective for both
+            loc, scale = all_gather_with_grad(torch.cat([loc, scale], dim=1)).chunk(2, dim=1)
+    if scale is None:
+        return delta_mixture_log_prob(z, loc)
+    return gaussian_mixture_log_prob(z, loc, scale, block_size=block_size)
 
 
-class RPM(PyroModule):
+class RPM(RPMBase):
     r"""A recognition parameterised model with a prior over a pair of latents.
 
     .. code-block:: python
@@ -57,11 +79,15 @@ class RPM(PyroModule):
     :math:`\log Q(z|x) - \log Q(z)` and :math:`\log Q(z'|x') - \log Q(z')` (Eq. 10).
     ``guide(x, x2)`` samples ``"z" ~ Q(z|x)`` and ``"z2" ~ Q(z'|x')``.
 
+    Its parameters are its own (:class:`~rpm.models.base.RPMBase`): two RPMs, or two RPMs
+    sharing one recognition model, train side by side under ``SVI`` or a ``torch.optim`` loop
+    over ``rpm.parameters()``, with no ``pyro.clear_param_store()`` between them.
+
     :param recognition: Q(z|x), a :class:`~rpm.GaussianRecognition` or
         :class:`~rpm.DeltaRecognition` (any module returning a batch of distributions with
         batch_shape (N,) and event_shape (D,)).
-    :param prior: a callable ``prior(q, q2) -> (z, z2)`` declaring the sites ``"z"`` and
-        ``"z2"`` (see :mod:`rpm.priors`).
+    :param prior: a :class:`~rpm.priors.base.Prior` (or a plain callable ``prior(q, q2) ->
+        (z, z2)`` declaring the sites ``"z"`` and ``"z2"``, which gets the hooks' defaults).
     :param recognition2: Q(z'|x') for the second view; by default the first view's model is
         shared.
     :raises ValueError: for a deterministic encoder (Delta, no noise) with a prior that is an
@@ -75,12 +101,20 @@ class RPM(PyroModule):
                 raise TypeError(f"{name} must be callable (x -> distribution), got {module!r}")
         if not callable(prior):
             raise TypeError(f"prior must be callable as prior(q, q2), got {prior!r}")
-        self.recognition = recognition
-        self.recognition2 = recognition2
-        self.prior = prior
-        if not getattr(prior, "accepts_delta_recognition", False):
+        try:
+            self.recognition = recognition
+            self.recognition2 = recognition2
+            self.prior = prior
+        except AssertionError as error:  # Pyro's check when re-parenting a used PyroModule
+            raise ValueError(
+                "a module of this RPM already ran inside another PyroModule and holds a "
+                f"PyroModule of its own ({error}); Pyro cannot move such a module to a second "
+                "model. Share a recognition model between RPMs with a plain torch.nn.Module "
+                "network (rpm.DeltaRecognition(net) does not convert it), or build a new one"
+            ) from None
+        if not _accepts_delta(prior):
             for name, module in (("recognition", recognition), ("recognition2", recognition2)):
-                if getattr(module, "is_deterministic", False):
+                if isinstance(module, DeltaRecognition) and module.is_deterministic:
                     raise ValueError(_delta_with_density_message(name, prior))
 
     def recognise(
@@ -107,8 +141,9 @@ class RPM(PyroModule):
         if is_validation_enabled():
             for name, value in (("x", x), ("x2", x2)):
                 _check_finite_input(name, value)
-        q = self.recognition(x)
-        q2 = (self.recognition2 or self.recognition)(x2)
+        with self.parameter_scope():
+            q = self.recognition(x)
+            q2 = (self.recognition2 or self.recognition)(x2)
         for name, dist in (("recognition", q), ("recognition2", q2)):
             if dist.batch_shape != (x.shape[0],) or len(dist.event_shape) != 1:
                 raise ValueError(
@@ -121,18 +156,19 @@ class RPM(PyroModule):
                 f"the two views' latents have different dimensions {q.event_shape[0]} and "
                 f"{q2.event_shape[0]}; both encoders must output the same latent dimension"
             )
-        prior_dim = _prior_dim(self.prior)
+        prior_dim = self.prior.dim if isinstance(self.prior, Prior) else None
         if prior_dim is not None and prior_dim != q.event_shape[0]:
             raise ValueError(
                 f"the prior was built for latent dimension {prior_dim} but the encoder outputs "
                 f"dimension {q.event_shape[0]}; make them agree (e.g. dim={q.event_shape[0]})"
             )
-        if not getattr(self.prior, "accepts_delta_recognition", False):
+        if not _accepts_delta(self.prior):
             for name, dist in (("recognition", q), ("recognition2", q2)):
-                if _is_point_mass(dist):
+                if isinstance(dist, Delta):
                     raise ValueError(_delta_with_density_message(name, self.prior))
         return q, q2
 
+    @scoped
     def sample_prior(self, q: TorchDistribution, q2: TorchDistribution):
         """Runs the prior inside the current plate and checks it declared ``"z"`` and ``"z2"``."""
         with poutine.trace() as tracer:
@@ -154,6 +190,7 @@ class RPM(PyroModule):
             )
         return result
 
+    @scoped
     def model(self, x: torch.Tensor, x2: torch.Tensor):
         r"""The generative model of Eq. 9-10: prior sites "z", "z2"; likelihood factors "x", "x2"."""
         q, q2 = self.recognise(x, x2)
@@ -163,6 +200,7 @@ class RPM(PyroModule):
             pyro.factor("x2", q2.log_prob(z2) - MixtureMarginal(q2).log_prob(z2))
         return z, z2
 
+    @scoped
     def guide(self, x: torch.Tensor, x2: torch.Tensor):
         r"""The approximate posterior of Eq. 14: the recognition models, Q(z|x) Q(z'|x')."""
         q, q2 = self.recognise(x, x2)
@@ -171,12 +209,77 @@ class RPM(PyroModule):
             z2 = pyro.sample("z2", q2)
         return z, z2
 
-    @pyro_method
-    def call_with_cached_params(self, fn, *args, **kwargs):
-        """Calls ``fn(*args, **kwargs)`` with this module's Pyro params fetched once and cached
-        for the whole call (Pyro's ``pyro_method`` context), instead of once per access."""
-        return fn(*args, **kwargs)
+    @scoped
+    def log_ratio(
+        self, z: torch.Tensor, z2: torch.Tensor, q: TorchDistribution, q2: TorchDistribution,
+        global_batch: bool = False, block_size: int | None = None,
+    ) -> torch.Tensor:
+        r"""Total :math:`\sum_i \log P(z_i, z'_i) - \log Q(z_i) - \log Q(z'_i)` over the batch.
 
+        The prior's own :meth:`~rpm.priors.base.Prior.log_ratio` (analytic cancellations) when
+        it returns one; otherwise the prior traced with ``"z"``, ``"z2"`` conditioned on the
+        given values, minus the minibatch-mixture marginals (Eq. 11).
+
+        :param torch.Tensor z: first-view latents, shape (N, D).
+        :param torch.Tensor z2: second-view latents, shape (N, D).
+        :param q: first-view recognition distributions, batch_shape (N,).
+        :param q2: second-view recognition distributions, batch_shape (N,).
+        :param bool global_batch: evaluate the marginals (and the prior's normaliser) over the
+            batches of every rank, gathered with :func:`~rpm.distributed.all_gather_with_grad`;
+            the return value is this rank's share.
+        :param block_size: stream the O(N^2) parts in blocks of this size (``None``: by size).
+        :return: a scalar.
+        """
+        if isinstance(self.prior, Prior):
+            negatives = all_gather_with_grad(z2) if global_batch else None
+            ratio = self.prior.log_ratio(z, z2, q, q2, negatives=negatives,
+                                         block_size=block_size)
+            if ratio is not None:
+                return ratio.sum()
+        conditioned = poutine.condition(self.sample_prior, data={"z": z, "z2": z2})
+        with pyro.plate("pairs", z.shape[0]):
+            trace = poutine.trace(conditioned).get_trace(q, q2)
+        trace.compute_log_prob()
+        log_prior = sum(
+            site["log_prob"].sum() for site in trace.nodes.values() if site["type"] == "sample"
+        )
+        log_marginals = (_marginal_log_prob(q, z, global_batch, block_size).sum()
+                         + _marginal_log_prob(q2, z2, global_batch, block_size).sum())
+        return log_prior - log_marginals
+
+    @scoped
+    def elbo(self, x: torch.Tensor, x2: torch.Tensor, num_particles: int = 1,
+             global_batch: bool = False, block_size: int | None = None) -> torch.Tensor:
+        r"""The ELBO of Eq. 15 summed over the N pairs, each encoder evaluated once.
+
+        .. math::
+
+            \mathcal{L} = \frac1S \sum_{s=1}^S \sum_i \big[\log P(z^s_i, z'^s_i)
+            - \log Q(z^s_i) - \log Q(z'^s_i)\big], \qquad z^s_i \sim Q(z|x_i),\
+            z'^s_i \sim Q(z'|x'_i),
+
+        the recognition log-densities of the likelihood (Eq. 10) and of the guide cancelled
+        analytically; the samples are drawn as :meth:`guide` draws them (``"z"`` then ``"z2"``),
+        so with the same random numbers it equals ``-Trace_ELBO`` on ``(model, guide)``. See
+        :meth:`~rpm.models.base.RPMBase.elbo` for the contract.
+
+        :param torch.Tensor x: first views, shape (N, ...).
+        :param torch.Tensor x2: second views, shape (N, ...).
+        :param int num_particles: S, the number of samples averaged.
+        :param bool global_batch: marginals and normaliser over every rank's batch.
+        :param block_size: block edge for the O(N^2) kernels; None decides by size.
+        :return: a scalar tensor.
+        """
+        q, q2 = self.recognise(x, x2)
+        total = 0.0
+        for _ in range(num_particles):
+            z = q.rsample()  # (N, D): the guide's site "z"
+            z2 = q2.rsample()  # (N, D): the guide's site "z2"
+            total = total + self.log_ratio(z, z2, q, q2, global_batch=global_batch,
+                                           block_size=block_size)
+        return total / num_particles
+
+    @scoped
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """The recognition mean of the first view, shape (N, D): the learned representation."""
         return self.recognition(x).mean

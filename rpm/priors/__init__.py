@@ -1,16 +1,19 @@
-r"""Priors P(z, z') over the latents of a pair (SPEC section 3).
+r"""Priors P(z, z') over the latents of a pair (Eq. 9 and 21-22 of Aitchison & Ganev;
+``docs/theory.md#implicit-prior``).
 
-A prior is any callable ``prior(q, q2)`` that, inside the model's plate over the N pairs,
-declares the sample sites ``"z"`` and ``"z2"`` and returns their values; q and q2 are the
-batch's recognition distributions (the implicit prior uses them, explicit priors ignore them).
+A prior is a :class:`Prior`: inside the model's plate over the N pairs it declares the sample
+sites ``"z"`` and ``"z2"`` and returns their values; q and q2 are the batch's recognition
+distributions (the implicit prior uses them, explicit priors ignore them). Its other hooks (the
+analytic log-ratio, whether Delta encoders are allowed, the latent dimension) and those of an
+:class:`Energy` are documented in :mod:`rpm.priors.base`.
 """
 
+from rpm.priors.base import Energy, Prior
 from rpm.priors.circular_step import BallDynamicsPrior, CircularStep
 from rpm.priors.energies import (
     AnisotropicEnergy,
     BilinearEnergy,
     CosineEnergy,
-    Energy,
     LpEnergy,
     NeuralEnergy,
     RBFEnergy,
@@ -47,6 +50,7 @@ __all__ = [
     "MarkovPrior",
     "NeuralEnergy",
     "PooledImplicitPrior",
+    "Prior",
     "RBFEnergy",
     "SequencePrior",
     "StateSpacePosterior",

@@ -4,7 +4,10 @@ Under the implicit prior of Eq. 21-22 of Aitchison & Ganev,
 :math:`P(z'|z) = Q(z') e^{f(z, z')} / Z(z)`: the energy says which latents of the second view
 are likely given the first. Each energy is a :class:`~pyro.nn.PyroModule` whose learnable
 quantities are constrained :class:`~pyro.nn.PyroParam` s, and whose ``forward(z, z2)`` returns
-the full pairwise matrix :math:`F_{ij} = f(z_i, z'_j)` of shape (N, M) in one shot.
+the full pairwise matrix :math:`F_{ij} = f(z_i, z'_j)` of shape (N, M) in one shot. Each
+implements the hooks of :class:`~rpm.priors.base.Energy` (``paired``, ``logit_factors``), so a
+subclass keeps the streamed normaliser. Hyperparameters given as Python floats are held in
+float64 and cast to the latents' dtype where they are used.
 
 ==============  ===============================================  ==============================
 energy          f(z, z')                                         special case
@@ -20,13 +23,13 @@ neural          :math:`f_\theta(z, z')` (an MLP)                 a learned energ
 
 from __future__ import annotations
 
-import math
-
 import torch
 from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
 
-from rpm.ops.distances import squared_distances
+from rpm._validation import check_positive_int, check_real
+from rpm.ops.distances import squared_distance_factors, squared_distances
+from rpm.priors.base import Energy, positive_hyperparameter
 
 __all__ = [
     "AnisotropicEnergy",
@@ -40,86 +43,39 @@ __all__ = [
 ]
 
 
-def _positive(name: str, value: float) -> torch.Tensor:
-    try:
-        value = float(value)
-    except (TypeError, ValueError, RuntimeError):
-        raise TypeError(f"{name} must be a number, got {value!r}") from None
-    if not (value > 0 and value < float("inf")):
-        raise ValueError(
-            f"{name} must be a finite positive number, got {value}; pass a value > 0 (for a "
-            "learned parameter, its initial value)"
-        )
-    return torch.tensor(value)
-
-
-def _positive_dim(dim: int) -> int:
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-        raise ValueError(f"dim must be a positive integer (the latent dimension), got {dim!r}")
-    return dim
-
-
-def _check_pair(z: torch.Tensor, z2: torch.Tensor, dim: int | None = None) -> None:
-    if z.dim() != 2 or z2.dim() != 2 or z.shape[1] != z2.shape[1]:
-        raise ValueError(
-            "an energy takes latents z of shape (N, D) and z2 of shape (M, D), got "
-            f"{tuple(z.shape)} and {tuple(z2.shape)}"
-        )
-    if dim is not None and z.shape[1] != dim:
-        raise ValueError(
-            f"this energy was built for latents of dimension {dim} but the encoder produced "
-            f"dimension {z.shape[1]}; build the energy with dim={z.shape[1]} or change the "
-            "encoder's output size"
-        )
-
-
 def _unit(z: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.normalize(z, dim=-1)
-
-
-class Energy(PyroModule):
-    r"""Base class of energies :math:`f(z, z')`.
-
-    Subclasses implement ``forward(z, z2)`` returning :math:`F_{ij} = f(z_i, z'_j)`, shape
-    (N, M) for z (N, D) and z2 (M, D). ``paired(z, z2)`` returns the diagonal
-    :math:`f(z_i, z'_i)`, shape (N,), for aligned pairs.
-    """
-
-    def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:  # pragma: no cover
-        raise NotImplementedError
-
-    def paired(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-        """f(z_i, z'_i) for aligned pairs, shape (N,)."""
-        if z.shape != z2.shape:
-            raise ValueError(f"paired energies need equal shapes, got {z.shape} and {z2.shape}")
-        return torch.diagonal(self(z, z2))
 
 
 class BilinearEnergy(Energy):
     r"""The bilinear critic of CPC, :math:`f(z, z') = z^\top W z'` with W learned (Eq. 8).
 
+    Matrix-product factors (:meth:`logit_factors`): :math:`a_i = W^\top z_i`, :math:`b_j = z'_j`.
+
     :param int dim: latent dimension D.
-    :param float init_scale: W starts at ``init_scale * I``.
+    :param float init_scale: W starts at ``init_scale * I`` (held in float64 until cast).
     """
 
     def __init__(self, dim: int, init_scale: float = 1.0):
         super().__init__()
-        self.dim = _positive_dim(dim)
-        init_scale = float(init_scale)
-        if not math.isfinite(init_scale):
-            raise ValueError(
-                f"init_scale must be a finite number, got {init_scale}; W starts at "
-                "init_scale * I, e.g. init_scale=1.0"
-            )
-        self.weight = torch.nn.Parameter(init_scale * torch.eye(dim))
+        self.dim = check_positive_int("dim", dim)
+        init_scale = check_real("init_scale", init_scale)
+        self.weight = torch.nn.Parameter(init_scale * torch.eye(dim, dtype=torch.float64))
+
+    def _weight(self, z: torch.Tensor) -> torch.Tensor:
+        return self.weight.to(z.dtype)
 
     def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-        _check_pair(z, z2, self.dim)
-        return (z @ self.weight) @ z2.T  # (N, M)
+        self.check_latents(z, z2)
+        return (z @ self._weight(z)) @ z2.T  # (N, M)
 
     def paired(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-        _check_pair(z, z2, self.dim)
-        return ((z @ self.weight) * z2).sum(-1)
+        self.check_latents(z, z2)
+        return ((z @ self._weight(z)) * z2).sum(-1)
+
+    def logit_factors(self, z: torch.Tensor, z2: torch.Tensor):
+        self.check_latents(z, z2)
+        return z @ self._weight(z), z2, None
 
 
 class CosineEnergy(Energy):
@@ -130,26 +86,32 @@ class CosineEnergy(Energy):
     cross-view form (Zimmermann et al.; info-nce-pytorch), under
     :class:`~rpm.priors.PooledImplicitPrior` SimCLR's NT-Xent with :math:`\tau = 1/\kappa`;
     the conditional :math:`P(z'|z) \propto Q(z') \exp(\kappa \hat z^\top \hat z')` is a vMF tilt.
+    Matrix-product factors: :math:`a_i = \kappa \hat z_i`, :math:`b_j = \hat z'_j`.
 
-    :param float kappa: concentration :math:`\kappa > 0`.
+    :param float kappa: concentration :math:`\kappa > 0` (kept in float64 until cast to the
+        latents' dtype, so ``kappa=1/0.07`` is exact after ``.double()``).
     :param bool learn_kappa: learn :math:`\kappa` (a positive :class:`PyroParam`).
     """
 
     def __init__(self, kappa: float = 1.0, learn_kappa: bool = False):
         super().__init__()
-        kappa_tensor = _positive("kappa", kappa)
+        kappa_tensor = positive_hyperparameter("kappa", kappa)
         if learn_kappa:
             self.kappa = PyroParam(kappa_tensor, constraints.positive)
         else:
             self.register_buffer("kappa", kappa_tensor)
 
     def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-        _check_pair(z, z2)
-        return self.kappa * (_unit(z) @ _unit(z2).T)
+        self.check_latents(z, z2)
+        return self.kappa.to(z.dtype) * (_unit(z) @ _unit(z2).T)
 
     def paired(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-        _check_pair(z, z2)
-        return self.kappa * (_unit(z) * _unit(z2)).sum(-1)
+        self.check_latents(z, z2)
+        return self.kappa.to(z.dtype) * (_unit(z) * _unit(z2)).sum(-1)
+
+    def logit_factors(self, z: torch.Tensor, z2: torch.Tensor):
+        self.check_latents(z, z2)
+        return self.kappa.to(z.dtype) * _unit(z), _unit(z2), None
 
 
 class RBFEnergy(Energy):
@@ -157,27 +119,33 @@ class RBFEnergy(Energy):
 
     Under a uniform Q(z') this is the Gaussian conditional :math:`P(z'|z) = \mathcal{N}(z, l^2 I)`;
     it encodes "adjacent frames have nearby latents", which is what makes the bouncing-balls
-    experiment work where the bilinear critic fails.
+    experiment work where the bilinear critic fails. Matrix-product factors: the expanded
+    squared distance with weights :math:`1/l^2` (:func:`~rpm.ops.squared_distance_factors`).
 
-    :param float lengthscale: initial :math:`l > 0`.
+    :param float lengthscale: initial :math:`l > 0` (float64 until cast).
     :param bool learn_lengthscale: learn l (a positive :class:`PyroParam`).
     """
 
     def __init__(self, lengthscale: float = 1.0, learn_lengthscale: bool = True):
         super().__init__()
-        value = _positive("lengthscale", lengthscale)
+        value = positive_hyperparameter("lengthscale", lengthscale)
         if learn_lengthscale:
             self.lengthscale = PyroParam(value, constraints.positive)
         else:
             self.register_buffer("lengthscale", value)
 
     def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-        _check_pair(z, z2)
-        return -0.5 * squared_distances(z, z2) / self.lengthscale.square()
+        self.check_latents(z, z2)
+        return -0.5 * squared_distances(z, z2) / self.lengthscale.to(z.dtype).square()
 
     def paired(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-        _check_pair(z, z2)
-        return -0.5 * (z - z2).square().sum(-1) / self.lengthscale.square()
+        self.check_latents(z, z2)
+        return -0.5 * (z - z2).square().sum(-1) / self.lengthscale.to(z.dtype).square()
+
+    def logit_factors(self, z: torch.Tensor, z2: torch.Tensor):
+        self.check_latents(z, z2)
+        precision = self.lengthscale.to(z.dtype).square().reciprocal()  # 1 / l^2
+        return squared_distance_factors(z, z2, precision.expand(z.shape[1]))
 
 
 class AnisotropicEnergy(Energy):
@@ -187,71 +155,92 @@ class AnisotropicEnergy(Energy):
     al.): it lets dimensions whose positive pairs vary little ("style") keep their own
     concentration instead of being collapsed by a single temperature. With ``normalize`` the
     latents are first projected on the unit sphere, :math:`\hat z = z / \lVert z \rVert`.
+    Matrix-product factors: the expanded squared distance of the projected latents with weights
+    :math:`\lambda`.
 
     :param int dim: latent dimension D.
     :param bool normalize: use :math:`\hat z, \hat z'`.
-    :param float init: initial value of every :math:`\lambda_d > 0`.
+    :param float init: initial value of every :math:`\lambda_d > 0` (float64 until cast).
     """
 
     def __init__(self, dim: int, normalize: bool = True, init: float = 1.0):
         super().__init__()
-        self.dim = _positive_dim(dim)
+        self.dim = check_positive_int("dim", dim)
         self.normalize = normalize
         self.concentration = PyroParam(
-            _positive("init", init) * torch.ones(dim), constraints.softplus_positive
+            positive_hyperparameter("init", init) * torch.ones(dim, dtype=torch.float64),
+            constraints.softplus_positive,
         )
 
-    def _project(self, z: torch.Tensor) -> torch.Tensor:
+    def project(self, z: torch.Tensor) -> torch.Tensor:
+        r"""The latents the distance is measured on: :math:`\hat z` with ``normalize``, else z."""
         return _unit(z) if self.normalize else z
 
     def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-        _check_pair(z, z2, self.dim)
-        return -0.5 * squared_distances(self._project(z), self._project(z2), self.concentration)
+        self.check_latents(z, z2)
+        return -0.5 * squared_distances(
+            self.project(z), self.project(z2), self.concentration.to(z.dtype)
+        )
 
     def paired(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-        _check_pair(z, z2, self.dim)
-        diff = self._project(z) - self._project(z2)
-        return -0.5 * (diff.square() * self.concentration).sum(-1)
+        self.check_latents(z, z2)
+        diff = self.project(z) - self.project(z2)
+        return -0.5 * (diff.square() * self.concentration.to(z.dtype)).sum(-1)
+
+    def logit_factors(self, z: torch.Tensor, z2: torch.Tensor):
+        self.check_latents(z, z2)
+        return squared_distance_factors(
+            self.project(z), self.project(z2), self.concentration.to(z.dtype)
+        )
 
 
 class LpEnergy(Energy):
     r"""The Lp energy :math:`f(z, z') = -\lVert z - z' \rVert_p^p / \tau`.
 
     p = 1 is the Laplace conditional and p = 3 a generalized normal one (Zimmermann et al.,
-    Table 2); p = 2 with :math:`\tau = 2 l^2` is the RBF energy.
+    Table 2); p = 2 with :math:`\tau = 2 l^2` is the RBF energy, and only then does it have
+    matrix-product factors (the expanded squared distance with weights :math:`2/\tau`).
 
     :param float p: exponent p > 0.
-    :param float tau: temperature :math:`\tau > 0`.
+    :param float tau: temperature :math:`\tau > 0` (float64 until cast).
     :param bool learn_tau: learn :math:`\tau` (a positive :class:`PyroParam`).
     """
 
     def __init__(self, p: float = 1.0, tau: float = 1.0, learn_tau: bool = False):
         super().__init__()
-        self.p = float(_positive("p", p))
-        tau_tensor = _positive("tau", tau)
+        self.p = float(positive_hyperparameter("p", p))
+        tau_tensor = positive_hyperparameter("tau", tau)
         if learn_tau:
             self.tau = PyroParam(tau_tensor, constraints.positive)
         else:
             self.register_buffer("tau", tau_tensor)
 
     def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-        _check_pair(z, z2)
+        self.check_latents(z, z2)
+        tau = self.tau.to(z.dtype)
         if self.p == 2.0:
-            return -squared_distances(z, z2) / self.tau
+            return -squared_distances(z, z2) / tau
         # torch.cdist computes ||.||_p with a gradient that is defined at 0 for p >= 1.
         distance = torch.cdist(z, z2, p=self.p)  # (N, M)
-        return -distance.pow(self.p) / self.tau
+        return -distance.pow(self.p) / tau
 
     def paired(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-        _check_pair(z, z2)
+        self.check_latents(z, z2)
+        tau = self.tau.to(z.dtype)
         distance = (z - z2).abs()  # (N, D)
         if self.p < 1.0:
             # |d|^p has an infinite slope at d = 0 for p < 1: take the zero subgradient there,
             # as torch.cdist does in forward, instead of inf * 0 = NaN.
             zero = distance == 0
             distance = torch.where(zero, torch.ones_like(distance), distance)
-            return -distance.pow(self.p).masked_fill(zero, 0.0).sum(-1) / self.tau
-        return -distance.pow(self.p).sum(-1) / self.tau
+            return -distance.pow(self.p).masked_fill(zero, 0.0).sum(-1) / tau
+        return -distance.pow(self.p).sum(-1) / tau
+
+    def logit_factors(self, z: torch.Tensor, z2: torch.Tensor):
+        self.check_latents(z, z2)
+        if self.p != 2.0:
+            return None
+        return squared_distance_factors(z, z2, (2.0 / self.tau.to(z.dtype)).expand(z.shape[1]))
 
 
 class NeuralEnergy(Energy):
@@ -259,7 +248,8 @@ class NeuralEnergy(Energy):
 
     A one-hidden-layer MLP on the concatenation :math:`[z; z']`; the first layer is split as
     :math:`W [z; z'] = W_a z + W_b z'` so that the (N, M) matrix needs an (N, M, H) hidden
-    tensor rather than an (N, M, 2D) input.
+    tensor rather than an (N, M, 2D) input. It has no matrix-product factors, so its InfoNCE
+    normaliser is the log-sum-exp of the full matrix.
 
     :param int dim: latent dimension D.
     :param int hidden: hidden width H.
@@ -267,21 +257,20 @@ class NeuralEnergy(Energy):
 
     def __init__(self, dim: int, hidden: int = 64):
         super().__init__()
-        self.dim = _positive_dim(dim)
-        if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
-            raise ValueError(f"hidden must be a positive integer, got {hidden!r}")
+        self.dim = check_positive_int("dim", dim)
+        hidden = check_positive_int("hidden", hidden)
         self.first = PyroModule[torch.nn.Linear](dim, hidden)  # W_a z + b_1
         self.second = PyroModule[torch.nn.Linear](dim, hidden, bias=False)  # W_b z'
         self.out = PyroModule[torch.nn.Linear](hidden, 1)
 
     def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-        _check_pair(z, z2, self.dim)
+        self.check_latents(z, z2)
         hidden = torch.nn.functional.softplus(
             self.first(z)[:, None, :] + self.second(z2)[None, :, :]
         )  # (N, M, H)
         return self.out(hidden).squeeze(-1)  # (N, M)
 
     def paired(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-        _check_pair(z, z2, self.dim)
+        self.check_latents(z, z2)
         hidden = torch.nn.functional.softplus(self.first(z) + self.second(z2))  # (N, H)
         return self.out(hidden).squeeze(-1)

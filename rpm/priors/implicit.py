@@ -28,27 +28,19 @@ import math
 import pyro
 import torch
 from pyro.distributions import Categorical, TorchDistribution
-from pyro.nn import PyroModule
 from torch.distributions import constraints
 
 from rpm.marginals import MixtureMarginal
 from rpm.ops.dispatch import use_streaming
-from rpm.ops.distances import squared_distance_factors
 from rpm.ops.logsumexp import streaming_matmul_logsumexp
-from rpm.priors.energies import (
-    AnisotropicEnergy,
-    BilinearEnergy,
-    CosineEnergy,
-    Energy,
-    LpEnergy,
-    RBFEnergy,
-)
+from rpm.priors.base import Energy, Prior
 
 __all__ = [
     "ImplicitConditional",
     "ImplicitPrior",
     "energy_log_normalizer",
     "energy_logit_factors",
+    "energy_paired",
     "implicit_log_ratio",
 ]
 
@@ -77,59 +69,32 @@ def implicit_log_ratio(energy_matrix: torch.Tensor) -> torch.Tensor:
 
 
 def energy_logit_factors(
-    energy: Energy, z: torch.Tensor, z2: torch.Tensor
+    energy, z: torch.Tensor, z2: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
-    r"""Writes an energy matrix as a matrix product plus a row offset, when it is one.
+    r"""The matrix-product factors of an energy, :math:`f(z_i, z'_j) = a_i^\top b_j + c_i`, or
+    None.
 
-    .. math::
-
-        f(z_i, z'_j) = a_i^\top b_j + c_i
-
-    so that :math:`\log \sum_j e^{f(z_i, z'_j)} = c_i + \log \sum_j e^{a_i^\top b_j}` can be
-    streamed (:func:`~rpm.marginals.streaming_matmul_logsumexp`). Known factorisations:
-    bilinear (:math:`a = W^\top z`, :math:`b = z'`), cosine (:math:`a = \kappa \hat z`,
-    :math:`b = \hat z'`), RBF, anisotropic and Lp with p = 2 (squared distances expanded after
-    centring, :math:`a = [w z, 1]`, :math:`b = [z', -\tfrac12 \sum_d w_d z'^2_d]`,
-    :math:`c = -\tfrac12 \sum_d w_d z_d^2`). Any energy may provide its own through a method
-    ``logit_factors(z, z2)`` returning the same triple.
+    The energy's own :meth:`~rpm.priors.base.Energy.logit_factors` hook for an
+    :class:`~rpm.priors.base.Energy`; None (no factors: the normaliser is dense) for any other
+    module mapping (z, z2) to the (N, M) matrix.
 
     :param energy: the energy f.
     :param torch.Tensor z: first-view latents, shape (N, D).
     :param torch.Tensor z2: second-view latents, shape (M, D).
-    :return: ``(a (N, K), b (M, K), c (N,) or None)``, or None when f is not a matrix product
-        (neural energies, Lp with p != 2).
+    :return: ``(a (N, K), b (M, K), c (N,) or None)``, or None.
     """
-    method = getattr(energy, "logit_factors", None)
-    if callable(method):
-        return method(z, z2)
-    if z.dim() != 2 or z2.dim() != 2 or z.shape[1] != z2.shape[1]:
-        raise ValueError(
-            "an energy takes latents z of shape (N, D) and z2 of shape (M, D), got "
-            f"{tuple(z.shape)} and {tuple(z2.shape)}"
-        )
-    dim = getattr(energy, "dim", None)
-    if isinstance(dim, int) and dim != z.shape[1]:
-        raise ValueError(
-            f"this energy was built for latents of dimension {dim} but got dimension "
-            f"{z.shape[1]}; build the energy with dim={z.shape[1]}"
-        )
-    kind = type(energy)  # exact types: a subclass may redefine forward
-    if kind is BilinearEnergy:
-        return z @ energy.weight, z2, None
-    if kind is CosineEnergy:
-        unit = torch.nn.functional.normalize
-        return energy.kappa * unit(z, dim=-1), unit(z2, dim=-1), None
-    if kind is RBFEnergy:
-        weight = energy.lengthscale.square().reciprocal().expand(z.shape[1])
-        return squared_distance_factors(z, z2, weight)
-    if kind is AnisotropicEnergy:
-        return squared_distance_factors(
-            energy._project(z), energy._project(z2), energy.concentration
-        )
-    if kind is LpEnergy and energy.p == 2.0:
-        weight = (2.0 / energy.tau).expand(z.shape[1])
-        return squared_distance_factors(z, z2, weight)
+    if isinstance(energy, Energy):
+        return energy.logit_factors(z, z2)
     return None
+
+
+def energy_paired(energy, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    r"""The positives :math:`f(z_i, z'_i)`, shape (N,): the energy's own
+    :meth:`~rpm.priors.base.Energy.paired` hook for an :class:`~rpm.priors.base.Energy`, the
+    diagonal of the full matrix for any other module."""
+    if isinstance(energy, Energy):
+        return energy.paired(z, z2)
+    return torch.diagonal(energy(z, z2))
 
 
 def energy_log_normalizer(
@@ -187,8 +152,9 @@ class ImplicitConditional(TorchDistribution):
 
         \log Q(z'_i) + f(z_i, z'_i) - \log \frac1N \sum_j e^{f(z_i, z'_j)},
 
-    where the normaliser uses the value's own rows as the negatives (SPEC section 4, caveats),
-    so ``log_prob`` takes exactly the (N, D) batch. ``sample`` draws N candidates from Q(z')
+    where the normaliser uses the value's own rows as the negatives
+    (``docs/theory.md#pyro-model-and-guide``), so ``log_prob`` takes exactly the (N, D)
+    batch. ``sample`` draws N candidates from Q(z')
     and, for each i, picks candidate j with probability :math:`\operatorname{softmax}_j f(z_i, c_j)`
     (self-normalised importance sampling of the tilted marginal).
 
@@ -238,7 +204,7 @@ class ImplicitConditional(TorchDistribution):
             return candidates[index]
 
 
-class ImplicitPrior(PyroModule):
+class ImplicitPrior(Prior):
     r"""The uniform-implicit prior with energy f (Eq. 21-22 of Aitchison & Ganev).
 
     .. math::
@@ -255,6 +221,11 @@ class ImplicitPrior(PyroModule):
 
     #: P(z'|z) is a density relative to Q(z'), so deterministic (Delta) encoders are fine.
     accepts_delta_recognition = True
+
+    @property
+    def dim(self) -> int | None:
+        """The energy's latent dimension (None for an energy built for any)."""
+        return self.energy.dim if isinstance(self.energy, Energy) else None
 
     def __init__(self, energy: Energy):
         super().__init__()
@@ -297,8 +268,7 @@ class ImplicitPrior(PyroModule):
         if factors is None and negatives is None:
             # Dense: one N x N matrix gives both the positives and the normaliser.
             return implicit_log_ratio(self.energy(z, z2))
-        paired = getattr(self.energy, "paired", None)
-        positive = paired(z, z2) if paired is not None else torch.diagonal(self.energy(z, z2))
+        positive = energy_paired(self.energy, z, z2)
         normalizer = (torch.logsumexp(self.energy(z, candidates), dim=-1) if factors is None
                       else _streamed_log_normalizer(factors, block_size))
         return positive - normalizer + math.log(candidates.shape[0])

@@ -72,12 +72,12 @@ import math
 import pyro
 import torch
 from pyro.distributions import Categorical, Delta, Independent, Normal, TorchDistribution
-from pyro.nn import PyroModule
 from torch.distributions import constraints
 
 from rpm.marginals import MixtureMarginal, recognition_components
 from rpm.ops.dispatch import default_block_size, ieee_float32_matmul
 from rpm.ops.logsumexp import streaming_matmul_logsumexp
+from rpm.priors.base import Prior
 from rpm.priors.energies import Energy
 from rpm.priors.implicit import _stream_by_size, energy_logit_factors
 
@@ -331,7 +331,7 @@ class PooledImplicitConditional(TorchDistribution):
             return proposals[index]
 
 
-class PooledImplicitPrior(PyroModule):
+class PooledImplicitPrior(Prior):
     r"""The pooled implicit prior, whose RPM ELBO is SimCLR's NT-Xent (module docstring).
 
     .. math::

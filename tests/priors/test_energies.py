@@ -95,13 +95,17 @@ def test_squared_distances_are_accurate_in_float32_far_from_origin():
         (lambda: LpEnergy(tau=0.0), "tau"),
         (lambda: AnisotropicEnergy(0), "dim"),
         (lambda: AnisotropicEnergy(3, init=0.0), "init"),
-        (lambda: BilinearEnergy(2.5), "dim"),
         (lambda: NeuralEnergy(3, hidden=0), "hidden"),
     ],
 )
 def test_bad_hyperparameters_are_refused(build, message):
     with pytest.raises(ValueError, match=message):
         build()
+
+
+def test_a_dimension_that_is_not_an_integer_is_a_type_error():
+    with pytest.raises(TypeError, match="dim must be an int, got float 2.5"):
+        BilinearEnergy(2.5)
 
 
 def test_dimension_mismatch_names_the_fix():

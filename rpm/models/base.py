@@ -1,0 +1,73 @@
+r"""The base of the recognition parameterised models: the contract through which
+:class:`~rpm.RPMELBO` evaluates a model, and parameters that belong to the model
+(:mod:`rpm.nn`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+
+import torch
+
+from rpm.nn import ScopedModule, parameter_scope
+
+__all__ = ["RPMBase", "scoped"]
+
+
+class RPMBase(ScopedModule):
+    r"""Base class of models that :class:`~rpm.RPMELBO` evaluates directly.
+
+    A subclass provides
+
+    * ``model(*args)`` and ``guide(*args)``: the Pyro model and guide, each decorated with
+      :func:`scoped` so that it runs with this module's own parameters;
+    * :meth:`elbo`: the ELBO of the model with the recognition models as the guide (Eq. 15 of
+      Aitchison & Ganev for a pair), as a differentiable scalar.
+
+    ``RPMELBO().differentiable_loss(m.model, m.guide, *args)`` is then ``-m.elbo(*args, ...)``
+    evaluated inside :meth:`parameter_scope`; :class:`~rpm.RPM` (pairs) implements it, and a
+    model of sequences does the same without any change to :mod:`rpm.inference.elbo`.
+    """
+
+    def elbo(self, *args, num_particles: int = 1, global_batch: bool = False,
+             block_size: int | None = None, **kwargs) -> torch.Tensor:
+        r"""The ELBO summed over the batch, averaged over ``num_particles`` samples.
+
+        It must equal ``-Trace_ELBO().differentiable_loss(self.model, self.guide, *args)``
+        to floating-point accuracy, in value and gradient, when it draws the same random
+        numbers: draw each particle's latents with ``rsample`` from the same recognition
+        distributions and in the same order as ``guide`` does, and return the mean over the
+        particles of :math:`\sum_i \log P(z_i, \dots) - \sum_{\text{views}} \log Q(z)` with the
+        recognition log-densities cancelled analytically (they appear once in the model's
+        likelihood and once, negated, in the guide). Evaluate each encoder once per call.
+
+        :param args: the model's data arguments (for a pair, ``x`` and ``x2``).
+        :param int num_particles: number of samples averaged.
+        :param bool global_batch: under ``torch.distributed``, evaluate the recognition
+            marginals over every rank's batch (gathered with gradients) and return this rank's
+            share, so that the ranks' values sum to the ELBO of the concatenated batch.
+        :param block_size: block edge for the O(N^2) kernels; None decides by size.
+        :return: a scalar tensor.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement elbo(*args, ...)")
+
+    @contextlib.contextmanager
+    def parameter_scope(self) -> Iterator[None]:
+        """:func:`rpm.nn.parameter_scope` of this model: the body runs with this model's own
+        parameters and nothing else in Pyro's param store."""
+        with parameter_scope(self):
+            yield
+
+
+def scoped(method: Callable) -> Callable:
+    """Decorator for the methods of an :class:`RPMBase` that run its modules (``model``,
+    ``guide``, ``encode``): the body runs inside :meth:`RPMBase.parameter_scope`."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self.parameter_scope():
+            return method(self, *args, **kwargs)
+
+    return wrapper

@@ -1,0 +1,165 @@
+"""The Prior and Energy hooks: their defaults, a subclass of a built-in energy that keeps the
+streamed normaliser, and a custom energy that gets it from its own factorisation."""
+
+import math
+
+import pyro
+import pytest
+import torch
+from pyro.infer import Trace_ELBO
+
+import rpm
+import rpm.priors.implicit as implicit
+from rpm.priors import Energy, ImplicitPrior, Prior, RBFEnergy
+
+N, D = 9, 3
+
+
+@pytest.fixture
+def latents():
+    torch.set_default_dtype(torch.float64)
+    z = torch.randn(N, D)
+    return z, z + 0.3 * torch.randn(N, D)
+
+
+@pytest.fixture
+def streamed_calls(monkeypatch):
+    """Counts the calls of the streamed log-sum-exp kernel made by the implicit prior."""
+    calls = []
+    kernel = implicit.streaming_matmul_logsumexp
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(implicit, "streaming_matmul_logsumexp", counting)
+    return calls
+
+
+def log_ratio_loop(energy, z, z2):
+    """f(z_i, z2_i) - log (1/N) sum_j exp f(z_i, z2_j), one pair at a time, from the matrix."""
+    matrix = energy(z, z2)
+    rows = [matrix[i, i] - (torch.logsumexp(matrix[i], 0) - math.log(N)) for i in range(N)]
+    return torch.stack(rows)
+
+
+def test_prior_defaults():
+    prior = Prior()
+    assert prior.accepts_delta_recognition is False
+    assert prior.dim is None
+    z = torch.zeros(2, D)
+    assert prior.log_ratio(z, z, None, None) is None
+    with pytest.raises(NotImplementedError, match="forward"):
+        prior(None, None)
+
+
+def test_energy_defaults(latents):
+    class Dot(Energy):
+        def forward(self, z, z2):
+            return z @ z2.T
+
+    energy = Dot()
+    z, z2 = latents
+    assert energy.dim is None
+    assert energy.logit_factors(z, z2) is None
+    torch.testing.assert_close(energy.paired(z, z2), (z * z2).sum(-1), rtol=0, atol=1e-12)
+    with pytest.raises(NotImplementedError, match="forward"):
+        Energy()(z, z2)
+
+
+def test_subclass_of_a_builtin_energy_keeps_the_streamed_path(latents, streamed_calls):
+    class MyRBF(RBFEnergy):
+        """A user's RBF that only adds a method."""
+
+        def bandwidth(self):
+            return self.lengthscale
+
+    prior = ImplicitPrior(MyRBF(lengthscale=0.7))
+    z, z2 = latents
+    streamed = prior.log_ratio(z, z2, block_size=4)
+    assert streamed_calls, "the subclass lost the streamed normaliser"
+    torch.testing.assert_close(streamed, log_ratio_loop(prior.energy, z, z2), rtol=0, atol=1e-12)
+
+
+def test_a_custom_energy_streams_through_its_own_factors(latents, streamed_calls):
+    class ScaledDot(Energy):
+        """f(z, z') = z . z' / tau, written in a few lines with its factorisation."""
+
+        def __init__(self, tau):
+            super().__init__()
+            self.tau = tau
+
+        def forward(self, z, z2):
+            return z @ z2.T / self.tau
+
+        def logit_factors(self, z, z2):
+            return z / self.tau, z2, None
+
+    prior = ImplicitPrior(ScaledDot(tau=0.5))
+    z, z2 = latents
+    streamed = prior.log_ratio(z, z2, block_size=4)
+    assert len(streamed_calls) == 1 and streamed_calls[0] == (N, D)
+    expected = []
+    for i in range(N):
+        logits = [float(z[i] @ z2[j]) / 0.5 for j in range(N)]
+        expected.append(logits[i] - math.log(sum(math.exp(v) for v in logits) / N))
+    torch.testing.assert_close(streamed, torch.tensor(expected), rtol=0, atol=1e-12)
+
+
+def test_a_custom_prior_with_an_analytic_log_ratio_is_used_by_the_elbo():
+    """A prior that says it cancels analytically: RPMELBO uses its log_ratio, Trace_ELBO its
+    sites, and the two agree (here the implicit prior's log-ratio, rewritten as a subclass)."""
+    torch.set_default_dtype(torch.float64)
+    used = []
+
+    class Recorded(ImplicitPrior):
+        def log_ratio(self, z, z2, q=None, q2=None, negatives=None, block_size=None):
+            used.append(True)
+            return super().log_ratio(z, z2, q, q2, negatives=negatives, block_size=block_size)
+
+    model = rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(4, D)), Recorded(RBFEnergy()))
+    x, x2 = torch.randn(N, 4), torch.randn(N, 4)
+    fast = rpm.RPMELBO().loss(model.model, model.guide, x, x2)
+    assert used
+    assert fast == pytest.approx(Trace_ELBO().loss(model.model, model.guide, x, x2), rel=1e-12)
+
+
+def test_a_prior_that_accepts_delta_recognition_is_allowed():
+    class Tied(Prior):
+        """P(z) = Q(z), z2 = z: relative to the recognition marginal, so Delta is fine."""
+
+        accepts_delta_recognition = True
+
+        def forward(self, q, q2):
+            z = pyro.sample("z", rpm.MixtureMarginal(q))
+            z2 = pyro.sample("z2", rpm.MixtureMarginal(q2))
+            return z, z2
+
+    class Density(Tied):
+        accepts_delta_recognition = False
+
+    rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(4, D)), Tied())
+    with pytest.raises(ValueError, match="noise_scale"):
+        rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(4, D)), Density())
+
+
+def test_prior_dimension_hook_is_checked():
+    class Sized(Prior):
+        dim = 5
+
+        def forward(self, q, q2):
+            raise AssertionError("not reached")
+
+    model = rpm.RPM(rpm.GaussianRecognition(_Head()), Sized())
+    with pytest.raises(ValueError, match="dimension 5 but the encoder outputs dimension 3"):
+        model.guide(torch.randn(N, 4), torch.randn(N, 4))
+
+
+class _Head(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 2 * D)
+
+    def forward(self, x):
+        loc, raw = self.linear(x).chunk(2, -1)
+        return loc, torch.nn.functional.softplus(raw) + 0.1
