@@ -125,3 +125,39 @@ def test_learned_parameters_are_constrained_pyro_params():
     with torch.no_grad():
         anis.concentration_unconstrained.fill_(-50.0)
     assert (anis.concentration > 0).all()
+
+
+EXACT = 1 / 0.07  # 14.285714285714286, not representable in float32
+
+
+@pytest.mark.parametrize("build, read", [
+    (lambda v: CosineEnergy(kappa=v), lambda e: e.kappa),
+    (lambda v: CosineEnergy(kappa=v, learn_kappa=True), lambda e: e.kappa),
+    (lambda v: RBFEnergy(lengthscale=v), lambda e: e.lengthscale),
+    (lambda v: RBFEnergy(lengthscale=v, learn_lengthscale=False), lambda e: e.lengthscale),
+    (lambda v: AnisotropicEnergy(D, init=v), lambda e: e.concentration),
+    (lambda v: LpEnergy(p=1.0, tau=v), lambda e: e.tau),
+    (lambda v: LpEnergy(p=3.0, tau=v, learn_tau=True), lambda e: e.tau),
+    (lambda v: BilinearEnergy(D, init_scale=v), lambda e: torch.diagonal(e.weight)),
+], ids=["cosine", "cosine-learned", "rbf", "rbf-fixed", "anisotropic", "lp", "lp-learned",
+        "bilinear"])
+def test_python_float_hyperparameters_keep_their_value_after_double(build, read):
+    """Built under the float32 default dtype, then .double(): the value is the Python float
+    (to the 1-ulp round trip of a learned parameter's constraint transform, e.g. exp(log x);
+    the float32 rounding would be 7e-8 off)."""
+    torch.set_default_dtype(torch.float32)
+    energy = build(EXACT).double()
+    value = read(energy).detach()
+    assert value.dtype == torch.float64
+    torch.testing.assert_close(value, torch.full_like(value, EXACT), rtol=4e-16, atol=0)
+    z = torch.randn(4, D)
+    assert energy(z, z).dtype == torch.float32  # cast to the latents' dtype at use
+    assert energy(z.double(), z.double()).dtype == torch.float64
+
+
+def test_fixed_hyperparameters_are_exact_after_double():
+    torch.set_default_dtype(torch.float32)
+    assert CosineEnergy(kappa=1 / 0.07).double().kappa.item() == 1 / 0.07  # 14.285714285714285
+    assert CosineEnergy(kappa=100 / 7).double().kappa.item() == 14.285714285714286
+    assert RBFEnergy(0.1, learn_lengthscale=False).double().lengthscale.item() == 0.1
+    assert LpEnergy(p=1.0, tau=0.3).double().tau.item() == 0.3

@@ -1,0 +1,91 @@
+"""Explicit priors: their sites' log-densities against the Gaussian densities written out, the
+initial values of their parameters, and the dtype they compute in."""
+
+import math
+
+import pyro
+import pytest
+import torch
+
+from rpm.priors import GaussianRandomWalkPrior, LinearDynamicsPrior
+
+D = 3
+
+
+def gaussian_log_density(x, mean, covariance):
+    """log N(x; mean, covariance) from the formula, float64."""
+    diff = (x - mean).double()
+    covariance = covariance.double()
+    quad = diff @ torch.linalg.solve(covariance, diff)
+    return -0.5 * (quad + torch.logdet(covariance) + len(x) * math.log(2 * math.pi))
+
+
+def site_log_probs(prior, z, z2):
+    conditioned = pyro.poutine.condition(prior, data={"z": z, "z2": z2})
+    trace = pyro.poutine.trace(conditioned).get_trace()
+    trace.compute_log_prob()
+    return trace.nodes["z"]["log_prob"], trace.nodes["z2"]["log_prob"]
+
+
+def test_random_walk_densities():
+    torch.set_default_dtype(torch.float64)
+    prior = GaussianRandomWalkPrior(D, scale=1.3, step=0.4)
+    z, z2 = torch.randn(5, D), torch.randn(5, D)
+    log_z, log_z2 = site_log_probs(prior, z, z2)
+    eye = torch.eye(D)
+    for i in range(5):
+        assert log_z[i].item() == pytest.approx(
+            gaussian_log_density(z[i], torch.zeros(D), 1.3**2 * eye).item(), rel=1e-12)
+        assert log_z2[i].item() == pytest.approx(
+            gaussian_log_density(z2[i], z[i], 0.4**2 * eye).item(), rel=1e-12)
+
+
+def test_linear_dynamics_densities():
+    torch.set_default_dtype(torch.float64)
+    prior = LinearDynamicsPrior(D, scale=1.1, noise=0.5)
+    with torch.no_grad():
+        prior.transition.copy_(torch.randn(D, D))
+    z, z2 = torch.randn(4, D), torch.randn(4, D)
+    log_z, log_z2 = site_log_probs(prior, z, z2)
+    transition = prior.transition.detach()
+    for i in range(4):
+        assert log_z[i].item() == pytest.approx(
+            gaussian_log_density(z[i], torch.zeros(D), 1.1**2 * torch.eye(D)).item(), rel=1e-12)
+        assert log_z2[i].item() == pytest.approx(
+            gaussian_log_density(z2[i], transition @ z[i], 0.5**2 * torch.eye(D)).item(),
+            rel=1e-12)
+
+
+EXACT = 1 / 0.07
+
+
+@pytest.mark.parametrize("build, read", [
+    (lambda v: GaussianRandomWalkPrior(D, scale=v), lambda p: p.scale),
+    (lambda v: GaussianRandomWalkPrior(D, step=v), lambda p: p.step),
+    (lambda v: LinearDynamicsPrior(D, scale=v), lambda p: torch.diagonal(p.initial_scale_tril)),
+    (lambda v: LinearDynamicsPrior(D, noise=v), lambda p: torch.diagonal(p.noise_scale_tril)),
+], ids=["walk-scale", "walk-step", "dynamics-scale", "dynamics-noise"])
+def test_python_float_hyperparameters_keep_their_value_after_double(build, read):
+    torch.set_default_dtype(torch.float32)
+    value = read(build(EXACT).double()).detach()
+    assert value.dtype == torch.float64
+    torch.testing.assert_close(value, torch.full_like(value, EXACT), rtol=4e-16, atol=0)
+
+
+def test_sites_follow_the_latents_dtype():
+    """Parameters are held in float64; the sites compute in the recognition model's dtype."""
+    torch.set_default_dtype(torch.float32)
+    q = pyro.distributions.Normal(torch.zeros(5, D), 1.0).to_event(1)
+    for prior in (GaussianRandomWalkPrior(D), LinearDynamicsPrior(D)):
+        trace = pyro.poutine.trace(prior).get_trace(q, q)
+        assert trace.nodes["z"]["value"].dtype == torch.float32
+        assert trace.nodes["z2"]["value"].dtype == torch.float32
+
+
+@pytest.mark.parametrize("build", [lambda: GaussianRandomWalkPrior(D),
+                                   lambda: LinearDynamicsPrior(D)])
+def test_explicit_priors_refuse_delta_recognition_and_know_their_dimension(build):
+    prior = build()
+    assert prior.accepts_delta_recognition is False
+    assert prior.dim == D
+    assert prior.log_ratio(torch.zeros(2, D), torch.zeros(2, D), None, None) is None
