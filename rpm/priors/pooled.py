@@ -77,9 +77,8 @@ from torch.distributions import constraints
 from rpm.marginals import MixtureMarginal, recognition_components
 from rpm.ops.dispatch import default_block_size, ieee_float32_matmul
 from rpm.ops.logsumexp import streaming_matmul_logsumexp
-from rpm.priors.base import Prior
-from rpm.priors.energies import Energy
-from rpm.priors.implicit import _stream_by_size, energy_logit_factors
+from rpm.priors.base import Energy, Prior
+from rpm.priors.implicit import _stream_by_size, energy_logit_factors, energy_paired
 
 __all__ = [
     "PooledImplicitConditional",
@@ -119,8 +118,8 @@ def pooled_log_normalizer(
 
     with M the number of pooled latents. Dense (``logsumexp`` of the energy matrix with the
     anchor's own entry masked) unless ``block_size`` is given or the matrix is large; then, for
-    energies that are a matrix product :math:`f(u_k, u_m) = a_k^\top b_m + c_k`
-    (:func:`~rpm.priors.implicit.energy_logit_factors`), each block of anchor rows is streamed
+    energies that are a matrix product :math:`f(u_k, u_m) = a_k^\top b_m + c_k` (their
+    :meth:`~rpm.priors.base.Energy.logit_factors` hook), each block of anchor rows is streamed
     against the candidates before and after it (:func:`~rpm.ops.streaming_matmul_logsumexp`)
     and its own diagonal block, with the anchors masked, is dense: O(M D) memory plus one block.
 
@@ -165,12 +164,6 @@ def pooled_log_normalizer(
     return torch.cat(blocks)
 
 
-def _paired(energy: Energy, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-    """f(z_i, z2_i), shape (N,)."""
-    paired = getattr(energy, "paired", None)
-    return paired(z, z2) if paired is not None else torch.diagonal(energy(z, z2))
-
-
 def pooled_log_ratios(
     energy: Energy, z: torch.Tensor, z2: torch.Tensor, direction: str = "both",
     block_size: int | None = None,
@@ -202,9 +195,9 @@ def pooled_log_ratios(
     log_norm = pooled_log_normalizer(energy, u, start, stop, block_size) - math.log(2 * n - 1)
     forward = backward = None
     if direction != "backward":
-        forward = _paired(energy, z, z2) - log_norm[:n]
+        forward = energy_paired(energy, z, z2) - log_norm[:n]
     if direction != "forward":
-        backward = _paired(energy, z2, z) - log_norm[-n:]
+        backward = energy_paired(energy, z2, z) - log_norm[-n:]
     return forward, backward
 
 
@@ -369,6 +362,11 @@ class PooledImplicitPrior(Prior):
     #: P(z'|z) is a density relative to the pooled recognition marginal, so deterministic
     #: (Delta) encoders are fine.
     accepts_delta_recognition = True
+
+    @property
+    def dim(self) -> int | None:
+        """The energy's latent dimension (None for an energy built for any)."""
+        return self.energy.dim if isinstance(self.energy, Energy) else None
 
     def __init__(self, energy: Energy, direction: str = "both"):
         super().__init__()
