@@ -74,6 +74,7 @@ import torch
 from pyro.distributions import Categorical, Delta, Independent, Normal, TorchDistribution
 from torch.distributions import constraints
 
+from rpm.distributed import all_gather_with_grad, global_rank, is_distributed
 from rpm.marginals import MixtureMarginal, recognition_components
 from rpm.ops.dispatch import default_block_size, ieee_float32_matmul
 from rpm.ops.logsumexp import streaming_matmul_logsumexp
@@ -167,21 +168,27 @@ def pooled_log_normalizer(
 def pooled_log_ratios(
     energy: Energy, z: torch.Tensor, z2: torch.Tensor, direction: str = "both",
     block_size: int | None = None,
+    pool: tuple[torch.Tensor, torch.Tensor] | None = None, offset: int = 0,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     r"""The per-pair tilts :math:`(r^{1 \to 2}, r^{2 \to 1})` of the pooled implicit prior's
     directions (module docstring), each of shape (N,); None for a direction not asked for.
 
     .. math::
 
-        r_i^{1 \to 2} = f(z_i, z'_i) - \log \sum_{m \ne i} e^{f(z_i, u_m)} + \log(2N - 1),
+        r_i^{1 \to 2} = f(z_i, z'_i) - \log \sum_{m \ne i} e^{f(z_i, u_m)} + \log(2M - 1),
 
-    and likewise from the anchor :math:`z'_i` (pool row N + i) with positive :math:`z_i`.
+    and likewise from the anchor :math:`z'_i` with positive :math:`z_i`, where
+    :math:`u = (Z_1, \dots, Z_M, Z'_1, \dots, Z'_M)` pools the batch's latents: the N pairs
+    themselves (M = N), or a global batch of M pairs gathered from every process, of which
+    (z, z2) are rows ``offset`` to ``offset + N``.
 
     :param energy: the energy f.
     :param torch.Tensor z: first-view latents, shape (N, D).
     :param torch.Tensor z2: second-view latents, shape (N, D).
     :param str direction: ``"both"``, ``"forward"`` (1 -> 2) or ``"backward"`` (2 -> 1).
     :param block_size: stream the normaliser in blocks of this many rows; ``None`` by size.
+    :param pool: the global batch ``(Z (M, D), Z' (M, D))``; default ``(z, z2)``.
+    :param int offset: the row of ``z[0]`` in the global batch.
     """
     if z.dim() != 2 or z.shape != z2.shape:
         raise ValueError(
@@ -189,15 +196,22 @@ def pooled_log_ratios(
             f"{tuple(z.shape)} and {tuple(z2.shape)}"
         )
     n = z.shape[0]
-    u = torch.cat([z, z2])                                                   # (2N, D)
-    start = n if direction == "backward" else 0
-    stop = n if direction == "forward" else 2 * n
-    log_norm = pooled_log_normalizer(energy, u, start, stop, block_size) - math.log(2 * n - 1)
+    big_z, big_z2 = (z, z2) if pool is None else pool
+    m = big_z.shape[0]
+    if big_z2.shape != big_z.shape or not 0 <= offset <= m - n:
+        raise ValueError(
+            f"the pooled batch must hold the local {n} pairs at rows {offset}..{offset + n - 1} "
+            f"of two (M, D) tensors, got {tuple(big_z.shape)} and {tuple(big_z2.shape)}"
+        )
+    u = torch.cat([big_z, big_z2])                                           # (2M, D)
+    log_candidates = math.log(2 * m - 1)
     forward = backward = None
     if direction != "backward":
-        forward = energy_paired(energy, z, z2) - log_norm[:n]
+        normalizer = pooled_log_normalizer(energy, u, offset, offset + n, block_size)
+        forward = energy_paired(energy, z, z2) - normalizer + log_candidates
     if direction != "forward":
-        backward = energy_paired(energy, z2, z) - log_norm[-n:]
+        normalizer = pooled_log_normalizer(energy, u, m + offset, m + offset + n, block_size)
+        backward = energy_paired(energy, z2, z) - normalizer + log_candidates
     return forward, backward
 
 
@@ -421,18 +435,27 @@ class PooledImplicitPrior(Prior):
 
         :param torch.Tensor z: shape (N, D).
         :param torch.Tensor z2: shape (N, D), paired with z.
-        :param negatives: must be None or z2 itself: the candidates are the batch's own 2N
-            pooled latents (a global batch across processes is not supported by this prior).
+        :param negatives: None (the batch's own pairs) or, under ``torch.distributed``, every
+            rank's z2 gathered by :class:`~rpm.RPMELBO` with ``global_batch=True``; the
+            first-view latents are then gathered here too, so the candidates are the 2M - 1
+            other latents of the global batch of M pairs and the return value is this rank's
+            share (summed over the ranks, the single-process value of the concatenated batch).
         :param block_size: block edge of the streamed normaliser; ``None`` decides by size.
         """
+        pool, offset = None, 0
         if negatives is not None and negatives is not z2:
-            raise ValueError(
-                "PooledImplicitPrior draws its candidates from the batch's own 2N pooled "
-                "latents; a global batch gathered across processes (RPMELBO(global_batch=True) "
-                "under torch.distributed) or other negatives are not supported. Use "
-                "ImplicitPrior for a global batch, or RPMELBO(global_batch=False)"
-            )
-        forward, backward = pooled_log_ratios(self.energy, z, z2, self.direction, block_size)
+            if not is_distributed():
+                raise ValueError(
+                    "PooledImplicitPrior takes as negatives only every rank's z2 of a global "
+                    "batch (RPMELBO(global_batch=True) under torch.distributed): its candidates "
+                    "are the pooled latents of both views, so other negatives are not supported"
+                )
+            big_z = all_gather_with_grad(z)
+            sizes = all_gather_with_grad(torch.tensor([z.shape[0]], device=z.device))
+            offset = int(sizes[:global_rank()].sum())
+            pool = (big_z, negatives)
+        forward, backward = pooled_log_ratios(self.energy, z, z2, self.direction, block_size,
+                                              pool=pool, offset=offset)
         if backward is None:
             return forward
         if forward is None:

@@ -1,12 +1,15 @@
 """The pooled implicit prior against NT-Xent written as a loop, SimCLR's loss written from the
 paper, and Pyro's Trace_ELBO (values and gradients), float64."""
 
+import datetime
 import math
 
 import numpy as np
 import pyro
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from pyro import poutine
 from pyro.infer import Trace_ELBO
 
@@ -278,7 +281,7 @@ def test_bad_arguments_are_refused(batch):
     prior = PooledImplicitPrior(CosineEnergy())
     z, z2 = torch.randn(N, D), torch.randn(N, D)
     with pytest.raises(ValueError, match="global batch"):
-        prior.log_ratio(z, z2, negatives=torch.randn(2 * N, D))
+        prior.log_ratio(z, z2, negatives=torch.randn(2 * N, D))   # not distributed
     torch.testing.assert_close(prior.log_ratio(z, z2, negatives=z2), prior.log_ratio(z, z2))
     with pytest.raises(ValueError, match="one shape"):
         prior.log_ratio(z, z2[:-1])
@@ -286,3 +289,55 @@ def test_bad_arguments_are_refused(batch):
     gaussian = rpm.GaussianRecognition(GaussianHead(X_DIM, D))
     with pytest.raises(TypeError, match="both must be Delta"):
         PooledMarginal(delta(batch[0]), gaussian(batch[1]))
+
+
+SIZES = (5, 7)  # pairs per rank of a global batch
+
+
+def _global_batch_model():
+    torch.manual_seed(2)
+    return rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(X_DIM, D)),
+                   PooledImplicitPrior(BilinearEnergy(D, init_scale=0.7)))
+
+
+def _global_batch_worker(rank, store_path):
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float64)
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
+                            world_size=len(SIZES), timeout=datetime.timedelta(seconds=120))
+    try:
+        generator = torch.Generator().manual_seed(1)
+        x = torch.randn(sum(SIZES), X_DIM, generator=generator)
+        x2 = x + 0.3 * torch.randn(sum(SIZES), X_DIM, generator=generator)
+        rows = slice(sum(SIZES[:rank]), sum(SIZES[:rank + 1]))
+        model = _global_batch_model()
+        loss = rpm.RPMELBO(global_batch=True).differentiable_loss(
+            model.model, model.guide, x[rows], x2[rows])
+        loss.backward()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+        for grad in grads.values():
+            dist.all_reduce(grad)
+        reference = _global_batch_model()
+        reference_loss = rpm.RPMELBO().differentiable_loss(reference.model, reference.guide, x, x2)
+        reference_loss.backward()
+        z, z2 = encode(reference, (x, x2))
+        expected = nt_xent_loop(reference.prior.energy, z, z2) - math.log(2 * sum(SIZES) - 1)
+        assert abs(total.item() / sum(SIZES) - expected) < 1e-10
+        torch.testing.assert_close(total, reference_loss.detach(), rtol=0, atol=1e-10)
+        for name, p in reference.named_parameters():
+            torch.testing.assert_close(grads[name], p.grad, rtol=0, atol=1e-10, msg=name)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                    reason="needs torch.distributed with gloo")
+def test_global_batch_over_two_processes_is_nt_xent_of_the_concatenated_batch(tmp_path):
+    """Ranks of 5 and 7 pairs: the candidates of every anchor are the 2 x 12 - 1 other latents of
+    the global batch; the summed losses and gradients equal one process on all 12 pairs."""
+    torch.testing.assert_close(torch.zeros(1), torch.zeros(1))   # warm lazy imports before fork
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    mp.start_processes(_global_batch_worker, args=(str(tmp_path / "store"),), nprocs=len(SIZES),
+                       join=True, start_method=method)
