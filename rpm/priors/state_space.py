@@ -289,15 +289,19 @@ class StateSpacePosterior(TorchDistribution):
         return self.prior.log_prob(value) + pseudo - self.filtered.log_prob
 
 
-def _cholesky_init(name: str, value: float, size: int) -> torch.Tensor:
+def _cholesky_init(name: str, value, size: int) -> torch.Tensor:
+    """``value`` (a number, or ``size`` numbers) as the diagonal of a Cholesky factor."""
     try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a number, got {value!r}") from None
-    if not 0 < value < math.inf:
-        raise ValueError(f"{name} must be a finite positive number (an initial standard "
-                         f"deviation), got {value}")
-    return value * torch.eye(size)
+        value = torch.as_tensor(value, dtype=torch.get_default_dtype())
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name} must be a number or {size} numbers, got {value!r}") from None
+    if value.dim() > 1 or (value.dim() == 1 and value.shape[0] != size):
+        raise ValueError(f"{name} must be a number or {size} numbers (one standard deviation "
+                         f"per coordinate), got shape {tuple(value.shape)}")
+    if not ((value > 0) & (value < math.inf)).all():
+        raise ValueError(f"{name} must be finite positive numbers (initial standard "
+                         f"deviations), got {value.tolist()}")
+    return torch.diag(value.expand(size).clone())
 
 
 class StateSpacePrior(SequencePrior):
@@ -319,17 +323,18 @@ class StateSpacePrior(SequencePrior):
     :param bool constant_velocity: start at :math:`A = \begin{pmatrix} I & I \\ 0 & I
         \end{pmatrix}`, :math:`C = (I\ 0)` (needs H = 2D; default: whenever H = 2D); otherwise
         A starts at the identity and C at the first D coordinates of the state.
-    :param float init_scale: :math:`S_1` starts at ``init_scale**2 I``.
-    :param float process_noise: Q starts at ``process_noise**2 I``.
-    :param float observation_noise: R starts at ``observation_noise**2 I``.
+    :param init_loc: :math:`m_1` starts at this value (a number or H numbers).
+    :param init_scale: :math:`S_1` starts at ``diag(init_scale)**2`` (a number or H numbers).
+    :param process_noise: Q starts at ``diag(process_noise)**2`` (a number or H numbers).
+    :param observation_noise: R starts at ``diag(observation_noise)**2`` (a number or D
+        numbers).
     """
 
     #: an explicit continuous density: Delta recognition needs noise (Appendix B).
     accepts_delta_recognition = False
 
     def __init__(self, dim: int, state_dim: int | None = None, constant_velocity: bool | None = None,
-                 init_scale: float = 1.0, process_noise: float = 0.1,
-                 observation_noise: float = 0.1):
+                 init_loc=0.0, init_scale=1.0, process_noise=0.1, observation_noise=0.1):
         super().__init__()
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
             raise ValueError(f"dim must be a positive integer (the latent dimension), got {dim!r}")
@@ -349,7 +354,15 @@ class StateSpacePrior(SequencePrior):
             transition = torch.cat([torch.cat([eye, eye], 1), torch.cat([0 * eye, eye], 1)])
         else:
             transition = torch.eye(state_dim)
-        self.init_loc = torch.nn.Parameter(torch.zeros(state_dim))  # m_1, (H,)
+        try:
+            init_loc = torch.as_tensor(init_loc, dtype=torch.get_default_dtype())
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"init_loc must be a number or {state_dim} numbers, got "
+                            f"{init_loc!r}") from None
+        if init_loc.dim() > 1 or (init_loc.dim() == 1 and init_loc.shape[0] != state_dim):
+            raise ValueError(f"init_loc must be a number or {state_dim} numbers, got shape "
+                             f"{tuple(init_loc.shape)}")
+        self.init_loc = torch.nn.Parameter(init_loc.expand(state_dim).clone())  # m_1, (H,)
         self.init_scale_tril = PyroParam(_cholesky_init("init_scale", init_scale, state_dim),
                                          constraints.lower_cholesky)  # chol(S_1), (H, H)
         self.transition_matrix = torch.nn.Parameter(transition)  # A, (H, H)

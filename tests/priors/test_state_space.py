@@ -37,6 +37,13 @@ def set_params(prior, **values):
             setattr(prior, name, PyroParam(value.clone(), constraints.lower_cholesky))
 
 
+def test_per_coordinate_initial_values():
+    prior = StateSpacePrior(2, init_loc=[16.0, 16.0, 0.0, 0.0], process_noise=[0.1, 0.1, 2.0, 2.0])
+    assert torch.equal(prior.init_loc.detach(), torch.tensor([16.0, 16.0, 0.0, 0.0]))
+    expected = torch.diag(torch.tensor([0.1, 0.1, 2.0, 2.0]))
+    assert torch.allclose(prior.transition_scale_tril.detach(), expected)
+
+
 def test_constant_velocity_start():
     prior = StateSpacePrior(2, process_noise=0.2, observation_noise=0.3)
     A = prior.transition_matrix.detach()
@@ -156,8 +163,10 @@ def test_structured_posterior_is_reparameterised():
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="constant_velocity needs state_dim"):
         StateSpacePrior(2, state_dim=3, constant_velocity=True)
-    with pytest.raises(ValueError, match="process_noise must be a finite positive"):
+    with pytest.raises(ValueError, match="process_noise must be finite positive"):
         StateSpacePrior(2, process_noise=0.0)
+    with pytest.raises(ValueError, match="init_scale must be a number or 4 numbers"):
+        StateSpacePrior(2, init_scale=[1.0, 2.0])
     with pytest.raises(ValueError, match="dim must be a positive integer"):
         StateSpacePrior(0)
     prior = StateSpacePrior(2)
