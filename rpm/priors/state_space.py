@@ -290,11 +290,18 @@ class StateSpacePosterior(TorchDistribution):
 
 
 def _cholesky_init(name: str, value, size: int) -> torch.Tensor:
-    """``value`` (a number, or ``size`` numbers) as the diagonal of a Cholesky factor."""
+    """``value`` (a number, or ``size`` numbers: the diagonal; or a (size, size) Cholesky
+    factor) as a Cholesky factor."""
     try:
         value = torch.as_tensor(value, dtype=torch.get_default_dtype())
     except (TypeError, ValueError, RuntimeError):
         raise TypeError(f"{name} must be a number or {size} numbers, got {value!r}") from None
+    if value.shape == (size, size):
+        if not (torch.equal(value, value.tril()) and (value.diagonal() > 0).all()
+                and torch.isfinite(value).all()):
+            raise ValueError(f"{name} given as a ({size}, {size}) matrix must be a Cholesky "
+                             "factor: lower triangular with a positive diagonal")
+        return value.clone()
     if value.dim() > 1 or (value.dim() == 1 and value.shape[0] != size):
         raise ValueError(f"{name} must be a number or {size} numbers (one standard deviation "
                          f"per coordinate), got shape {tuple(value.shape)}")
@@ -325,7 +332,8 @@ class StateSpacePrior(SequencePrior):
         A starts at the identity and C at the first D coordinates of the state.
     :param init_loc: :math:`m_1` starts at this value (a number or H numbers).
     :param init_scale: :math:`S_1` starts at ``diag(init_scale)**2`` (a number or H numbers).
-    :param process_noise: Q starts at ``diag(process_noise)**2`` (a number or H numbers).
+    :param process_noise: Q starts at ``diag(process_noise)**2`` (a number or H numbers), or
+        at ``L L^T`` for a given (H, H) Cholesky factor L.
     :param observation_noise: R starts at ``diag(observation_noise)**2`` (a number or D
         numbers).
     """
