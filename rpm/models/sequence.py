@@ -32,10 +32,11 @@ import torch
 from pyro import poutine
 from pyro.distributions import Delta, Normal, TorchDistribution
 from pyro.infer.util import is_validation_enabled
-from pyro.nn import PyroModule
 
 from rpm.marginals.mixture_marginal import recognition_components
 from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
+from rpm.models.base import RPMBase, scoped
+from rpm.models.recognition import DeltaRecognition
 from rpm.priors.sequence import SequencePrior
 
 __all__ = ["SequenceRPM"]
@@ -43,7 +44,7 @@ __all__ = ["SequenceRPM"]
 _GUIDES = ("recognition", "structured")
 
 
-class SequenceRPM(PyroModule):
+class SequenceRPM(RPMBase):
     r"""A recognition parameterised model of N sequences of T views with a prior over
     :math:`z_{1:T}`.
 
@@ -60,6 +61,9 @@ class SequenceRPM(PyroModule):
     with ``guide="structured"``, from the prior's own structured posterior
     (:meth:`~rpm.priors.sequence.SequencePrior.posterior`, e.g. the Kalman smoother of the
     state-space prior given the recognition factors).
+
+    Its parameters are its own (:class:`~rpm.models.base.RPMBase`), and
+    :class:`~rpm.RPMELBO` evaluates it through :meth:`elbo`, each encoder once per frame.
 
     **Marginals.** By default :math:`Q_t` is the mixture over the t-th views of the batch (N
     components per view): it is the direct generalisation of the pair model (with T = 2 the
@@ -83,17 +87,11 @@ class SequenceRPM(PyroModule):
     def __init__(self, recognition, prior: SequencePrior, pooled_marginal: bool = False,
                  guide: str = "recognition"):
         super().__init__()
-        if isinstance(recognition, (list, tuple, torch.nn.ModuleList)):
-            if len(recognition) < 2:
-                raise ValueError("a list of recognition models needs one per view (T >= 2), "
-                                 f"got {len(recognition)}; pass a single module to share it")
-            modules = list(recognition)
-            self.recognition = torch.nn.ModuleList(modules)
-            self.per_view = True
-        else:
-            modules = [recognition]
-            self.recognition = recognition
-            self.per_view = False
+        per_view = isinstance(recognition, (list, tuple, torch.nn.ModuleList))
+        modules = list(recognition) if per_view else [recognition]
+        if per_view and len(modules) < 2:
+            raise ValueError("a list of recognition models needs one per view (T >= 2), "
+                             f"got {len(modules)}; pass a single module to share it")
         for module in modules:
             if not callable(module):
                 raise TypeError(f"recognition must be callable (x -> distribution), got {module!r}")
@@ -101,16 +99,25 @@ class SequenceRPM(PyroModule):
             raise TypeError(
                 "prior must be a sequence prior (rpm.priors.SequencePrior, e.g. StateSpacePrior, "
                 f"MarkovImplicitPrior or MarkovPrior(pair_prior)), got {type(prior).__name__}")
+        try:
+            self.recognition = torch.nn.ModuleList(modules) if per_view else recognition
+            self.prior = prior
+        except AssertionError as error:  # Pyro's check when re-parenting a used PyroModule
+            raise ValueError(
+                "a module of this model already ran inside another PyroModule and holds a "
+                f"PyroModule of its own ({error}); Pyro cannot move such a module to a second "
+                "model. Share a recognition model with a plain torch.nn.Module network, or "
+                "build a new one") from None
+        self.per_view = per_view
         if not isinstance(pooled_marginal, bool):
             raise TypeError(f"pooled_marginal must be True or False, got {pooled_marginal!r}")
         if guide not in _GUIDES:
             raise ValueError(f"guide must be one of {_GUIDES}, got {guide!r}")
-        self.prior = prior
         self.pooled_marginal = pooled_marginal
         self.guide_kind = guide
         if not prior.accepts_delta_recognition:
             for module in modules:
-                if getattr(module, "is_deterministic", False):
+                if isinstance(module, DeltaRecognition) and module.is_deterministic:
                     raise ValueError(_delta_message(prior))
         if guide == "structured" and type(prior).posterior is SequencePrior.posterior:
             raise ValueError(
@@ -138,8 +145,9 @@ class SequenceRPM(PyroModule):
         if is_validation_enabled() and x.is_floating_point() and not torch.isfinite(x).all():
             raise ValueError("x has NaN or infinite entries; clean or drop those sequences")
         if self.per_view:
-            parts = [_components(module(x[:, t]), num_sequences)
-                     for t, module in enumerate(self.recognition)]
+            with self.parameter_scope():
+                parts = [_components(module(x[:, t]), num_sequences)
+                         for t, module in enumerate(self.recognition)]
             loc = torch.stack([p[0] for p in parts], dim=1)  # (N, T, D)
             scales = [p[1] for p in parts]
             if any(s is None for s in scales) and not all(s is None for s in scales):
@@ -148,7 +156,9 @@ class SequenceRPM(PyroModule):
             scale = None if scales[0] is None else torch.stack(scales, dim=1)
         else:
             flat = x.reshape(num_sequences * num_views, *x.shape[2:])
-            loc, scale = _components(self.recognition(flat), num_sequences * num_views)
+            with self.parameter_scope():
+                dist = self.recognition(flat)
+            loc, scale = _components(dist, num_sequences * num_views)
             loc = loc.reshape(num_sequences, num_views, -1)  # (N, T, D)
             scale = None if scale is None else scale.reshape(loc.shape)
         if scale is None:
@@ -174,6 +184,7 @@ class SequenceRPM(PyroModule):
             return self.prior.posterior(q)
         return q.to_event(1)
 
+    @scoped
     def model(self, x: torch.Tensor) -> torch.Tensor:
         r"""Prior site ``"z"`` (event (T, D)); likelihood factor ``"x"`` (Eq. 10 per view)."""
         q = self.recognise(x)
@@ -183,12 +194,14 @@ class SequenceRPM(PyroModule):
             pyro.factor("x", q.log_prob(z).sum(-1) - marginal.log_prob(z))
         return z
 
+    @scoped
     def guide(self, x: torch.Tensor) -> torch.Tensor:
         """Samples ``"z"`` (N, T, D) from the recognition models or the structured posterior."""
         q = self.recognise(x)
         with pyro.plate("sequences", x.shape[0]):
             return pyro.sample("z", self.guide_distribution(q))
 
+    @scoped
     def log_prior_ratio(self, z: torch.Tensor, q: TorchDistribution,
                         marginal: SequenceMixtureMarginal) -> torch.Tensor:
         r"""Per-sequence :math:`\log P(z_{1:T}) - \sum_t \log Q_t(z_t)`, shape (N,): the
@@ -206,6 +219,7 @@ class SequenceRPM(PyroModule):
                 log_prior = log_prior + site["fn"].log_prob(site["value"])
         return log_prior - marginal.log_prob(z)
 
+    @scoped
     def elbo(self, x: torch.Tensor, num_particles: int = 1, global_batch: bool = False,
              block_size: int | None = None) -> torch.Tensor:
         r"""The ELBO summed over the sequences, averaged over ``num_particles`` reparameterised
@@ -245,6 +259,7 @@ class SequenceRPM(PyroModule):
             total = total + value.sum()
         return total / num_particles
 
+    @scoped
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """The recognition means of every view, shape (N, T, D)."""
         return self.recognise(x).mean

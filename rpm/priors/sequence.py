@@ -31,17 +31,18 @@ import pyro
 import torch
 from pyro import poutine
 from pyro.distributions import Categorical, TorchDistribution
-from pyro.nn import PyroModule
 from torch.distributions import constraints
 
 from rpm.marginals.sequence_marginal import SequenceMixtureMarginal, view
+from rpm.nn import ScopedModule
+from rpm.priors.base import Prior
 from rpm.priors.implicit import ImplicitPrior, implicit_log_ratio
 
 __all__ = ["MarkovChain", "MarkovImplicitChain", "MarkovImplicitPrior", "MarkovPrior",
            "SequencePrior"]
 
 
-class SequencePrior(PyroModule):
+class SequencePrior(ScopedModule):
     r"""Base class of priors :math:`P(z_{1:T})` over the latents of T views.
 
     Implement :meth:`forward`; override the other hooks when their defaults do not fit:
@@ -186,7 +187,7 @@ class MarkovImplicitPrior(SequencePrior):
     def __init__(self, energy):
         super().__init__()
         self.pair = ImplicitPrior(energy)  # validates the energy
-        self.dim = getattr(energy, "dim", None)
+        self.dim = self.pair.dim
 
     @property
     def energy(self):
@@ -315,9 +316,10 @@ class MarkovPrior(SequencePrior):
         if not callable(pair_prior):
             raise TypeError(f"pair_prior must be callable as prior(q, q2), got {pair_prior!r}")
         self.pair_prior = pair_prior
-        self.accepts_delta_recognition = bool(getattr(pair_prior, "accepts_delta_recognition",
-                                                      False))
-        self.dim = getattr(pair_prior, "dim", None)
+        # A plain callable gets the defaults of rpm.priors.Prior's hooks.
+        if isinstance(pair_prior, Prior):
+            self.accepts_delta_recognition = pair_prior.accepts_delta_recognition
+            self.dim = pair_prior.dim
 
     def forward(self, q: TorchDistribution, marginal: SequenceMixtureMarginal) -> torch.Tensor:
         """Declares ``"z"`` ~ :class:`MarkovChain` of the pair prior; returns z, (N, T, D)."""
