@@ -168,8 +168,9 @@ plot_history({"cosine (vMF-InfoNCE)": vmf_history}, {"identity map": vmf["identi
 # samples: close to 1 means the encoder inverted $g$ up to a linear transformation (here, a
 # rotation). The identity map (the raw observations) is the baseline to beat; the untrained
 # encoder starts close to it, because its linear path is the identity. The MCC asks for more,
-# the latents up to a permutation and a scaling of each dimension, and stays low here: with a
-# rotation-invariant prior on the sphere, a rotation is all that can be identified.
+# the latents up to a permutation and a scaling of each dimension. A rotation-invariant prior on
+# the sphere identifies them only up to a rotation, so the MCC depends on which rotation the
+# encoder happens to end in; here it stays far below the $R^2$.
 #
 # ## 3. Anisotropic positive pairs: InfoNCE versus AnInfoNCE
 #

@@ -96,7 +96,7 @@ def plot_training(
     if not names:
         raise ValueError("plot_training needs at least one run's history")
     colours = colours_for(names)
-    fig = Figure(figsize=(2.6 * len(names) + 0.6, 4.2), layout="constrained")
+    fig = Figure(figsize=(max(2.6 * len(names) + 0.6, 4.6), 4.2), layout="constrained")
     axes = np.asarray(fig.subplots(2, len(names), sharex="col", squeeze=False))
     for column, name in enumerate(names):
         history = histories[name]
