@@ -13,8 +13,8 @@ from matplotlib.colors import to_rgba
 from rpm.experiments.bouncing_balls.plots import (
     plot_comparison,
     plot_feature_maps,
-    plot_trajectories,
     plot_training_curves,
+    plot_trajectories,
 )
 from rpm.experiments.figures import DPI, colours_for, plot_training
 from rpm.experiments.identifiability import plots as identifiability_plots

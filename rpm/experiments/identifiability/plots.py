@@ -32,7 +32,7 @@ def plot_trajectories(path: str | os.PathLike, runs: Mapping[str, Mapping]) -> F
     :return: the figure.
     """
     colours = colours_for(list(runs))
-    fig = Figure(figsize=(6.0, 3.4), layout="constrained")
+    fig = Figure(figsize=(7.4, 3.4), layout="constrained")
     ax = fig.subplots()
     identity = None
     low = 1.0
@@ -53,7 +53,7 @@ def plot_trajectories(path: str | os.PathLike, runs: Mapping[str, Mapping]) -> F
     ax.spines[["top", "right"]].set_visible(False)
     ax.set_xlabel("training step")
     ax.set_ylabel("held-out score")
-    ax.legend(fontsize=7, frameon=False, loc="lower right")
+    ax.legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.0, 0.5))
     ax.set_title("Identifiability: held-out affine $R^2$ and MCC of the encoder", fontsize=9)
     fig.savefig(path, dpi=DPI)
     return fig
