@@ -55,6 +55,12 @@ def plot_comparison(path: str | os.PathLike,
     :param dict results: prior name -> ``{"r2": float, "pixel_error": float, "untrained_r2":
         float, "untrained_pixel_error": float}``, or a list of such dicts, one per seed.
     :return: the figure.
+
+    Runs of several seeds (``rpm bouncing-balls --seed S --out runs/seed-S``) combine as::
+
+        runs = [json.loads(Path(f"runs/seed-{s}/results.json").read_text())["priors"]
+                for s in (0, 1, 2)]
+        plot_comparison("comparison.png", {name: [run[name] for run in runs] for name in runs[0]})
     """
     names = list(results)
     runs = {name: _runs(results[name]) for name in names}
