@@ -1,5 +1,5 @@
-r"""The identifiability results (SPEC section 5) over several seeds: runs ``rpm identifiability``
-for each setting and seed and prints mean +- std.
+r"""The identifiability results (``docs/theory.md``, *Evaluation*) over several seeds: runs
+``rpm identifiability`` for each setting and seed and prints mean +- std.
 
 Settings (n = ``--dim`` latents, an invertible 3-layer leaky-ReLU MLP as the mixing g):
 
@@ -58,6 +58,7 @@ def _mean_std(values: list) -> str:
 
 def _summarise(setting: str, results: list) -> dict:
     if setting != "aninfonce":
+        results = [next(iter(r["runs"].values())) for r in results]
         return {
             "r2": _mean_std([r["r2"] for r in results]),
             "mcc": _mean_std([r["mcc"] for r in results]),
@@ -122,7 +123,7 @@ def main(argv: list | None = None) -> int:
                 return status
             results.append(json.loads((out / "results.json").read_text()))
         table[setting] = {"steps": args.steps, "batch_size": args.batch_size,
-                          "seeds": args.seeds, "device": results[0]["device"],
+                          "seeds": args.seeds, "device": results[0]["environment"]["device"],
                           **_summarise(setting, results)}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     summary = Path(args.out) / f"summary-{'-'.join(args.settings)}.json"

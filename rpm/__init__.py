@@ -6,12 +6,24 @@ inference in a recognition parameterised model"): the likelihood is built from t
 objective, and the ELBO of the implicit prior with energy f is InfoNCE with critic f.
 """
 
-from rpm import marginals, priors
-from rpm.inference import RPMELBO, info_nce
-from rpm.marginals import MixtureMarginal
-from rpm.models import RPM, DeltaRecognition, GaussianRecognition, SequenceRPM
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+#: Where each public name lives: imported at first use (PEP 562), so that ``import rpm`` and the
+#: ``rpm`` command do not pay for torch and Pyro until a model is needed.
+_LAZY = {
+    "DeltaRecognition": "rpm.models",
+    "GaussianRecognition": "rpm.models",
+    "MixtureMarginal": "rpm.marginals",
+    "RPM": "rpm.models",
+    "RPMELBO": "rpm.inference",
+    "SequenceRPM": "rpm.models",
+    "info_nce": "rpm.inference",
+}
+_SUBPACKAGES = frozenset({"data", "distributed", "experiments", "inference", "marginals", "metrics",
+                          "models", "ops", "priors", "training"})
 
 __all__ = [
     "DeltaRecognition",
@@ -24,3 +36,25 @@ __all__ = [
     "marginals",
     "priors",
 ]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif name in _SUBPACKAGES:
+        value = importlib.import_module(f"rpm.{name}")
+    else:
+        raise AttributeError(f"module 'rpm' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | _SUBPACKAGES)
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs
+    from rpm import marginals, priors
+    from rpm.inference import RPMELBO, info_nce
+    from rpm.marginals import MixtureMarginal
+    from rpm.models import RPM, DeltaRecognition, GaussianRecognition, SequenceRPM

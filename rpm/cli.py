@@ -10,7 +10,14 @@ An experiment module registers itself by being listed in :data:`SUBCOMMANDS`; it
 tracebacks: :class:`~rpm.experiments.common.ConfigurationError` gives 2 (like an argparse
 error), :class:`~rpm.training.trainer.NonFiniteLossError` gives 1, and
 :class:`~rpm.training.trainer.TrainingInterrupted` gives 128 + the signal number (130 for
-Ctrl-C, 143 for SIGTERM) with the hint to rerun with ``--resume``.
+Ctrl-C, 143 for SIGTERM) with the hint to rerun with ``--resume``. It records on the parsed
+arguments which flags were written on the command line (``args.given_flags``), so that
+``--resume`` takes the others from the run's saved configuration.
+
+Building the parser imports neither torch nor Pyro nor matplotlib (an experiment module
+imports them inside ``run``), so that ``rpm --help`` answers at once.
+
+More than one process: ``torchrun --nproc_per_node=K -m rpm EXPERIMENT ...``.
 """
 
 from __future__ import annotations
@@ -21,8 +28,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from types import ModuleType
 
-from rpm.experiments.common import ConfigurationError
-from rpm.training.trainer import NonFiniteLossError, TrainingInterrupted
+from rpm.experiments.common import GIVEN_FLAGS, ConfigurationError
 
 __all__ = ["EXIT_FAILURE", "EXIT_USAGE", "SUBCOMMANDS", "build_parser", "main"]
 
@@ -64,6 +70,24 @@ def build_parser(modules: Iterable[str | ModuleType] | None = None) -> argparse.
     return parser
 
 
+def _suppress_defaults(parser: argparse.ArgumentParser) -> None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                _suppress_defaults(subparser)
+        elif action.dest not in ("help", "version"):
+            action.default = argparse.SUPPRESS
+            action.required = False
+
+
+def _given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> frozenset[str]:
+    """The destinations of the flags written in ``argv``: ``parser`` parses it again with
+    every default suppressed, so that only the written flags appear in the namespace."""
+    _suppress_defaults(parser)
+    given = vars(parser.parse_args(argv))
+    return frozenset(key for key in given if key not in ("command", "func"))
+
+
 def main(
     argv: Sequence[str] | None = None, *, modules: Iterable[str | ModuleType] | None = None
 ) -> int:
@@ -73,6 +97,7 @@ def main(
     :param modules: the experiment modules, default :data:`SUBCOMMANDS`.
     :returns: the exit status (argparse errors exit with status 2 through ``SystemExit``).
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(modules)
     args = parser.parse_args(argv)
     if args.command is None:
@@ -81,7 +106,11 @@ def main(
     run = getattr(args, "func", None)
     if run is None:
         raise RuntimeError(f"sub-command {args.command!r} did not set func=run in add_parser")
+    setattr(args, GIVEN_FLAGS, _given_flags(build_parser(modules), argv))
     prog = f"rpm {args.command}"
+    # Imported only now: the trainer brings torch with it.
+    from rpm.training.trainer import NonFiniteLossError, TrainingInterrupted
+
     try:
         return int(run(args))
     except ConfigurationError as err:

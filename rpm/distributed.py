@@ -1,7 +1,7 @@
 r"""A global batch across processes: gather the mixture components and the negatives.
 
 With W processes (ranks) holding batches :math:`B_1, \dots, B_W` of pairs, the RPM ELBO of the
-global batch :math:`B = \bigcup_r B_r` (Eq. 15 of Aitchison & Ganev, SPEC section 2) is
+global batch :math:`B = \bigcup_r B_r` (Eq. 15 of Aitchison & Ganev; ``docs/theory.md``) is
 
 .. math::
 
@@ -25,14 +25,33 @@ bug of several self-supervised learning libraries.
 After ``loss_r.backward()`` on every rank, the sum over ranks of the parameter gradients is
 the gradient of the global objective, exactly; ``DistributedDataParallel`` averages them, so
 it yields that gradient divided by W (the usual DDP convention: each rank's loss is its share).
+:func:`all_reduce_gradients` sums them instead, so that a loss normalised by the global batch
+size gives each rank the gradient of the single-process loss; :class:`rpm.training.Trainer`
+(``distributed=True``) uses it, and :func:`process_group` starts the processes of ``torchrun``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterable, Iterator
+
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_gather_with_grad", "global_rank", "global_world_size", "is_distributed"]
+__all__ = [
+    "all_gather_with_grad",
+    "all_reduce_gradients",
+    "barrier",
+    "broadcast_buffers",
+    "global_rank",
+    "global_world_size",
+    "is_distributed",
+    "is_main_process",
+    "launched_by_torchrun",
+    "local_slice",
+    "process_group",
+]
 
 
 def is_distributed(group=None) -> bool:
@@ -120,3 +139,105 @@ def all_gather_with_grad(tensor: torch.Tensor, group=None) -> torch.Tensor:
     if not is_distributed(group):
         return tensor
     return _AllGatherWithGrad.apply(tensor, group)
+
+
+def launched_by_torchrun() -> bool:
+    """True in a process started by ``torchrun`` (its environment names ``RANK``,
+    ``WORLD_SIZE`` and ``MASTER_ADDR``)."""
+    return all(key in os.environ for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
+def is_main_process() -> bool:
+    """True in rank 0 (or without ``torch.distributed``); only it writes files and prints.
+    Read from ``torch.distributed`` when it is initialised, else from torchrun's ``RANK``."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+@contextlib.contextmanager
+def process_group(device: torch.device | str | None = None) -> Iterator[None]:
+    """Join the processes of ``torchrun`` for the block: NCCL when ``device`` is a CUDA
+    device, gloo otherwise (CPU), with the rendezvous torchrun sets in the environment; the
+    group is destroyed at the end. Outside torchrun, or when ``torch.distributed`` is already
+    initialised (by the caller, who then owns it), it does nothing.
+
+    :param device: the training device of this process (under torchrun, ``cuda:LOCAL_RANK``).
+    """
+    if not launched_by_torchrun() or (dist.is_available() and dist.is_initialized()):
+        yield
+        return
+    if not dist.is_available():
+        raise RuntimeError("this torch was built without torch.distributed; run one process")
+    device = torch.device("cpu" if device is None else device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        dist.init_process_group("gloo")
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def barrier(group=None) -> None:
+    """Wait until every rank of the group arrives here; without ``torch.distributed`` it does
+    nothing."""
+    if is_distributed(group):
+        dist.barrier(group)
+
+
+def local_slice(size: int, group=None) -> slice:
+    """The rows of a global batch of ``size`` rows that this rank computes: rank r of W takes
+    rows ``[r size / W, (r + 1) size / W)``; ``size`` must be a multiple of W.
+
+    :param int size: the global batch size.
+    :param group: a process group; ``None`` is the default (world) group.
+    """
+    world, rank = global_world_size(group), global_rank(group)
+    if size % world:
+        raise ValueError(f"a global batch of {size} rows does not split evenly over {world} "
+                         f"processes; use a multiple of {world}")
+    share = size // world
+    return slice(rank * share, (rank + 1) * share)
+
+
+def all_reduce_gradients(parameters: Iterable[torch.Tensor], group=None) -> None:
+    r"""Sum the gradients of ``parameters`` over the ranks, in place:
+    :math:`g \leftarrow \sum_r g_r`. With each rank's loss its share of a global loss (e.g. its
+    rows of the negative ELBO of the global batch divided by the global batch size), every rank
+    then holds the gradient of the global loss, and identical optimiser steps keep the
+    parameters identical. Parameters without a gradient on this rank contribute zeros (every
+    rank must call it with the same parameters in the same order). Without
+    ``torch.distributed`` it does nothing.
+
+    :param parameters: the trained parameters.
+    :param group: a process group; ``None`` is the default (world) group.
+    """
+    if not is_distributed(group):
+        return
+    parameters = [p for p in parameters if p.requires_grad]
+    if not parameters:
+        return
+    grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in parameters]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    offset = 0
+    for parameter, grad in zip(parameters, grads, strict=True):
+        parameter.grad = flat[offset:offset + grad.numel()].view_as(grad).clone()
+        offset += grad.numel()
+
+
+def broadcast_buffers(module: torch.nn.Module, group=None) -> None:
+    """Copy rank 0's buffers (e.g. batch-norm running statistics) to every rank, as
+    ``DistributedDataParallel`` does, so that every rank evaluates the same model. Without
+    ``torch.distributed`` it does nothing.
+
+    :param torch.nn.Module module: the trained module.
+    :param group: a process group; ``None`` is the default (world) group.
+    """
+    if not is_distributed(group):
+        return
+    for buffer in module.buffers():
+        dist.broadcast(buffer, src=0, group=group)

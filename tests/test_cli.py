@@ -125,7 +125,7 @@ def test_existing_run_folder_needs_resume_or_overwrite(toy, capsys, tmp_path):
 
 def test_resume_errors(toy, capsys, tmp_path):
     status, err = _toy(toy, capsys, "--out", str(tmp_path / "none"), "--resume")
-    assert status == 2 and "--resume: there is no checkpoint at" in err
+    assert status == 2 and "--resume: there is no run to resume in" in err
     flags = ["--out", str(tmp_path / "run"), "--num-steps", "3", "--no-progress"]
     assert _toy(toy, capsys, *flags)[0] == 0
     status, err = _toy(toy, capsys, *flags, "--resume", "--lr", "0.5")
@@ -160,3 +160,47 @@ def test_module_without_the_interface_is_rejected():
     incomplete.run = lambda args: 0
     with pytest.raises(RuntimeError, match="did not set func=run"):
         main(["incomplete"], modules=[incomplete])
+
+
+def _fresh_python(code: str) -> str:
+    """Runs ``code`` in a new interpreter importing rpm from this checkout; returns stdout."""
+    root = str(Path(__file__).resolve().parents[1])
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, timeout=120, env={"PYTHONPATH": root, "PATH": ""})
+    return result.stdout
+
+
+def test_rpm_help_builds_every_parser_without_torch_pyro_or_matplotlib():
+    code = (
+        "import sys, contextlib, io\n"
+        "from rpm.cli import main\n"
+        "for argv in ([], ['identifiability'], ['bouncing-balls']):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()) as text:\n"
+        "        try: main([*argv, '--help'])\n"
+        "        except SystemExit: pass\n"
+        "    assert 'usage: rpm' in text.getvalue(), text.getvalue()\n"
+        "print(sorted(m for m in ('torch', 'pyro', 'matplotlib', 'numpy') if m in sys.modules))\n"
+    )
+    assert _fresh_python(code).strip() == "[]"
+
+
+def test_import_rpm_leaves_out_the_trainer_tqdm_and_matplotlib():
+    heavy = "('tqdm', 'matplotlib', 'rpm.training', 'rpm.training.trainer')"
+    code = (
+        "import sys\n"
+        "import rpm\n"
+        f"print(sorted(m for m in {heavy} if m in sys.modules))\n"
+        "rpm.RPM, rpm.RPMELBO, rpm.priors.ImplicitPrior, rpm.marginals.MixtureMarginal\n"
+        f"print(sorted(m for m in {heavy} if m in sys.modules and m != 'tqdm'))\n"
+    )
+    assert _fresh_python(code).split() == ["[]", "[]"]
+
+
+def test_flag_choices_written_in_the_commands_match_the_library():
+    from rpm.data.synthetic import CONDITIONALS, MARGINALS, SPACES
+    from rpm.experiments.identifiability import command, model
+    from rpm.models.mlp import ENCODER_SPACES
+
+    assert (command.SPACES, command.MARGINALS, command.CONDITIONALS) == (
+        SPACES, MARGINALS, CONDITIONALS)
+    assert command.ENERGIES == model.ENERGIES and command.ENCODER_SPACES == ENCODER_SPACES

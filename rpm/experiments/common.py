@@ -1,68 +1,100 @@
-"""What every experiment shares: command-line flags, argument checks, the run folder, the
-device, seeding and atomic JSON files.
+"""What every experiment shares: the command-line flags, the run-folder contract, the resumed
+configuration, one seeding scheme, the thread-count guard, the device and the environment
+record of ``results.json``.
 
-An experiment module's ``run(args)`` typically starts with::
+The run folder (``--out DIR``) of every experiment::
 
-    out = prepare_run_dir(args.out, resume=args.resume, overwrite=args.overwrite)
-    save_run_config(out, args, resume=args.resume)
-    device = resolve_device(args.device)
-    seed_everything(args.seed)
+    DIR/
+      .rpm-run           marks an rpm run folder (--overwrite deletes only such folders)
+      config.json        the flags of the run, written when it starts; --resume reads it
+      results.json       scores, the configuration and the environment, written at the end
+      *.png              figures
+      NAME/              one folder per trained model (a prior, an energy):
+        checkpoint.pt    the training state (rpm.training.checkpoint), weights-only loadable
+        history.json     losses and held-out scores by step
+
+An experiment's ``run(args)`` starts with::
+
+    with torch_threads(args.threads):
+        out = open_run(args, may_grow=("steps",))   # fresh, --overwrite or --resume
+        device = resolve_device(args.device)
+        ...
+        seed_everything(args.seed)                     # before building each model
+        ... derived_seed(args.seed, "train", chunk) ...  # every other random stream
 
 Errors the user can fix by changing the command line raise :class:`ConfigurationError`, which
 the ``rpm`` command prints as a one-line message with exit status 2, like an argparse error.
+
+This module does not import torch at import time, so that ``rpm --help`` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
-import random
+import platform
 import re
 import shutil
-from collections.abc import Iterable
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyro
-import torch
-
-from rpm._validation import check_int
-from rpm.training.checkpoint import atomic_write
+from rpm._validation import check_choice, check_int
 
 __all__ = [
+    "CONFIG_NAME",
     "ConfigurationError",
+    "GIVEN_FLAGS",
     "RUN_MARKER",
+    "SEED_PURPOSES",
     "add_common_arguments",
     "contrastive_batch_size",
+    "derived_seed",
     "device_name",
+    "environment",
     "nonnegative_float",
     "nonnegative_int",
+    "open_run",
     "positive_float",
     "positive_int",
     "prepare_run_dir",
     "probability",
+    "read_run_config",
     "resolve_device",
     "save_run_config",
     "seed_everything",
     "seed_value",
+    "torch_threads",
     "write_json_atomic",
 ]
 
 #: Hidden file that marks a folder as an rpm run folder (written by :func:`prepare_run_dir`).
 RUN_MARKER = ".rpm-run"
-#: Files an rpm run writes, recognised in a folder without the marker.
-_RUN_FILES = frozenset({"checkpoint.pt", "history.json", "config.json", "results.json"})
+#: The run's configuration file.
+CONFIG_NAME = "config.json"
+#: Files an rpm run writes, recognised in a folder (or a model's subfolder) without the marker.
+_RUN_FILES = frozenset({"checkpoint.pt", "history.json", CONFIG_NAME, "results.json"})
 _RUN_TEMPORARY = re.compile(
     r"^\.(checkpoint\.pt|history\.json|config\.json|results\.json)\..*\.tmp$"
 )
-_CONFIG_NAME = "config.json"
-#: Flags that may change when a run is resumed.
+#: Attribute of the parsed arguments holding the names of the flags written on the command
+#: line (set by :func:`rpm.cli.main`); on resume the others are read from ``config.json``.
+GIVEN_FLAGS = "given_flags"
+#: Arguments that are not part of a run's configuration.
+_NOT_CONFIG = frozenset({"func", "command", GIVEN_FLAGS})
+#: Flags that may differ from the saved configuration when a run is resumed: they change
+#: where and how fast it runs and what it shows, never what it computes.
 _RESUMABLE_FLAGS = frozenset(
-    {"out", "resume", "overwrite", "device", "checkpoint_every", "progress", "func", "command"}
+    {"out", "resume", "overwrite", "device", "checkpoint_every", "progress", "threads"}
 )
+#: The purposes of :func:`derived_seed`; a purpose's number is its place here (append only:
+#: reordering would change every run).
+SEED_PURPOSES = ("mixing", "train", "eval", "test", "oracle", "data", "epoch")
 
 
 class ConfigurationError(ValueError):
@@ -168,8 +200,8 @@ def add_common_arguments(
 
     ``--out DIR`` (required unless ``default_out`` is given), ``--resume`` / ``--overwrite``
     (mutually exclusive), ``--checkpoint-every STEPS`` (>= 0, 0 = only at the end),
-    ``--seed INT``, ``--device {auto,cpu,cuda,cuda:N}`` and ``--no-progress`` (sets
-    ``args.progress = False``).
+    ``--seed INT``, ``--device {auto,cpu,cuda,cuda:N}``, ``--threads N`` and ``--no-progress``
+    (sets ``args.progress = False``).
 
     :param argparse.ArgumentParser parser: the experiment's sub-command parser.
     :param str default_out: default run folder; ``None`` makes ``--out`` required.
@@ -182,12 +214,14 @@ def add_common_arguments(
         metavar="DIR",
         required=default_out is None,
         default=default_out,
-        help="run folder for checkpoint, history, results and figures"
+        help="run folder for checkpoints, history, results and figures"
         + ("" if default_out is None else f" (default: {default_out})"),
     )
     exclusive = group.add_mutually_exclusive_group()
     exclusive.add_argument(
-        "--resume", action="store_true", help="continue the run in --out from its checkpoint"
+        "--resume", action="store_true",
+        help="continue the run in --out from its checkpoints with the flags saved in its "
+        "config.json (other flags are not needed; --steps or --epochs may grow to extend it)",
     )
     exclusive.add_argument(
         "--overwrite", action="store_true", help="delete the previous run in --out and start afresh"
@@ -211,7 +245,14 @@ def add_common_arguments(
         type=device_name,
         default="auto",
         metavar="{auto,cpu,cuda,cuda:N}",
-        help="where to train; auto: cuda if available, else cpu (default: auto)",
+        help="where to train; auto: cuda if available, else cpu (default: auto); under "
+        "torchrun each process takes cuda:LOCAL_RANK",
+    )
+    group.add_argument(
+        "--threads", type=nonnegative_int, default=1,
+        help="CPU threads of torch; 0: torch's default, one per core. One thread is the "
+        "fastest for these small networks on a busy machine, where threads wait for each "
+        "other (default: 1)",
     )
     group.add_argument(
         "--no-progress", dest="progress", action="store_false", help="hide the progress bar"
@@ -220,6 +261,8 @@ def add_common_arguments(
 
 # --------------------------------------------------------------------------- run folder
 def _is_ours(entry: Path) -> bool:
+    if entry.is_dir() and not entry.is_symlink():  # a model's subfolder
+        return all(_is_ours(child) and child.is_file() for child in entry.iterdir())
     return entry.is_file() and (
         entry.name in _RUN_FILES
         or entry.name == RUN_MARKER
@@ -240,13 +283,13 @@ def _mark(folder: Path) -> None:
 
 
 def prepare_run_dir(out: str | os.PathLike, resume: bool = False, overwrite: bool = False) -> Path:
-    """Check and prepare the run folder ``out``.
+    """Check and prepare the run folder ``out`` (module docstring).
 
     * fresh run (neither flag): ``out`` must not exist or be empty; it is created;
-    * ``resume``: ``out/checkpoint.pt`` must exist;
+    * ``resume``: ``out/config.json`` must exist (the run started);
     * ``overwrite``: the previous run's content is deleted, but only if ``out`` is a run folder
-      (it holds the :data:`RUN_MARKER` written here, or only files an rpm run writes);
-      any other non-empty folder is refused, never deleted.
+      (it holds the :data:`RUN_MARKER` written here, or only files and model subfolders of
+      files an rpm run writes); any other non-empty folder is refused, never deleted.
 
     :param path-like out: the run folder.
     :param bool resume: continue a previous run.
@@ -260,10 +303,10 @@ def prepare_run_dir(out: str | os.PathLike, resume: bool = False, overwrite: boo
     if out.exists() and not out.is_dir():
         raise ConfigurationError(f"--out {out} is a file, not a folder: choose another --out")
     if resume:
-        if not (out / "checkpoint.pt").is_file():
+        if not (out / CONFIG_NAME).is_file():
             raise ConfigurationError(
-                f"--resume: there is no checkpoint at {out / 'checkpoint.pt'}; start a fresh run "
-                "without --resume (add --overwrite if the folder holds a failed run)"
+                f"--resume: there is no run to resume in {out} (no {CONFIG_NAME}); start a fresh "
+                "run without --resume (add --overwrite if the folder holds a failed run)"
             )
         return out
     entries = sorted(e for e in out.iterdir() if e.name != RUN_MARKER) if out.is_dir() else []
@@ -289,27 +332,14 @@ def prepare_run_dir(out: str | os.PathLike, resume: bool = False, overwrite: boo
     return out
 
 
-def save_run_config(
-    out: str | os.PathLike,
-    args: argparse.Namespace,
-    resume: bool = False,
-    may_change: Iterable[str] = (),
-) -> dict:
-    """Record the command-line configuration in ``out/config.json``; on resume, check that it
-    has not changed, since a resumed run must continue the same experiment.
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
 
-    :param path-like out: the run folder.
-    :param argparse.Namespace args: the parsed arguments (``func`` and other non-JSON values
-        are skipped).
-    :param bool resume: compare with the saved configuration instead of writing it.
-    :param may_change: further argument names allowed to differ on resume (``out``,
-        ``resume``, ``overwrite``, ``device``, ``checkpoint_every`` and ``progress`` always may).
-    :returns: the configuration as a dict.
-    :raises ConfigurationError: if a resumed run's arguments differ from the saved ones.
-    """
+
+def _config_of(args: argparse.Namespace) -> dict:
     config = {}
     for key, value in sorted(vars(args).items()):
-        if key in ("func", "command"):
+        if key in _NOT_CONFIG:
             continue
         if isinstance(value, Path):
             value = str(value)
@@ -318,38 +348,119 @@ def save_run_config(
         except TypeError:
             continue
         config[key] = value
-    path = Path(out) / _CONFIG_NAME
-    if resume and path.is_file():
-        saved = json.loads(path.read_text())
-        allowed = _RESUMABLE_FLAGS | set(may_change)
-        changed = [
-            f"--{key.replace('_', '-')}: was {saved.get(key)!r}, now {config.get(key)!r}"
-            for key in sorted(set(saved) | set(config))
-            if key not in allowed and saved.get(key) != config.get(key)
-        ]
-        if changed:
-            raise ConfigurationError(
-                "--resume must continue the same experiment, but "
-                + "; ".join(changed)
-                + f" (saved in {path}); rerun with the original values"
-            )
+    return config
+
+
+def save_run_config(
+    out: str | os.PathLike,
+    args: argparse.Namespace,
+    resume: bool = False,
+    may_change: Iterable[str] = (),
+    may_grow: Iterable[str] = (),
+) -> dict:
+    """Record the command-line configuration in ``out/config.json``; on resume, read it back.
+
+    On resume, every flag not written on the command line (``args.given_flags``, set by the
+    ``rpm`` command; when absent every flag counts as written) takes its saved value, in
+    ``args`` too, so that ``rpm EXPERIMENT --resume --out DIR`` needs no other flag. A written
+    flag must equal the saved value, except ``out``, ``resume``, ``overwrite``, ``device``,
+    ``checkpoint_every``, ``threads``, ``progress`` and those in ``may_change``, which may
+    differ, and those in ``may_grow`` (e.g. ``steps``), which may grow to extend the run. The
+    file is then rewritten with the values in force.
+
+    :param path-like out: the run folder.
+    :param argparse.Namespace args: the parsed arguments (``func``, ``command``,
+        ``given_flags`` and other non-JSON values are skipped); updated in place on resume.
+    :param bool resume: read the saved configuration instead of starting one.
+    :param may_change: further argument names allowed to differ on resume.
+    :param may_grow: numeric argument names allowed to grow (not shrink) on resume.
+    :returns: the configuration in force, as a dict.
+    :raises ConfigurationError: if a resumed run's written flags differ from the saved ones.
+    """
+    path = Path(out) / CONFIG_NAME
+    config = _config_of(args)
+    if not (resume and path.is_file()):
+        write_json_atomic(path, config)
         return config
+    saved = json.loads(path.read_text())
+    given = getattr(args, GIVEN_FLAGS, None)
+    free = _RESUMABLE_FLAGS | set(may_change)
+    grow = set(may_grow)
+    changed = []
+    for key in sorted(set(saved) | set(config)):
+        if key in ("out", "resume", "overwrite") or key not in saved:
+            continue
+        if given is not None and key not in given:
+            config[key] = saved[key]
+            setattr(args, key, saved[key])
+            continue
+        new = config.get(key)
+        if new == saved[key] or key in free:
+            continue
+        if key in grow and isinstance(new, (int, float)) and new > saved[key]:
+            continue
+        hint = " (it may only grow, to extend the run)" if key in grow else ""
+        changed.append(f"{_flag(key)}: was {saved[key]!r}, now {new!r}{hint}")
+    if changed:
+        raise ConfigurationError(
+            "--resume must continue the same experiment, but "
+            + "; ".join(changed)
+            + f" (saved in {path}); drop these flags to use the saved values"
+        )
     write_json_atomic(path, config)
     return config
 
 
-# --------------------------------------------------------------------------- device, seed, json
-def resolve_device(name: str | torch.device) -> torch.device:
+def read_run_config(args: argparse.Namespace) -> dict:
+    """Give the flags not written on the command line their values saved in the run's
+    ``config.json`` (what :func:`save_run_config` does on resume, without the checks or a
+    write: for the other processes of a ``torchrun``, once process 0 has checked and written).
+
+    :returns: the saved configuration.
+    """
+    saved = json.loads((Path(args.out) / CONFIG_NAME).read_text())
+    given = getattr(args, GIVEN_FLAGS, None)
+    for key, value in saved.items():
+        if key not in ("out", "resume", "overwrite") and (given is None or key not in given):
+            setattr(args, key, value)
+    return saved
+
+
+def open_run(args: argparse.Namespace, may_change: Iterable[str] = (),
+             may_grow: Iterable[str] = ()) -> Path:
+    """Prepare the run folder of ``args`` (``out``, ``resume``, ``overwrite``) with
+    :func:`prepare_run_dir` and its configuration with :func:`save_run_config` (on resume,
+    ``args`` takes the saved values of the flags not written on the command line).
+
+    :returns: the run folder.
+    """
+    out = prepare_run_dir(args.out, resume=args.resume, overwrite=args.overwrite)
+    save_run_config(out, args, resume=args.resume, may_change=may_change, may_grow=may_grow)
+    return out
+
+
+# --------------------------------------------------------------------------- device, threads
+_LOCAL_RANK = "LOCAL_RANK"
+
+
+def resolve_device(name: str):
     """The torch device for ``--device``: ``auto`` is ``cuda`` when available, else ``cpu``.
+    Under ``torchrun`` (``LOCAL_RANK`` set) ``auto`` and ``cuda`` give ``cuda:LOCAL_RANK``, one
+    GPU per process.
 
     :param str name: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+    :rtype: torch.device
     :raises ConfigurationError: if CUDA (or device N) is asked for but not available.
     """
+    import torch
+
     name = str(name)
     if not _DEVICE.match(name):
         raise ConfigurationError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}")
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and _LOCAL_RANK in os.environ:
+        name = f"cuda:{int(os.environ[_LOCAL_RANK])}"
     device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():
@@ -365,16 +476,119 @@ def resolve_device(name: str | torch.device) -> torch.device:
     return device
 
 
+@contextlib.contextmanager
+def torch_threads(threads: int) -> Iterator[int]:
+    """Run the block with ``threads`` CPU threads of torch (0: leave torch's default), then
+    restore the calling process's setting. Yields the number of threads in force.
+
+    :param int threads: >= 0.
+    """
+    import torch
+
+    threads = check_int("threads", threads, minimum=0)
+    before = torch.get_num_threads()
+    try:
+        if threads:
+            torch.set_num_threads(threads)
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
+# --------------------------------------------------------------------------- seeding
+def derived_seed(seed: int, purpose: str, index: int = 0) -> int:
+    """The seed of one random stream of a run: a 63-bit integer drawn from
+    ``numpy.random.SeedSequence([seed, purpose number, index])``, so that distinct purposes and
+    indices give statistically independent streams and any stream can be redrawn alone (a
+    resumed run needs no sampler state).
+
+    The scheme of every experiment: :func:`seed_everything` with the run seed before building
+    each model (so a model's initialisation does not depend on which others run with it), and
+    ``derived_seed(seed, purpose, index)`` for every other stream (the data, the minibatches of
+    chunk or epoch ``index``, the held-out sets).
+
+    :param int seed: the run seed, >= 0.
+    :param str purpose: one of :data:`SEED_PURPOSES`.
+    :param int index: e.g. the chunk or epoch number, >= 0.
+    """
+    import numpy as np
+
+    check_choice("purpose", purpose, SEED_PURPOSES)
+    seed = check_int("seed", seed, minimum=0)
+    index = check_int("index", index, minimum=0)
+    words = np.random.SeedSequence([seed, SEED_PURPOSES.index(purpose), index]).generate_state(
+        2, dtype=np.uint32)
+    return (int(words[0]) << 31) ^ int(words[1])
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python's :mod:`random`, NumPy's global generator, torch (CPU and CUDA) and Pyro.
 
     :param int seed: in [0, 2**32 - 1].
     """
+    import random
+
+    import numpy as np
+    import pyro
+    import torch
+
     seed = check_int("seed", seed, minimum=0, maximum=2**32 - 1)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
     pyro.set_rng_seed(seed)
+
+
+# --------------------------------------------------------------------------- results
+def _git_commit() -> str | None:
+    """The commit of the source tree rpm is imported from, with ``+dirty`` when it has
+    uncommitted changes; ``None`` outside a git work tree or without git."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return None
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                                text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "")
+
+
+def environment(device) -> dict:
+    """What ``results.json`` records about where a run ran: the versions of Python, torch,
+    Pyro, NumPy and rpm, the git commit of rpm's source when it is a git work tree, the
+    platform, the device (with the GPU's name), torch's CPU threads and the number of
+    processes (``torchrun``'s world size).
+
+    :param torch.device device: the training device.
+    """
+    import numpy as np
+    import pyro
+    import torch
+
+    import rpm
+
+    device = torch.device(device)
+    world_size = 1
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        world_size = torch.distributed.get_world_size()
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "pyro": pyro.__version__,
+        "numpy": np.__version__,
+        "rpm": rpm.__version__,
+        "git_commit": _git_commit(),
+        "platform": platform.platform(),
+        "device": str(device),
+        "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                        else platform.processor() or platform.machine()),
+        "torch_threads": torch.get_num_threads(),
+        "world_size": world_size,
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
@@ -385,5 +599,7 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
         ``Infinity``, which Python's :mod:`json` reads back).
     :raises TypeError: if ``obj`` is not JSON-serialisable (the destination is untouched).
     """
+    from rpm.training.checkpoint import atomic_write
+
     text = json.dumps(obj, indent=2).encode() + b"\n"
     return atomic_write(path, lambda f: f.write(text))

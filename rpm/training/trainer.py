@@ -34,7 +34,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from rpm._validation import check_int
+from rpm import distributed as rpm_distributed
+from rpm._validation import check_bool, check_int
 from rpm.training.checkpoint import (
     Generator,
     atomic_write,
@@ -159,6 +160,18 @@ class Trainer:
     :param bool eval_at_start: also evaluate before the first step (not repeated on resume).
     :param dict extra_state: further objects with ``state_dict()`` / ``load_state_dict()``
         (e.g. a minibatch sampler) saved in the checkpoint by name.
+    :param str eval_label: shown before the metrics in the progress bar, e.g. ``"val"`` when
+        ``eval_fn`` scores a validation set other than the final test set.
+    :param bool distributed: under ``torch.distributed`` (e.g. ``torchrun``), each rank's
+        ``loss_fn`` returns its share of a global loss (e.g. its rows of the negative ELBO of the
+        global batch, ``RPMELBO(global_batch=True)``, divided by the global batch size): the
+        gradients are summed over the ranks before every step
+        (:func:`rpm.distributed.all_reduce_gradients`), rank 0's buffers are copied to every
+        rank after it, the logged losses are summed over the ranks, only rank 0 writes files
+        and shows the bar, and a signal stops every rank at the next logging step (a rank acts
+        only on decisions all ranks share, so that no rank waits alone in a collective).
+        Every rank starts from the same parameters (the same seed), resumes from rank 0's
+        checkpoint (a folder every rank can read) and so stays identical to the others.
     """
 
     def __init__(
@@ -180,6 +193,8 @@ class Trainer:
         description: str = "train",
         eval_at_start: bool = False,
         extra_state: Mapping[str, Any] | None = None,
+        eval_label: str = "",
+        distributed: bool = False,
     ) -> None:
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
@@ -234,6 +249,11 @@ class Trainer:
         self.description = description
         self.eval_at_start = bool(eval_at_start)
         self.extra_state = extra_state
+        if not isinstance(eval_label, str):
+            raise TypeError(f"eval_label must be a string, got {type(eval_label).__name__}")
+        self.eval_label = eval_label
+        self.distributed = check_bool("distributed", distributed)
+        self._main = not self.distributed or rpm_distributed.global_rank() == 0
         self.out_dir = Path(out_dir)
         self._reset()
 
@@ -355,12 +375,14 @@ class Trainer:
                 )
             self._reset()
         self.module.train()
+        if self.step >= self.num_steps:  # a finished run, reloaded: nothing to show
+            return self.history
         with self._deferred_signals(), self._progress_bar() as bar:
             if self.eval_at_start and self.eval_fn is not None and self.step == 0:
                 if not any(e["step"] == 0 for e in self.history["evaluations"]):
                     self._evaluate(bar)
             while self.step < self.num_steps:
-                if self._signal_received is not None:
+                if self._signal_received is not None and not self.distributed:
                     self._interrupt()
                 self._train_step()
                 bar.update(1)
@@ -374,6 +396,8 @@ class Trainer:
                 )
                 if evaluate or checkpoint or step % self.log_every == 0:
                     self._sync(bar)
+                    if self.distributed and self._any_rank_signalled() and not final:
+                        self._interrupt()
                 if evaluate:
                     self._evaluate(bar)
                 if checkpoint:
@@ -392,10 +416,15 @@ class Trainer:
                 "differentiably on the trained parameters"
             )
         loss.backward()
+        if self.distributed:
+            rpm_distributed.all_reduce_gradients(
+                [p for group in self.optimizer.param_groups for p in group["params"]])
         if self.grad_clip is not None:
             params = [p for group in self.optimizer.param_groups for p in group["params"]]
             torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
         self.optimizer.step()
+        if self.distributed:
+            rpm_distributed.broadcast_buffers(self.module)
         if self.scheduler is not None:
             self.scheduler.step()
         self._record(loss.detach())
@@ -470,10 +499,22 @@ class Trainer:
             f"(step {self._last_checkpoint_step}), left untouched"
         )
 
+    def _any_rank_signalled(self) -> bool:
+        if not rpm_distributed.is_distributed():
+            return self._signal_received is not None
+        flag = torch.tensor([0 if self._signal_received is None else self._signal_received])
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        if flag.item() and self._signal_received is None:
+            self._signal_received = int(flag.item())
+        return bool(flag.item())
+
     def _sync(self, bar: tqdm) -> None:
         values = self._window_values()
         if values.numel() == 0:
             return
+        if self.distributed and rpm_distributed.is_distributed():
+            values = values.clone()  # each rank's share: their sum is the global loss
+            torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.SUM)
         self._check_finite(values)
         self._check_optimizer_covers_module()
         self.history["losses"].append([self.step, values.mean().item()])
@@ -485,8 +526,9 @@ class Trainer:
         postfix = {}
         if self.history["losses"]:
             postfix["loss"] = f"{self.history['losses'][-1][1]:.4g}"
+        prefix = f"{self.eval_label} " if self.eval_label else ""
         for key, value in self._latest_metrics.items():
-            postfix[key] = f"{value:.4g}" if isinstance(value, float) else str(value)
+            postfix[prefix + key] = f"{value:.4g}" if isinstance(value, float) else str(value)
         return postfix
 
     def _evaluate(self, bar: tqdm) -> None:
@@ -521,12 +563,15 @@ class Trainer:
 
     def _save(self) -> None:
         self._check_parameters_finite()
-        save_checkpoint(self.checkpoint_path, self.state_dict())
+        if self._main:
+            save_checkpoint(self.checkpoint_path, self.state_dict())
         self._last_checkpoint_step = self.step
         self._write_history()
         _LOGGER.info("step %d: checkpoint saved to %s", self.step, self.checkpoint_path)
 
     def _write_history(self) -> None:
+        if not self._main:
+            return
         text = json.dumps(self.history).encode()
         atomic_write(self.history_path, lambda f: f.write(text))
 
@@ -542,7 +587,7 @@ class Trainer:
             total=self.num_steps,
             initial=self.step,
             desc=self.description,
-            disable=not self.progress,
+            disable=not (self.progress and self._main),
             dynamic_ncols=True,
         )
 

@@ -1,6 +1,7 @@
 """The ``rpm bouncing-balls`` command: the minibatch order, a tiny end-to-end run writing its JSON
-and figures, one prior alone equal to the same prior within ``--prior all``, SGD, argument
-errors, and an interrupted ``--prior all`` run resumed exactly."""
+(with the environment), figures and weights-only checkpoints, one prior alone equal to the same
+prior within ``--prior all``, SGD, argument errors, an interrupted ``--prior all`` run resumed
+exactly from its saved configuration, and a finished run extended by more epochs."""
 
 import contextlib
 import io
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 import rpm.experiments.bouncing_balls.command as bb
+import rpm.training.trainer
 from rpm.cli import main
 from rpm.training.trainer import Trainer
 
@@ -54,7 +56,10 @@ def test_tiny_run_of_every_prior_writes_results_and_figures(reference):
     out, status, stdout = reference
     assert status == 0
     results = json.loads((out / "results.json").read_text())
-    assert set(results) >= {"config", "priors", "wall_time", "device", "train_frames"}
+    assert set(results) >= {"config", "priors", "wall_time", "environment", "train_frames"}
+    environment = results["environment"]
+    assert environment["torch"] == torch.__version__ and environment["device"] == "cpu"
+    assert {"python", "pyro", "rpm", "git_commit", "torch_threads"} <= set(environment)
     assert results["config"]["prior"] == "all" and results["train_frames"] == 32
     assert list(results["priors"]) == list(bb.PRIORS)
     for name, result in results["priors"].items():
@@ -63,7 +68,9 @@ def test_tiny_run_of_every_prior_writes_results_and_figures(reference):
         assert len(result["r2_per_coordinate"]) == 6
         assert result["r2"] == pytest.approx(np.mean(result["r2_per_coordinate"]))
         assert result["steps"] == 2 * (31 // 15)
-        assert (out / name / "checkpoint.pt").is_file()
+        # safe checkpoints: plain data, read without unpickling objects
+        state = torch.load(out / name / "checkpoint.pt", weights_only=True)["state"]
+        assert state["step"] == result["steps"]
     parameters = {name: r["prior_parameters"] for name, r in results["priors"].items()}
     assert parameters["rbf"]["lengthscale"] > 0 and parameters["cosine"]["kappa"] > 0
     assert np.asarray(parameters["bilinear"]["weight"]).shape == (6, 6)
@@ -80,7 +87,7 @@ def test_one_prior_alone_gives_the_same_result_as_within_all(reference, tmp_path
     status, _, _ = _main(capsys, "--out", str(tmp_path), *TINY, "--prior", "cosine",
                          "--threads", "1")
     assert status == 0 and torch.get_num_threads() == threads  # restored after the run
-    assert json.loads((tmp_path / "results.json").read_text())["torch_threads"] == 1
+    assert json.loads((tmp_path / "results.json").read_text())["environment"]["torch_threads"] == 1
     alone = json.loads((tmp_path / "results.json").read_text())["priors"]
     within = json.loads((reference[0] / "results.json").read_text())["priors"]
     assert list(alone) == ["cosine"]
@@ -134,7 +141,7 @@ def test_interrupted_run_resumes_the_unfinished_prior_and_skips_the_others(
 ):
     interrupted = tmp_path / "interrupted"
     with monkeypatch.context() as patch:
-        patch.setattr(bb, "Trainer", _InterruptDynamics)
+        patch.setattr(rpm.training.trainer, "Trainer", _InterruptDynamics)
         status, _, err = _main(capsys, "--out", str(interrupted), *TINY)
     assert status == 128 + signal.SIGINT and "rerun with --resume" in err
     assert not (interrupted / "results.json").exists()
@@ -142,7 +149,8 @@ def test_interrupted_run_resumes_the_unfinished_prior_and_skips_the_others(
                 for name in ("rbf", "bilinear", "cosine")}
     assert torch.load(interrupted / "dynamics" / "checkpoint.pt",
                       weights_only=True)["state"]["step"] == 2
-    status, out, _ = _main(capsys, "--out", str(interrupted), *TINY, "--resume")
+    # --resume reads the saved configuration: no other flag is needed
+    status, out, _ = _main(capsys, "--out", str(interrupted), "--resume")
     assert status == 0
     assert "dynamics: resuming at step 2/4" in out
     for name, content in finished.items():
@@ -153,8 +161,31 @@ def test_interrupted_run_resumes_the_unfinished_prior_and_skips_the_others(
     for name in bb.PRIORS:
         for key in ("r2", "r2_per_coordinate", "pixel_error", "prior_parameters", "final_loss"):
             assert resumed[name][key] == expected[name][key], (name, key)
-    # resuming a different experiment is refused
-    status, _, err = _main(capsys, "--out", str(interrupted), *TINY, "--resume", "--lr", "0.1")
+    # resuming the finished run reloads it: one line per prior, no training
+    status, out, err = _main(capsys, "--out", str(interrupted), "--resume")
+    assert status == 0 and "resuming" not in out
+    assert [line.split(":")[0] for line in out.splitlines() if "finished earlier" in line] == list(
+        bb.PRIORS)
+    # resuming a different experiment is refused; the same flags are accepted
+    status, _, err = _main(capsys, "--out", str(interrupted), "--resume", "--lr", "0.1")
     assert status == 2 and "--lr: was 0.01, now 0.1" in err
+    status, _, err = _main(capsys, "--out", str(interrupted), *TINY, "--resume")
+    assert status == 0
+    status, _, err = _main(capsys, "--out", str(interrupted), "--resume", "--epochs", "1")
+    assert status == 2 and "--epochs: was 2, now 1 (it may only grow" in err
     status, _, err = _main(capsys, "--out", str(tmp_path / "none"), *TINY, "--resume")
     assert status == 2 and "no run to resume" in err
+
+
+def test_more_epochs_extend_a_finished_run(tmp_path, capsys):
+    flags = [*TINY, "--prior", "rbf"]
+    assert _main(capsys, "--out", str(tmp_path), *flags)[0] == 0
+    before = torch.load(tmp_path / "rbf" / "checkpoint.pt", weights_only=True)["state"]
+    status, out, _ = _main(capsys, "--out", str(tmp_path), "--resume", "--epochs", "3")
+    assert status == 0 and "rbf: resuming at step 4/6" in out
+    after = torch.load(tmp_path / "rbf" / "checkpoint.pt", weights_only=True)["state"]
+    assert after["step"] == 6 and [e["step"] for e in after["history"]["evaluations"]] == [4, 6]
+    assert after["history"]["evaluations"][0] == before["history"]["evaluations"][0]
+    assert json.loads((tmp_path / "config.json").read_text())["epochs"] == 3
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["config"]["epochs"] == 3 and results["priors"]["rbf"]["steps"] == 6

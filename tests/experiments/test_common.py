@@ -73,11 +73,11 @@ def test_fresh_run_dir_is_created_and_marked(tmp_path):
 
 def test_nonempty_run_dir_needs_a_flag(tmp_path):
     out = prepare_run_dir(tmp_path / "run")
-    (out / "checkpoint.pt").write_bytes(b"old")
+    (out / "config.json").write_bytes(b"old")
     with pytest.raises(ConfigurationError, match="--resume to continue it or --overwrite"):
         prepare_run_dir(out)
     assert prepare_run_dir(out, resume=True) == out
-    assert (out / "checkpoint.pt").read_bytes() == b"old"
+    assert (out / "config.json").read_bytes() == b"old"
     with pytest.raises(ConfigurationError, match="exclude each other"):
         prepare_run_dir(out, resume=True, overwrite=True)
 
@@ -109,7 +109,7 @@ def test_overwrite_deletes_a_run_folder_only(tmp_path):
 
 
 def test_resume_without_checkpoint_and_file_as_out(tmp_path):
-    with pytest.raises(ConfigurationError, match="--resume: there is no checkpoint"):
+    with pytest.raises(ConfigurationError, match="--resume: there is no run to resume"):
         prepare_run_dir(tmp_path, resume=True)
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigurationError, match="is a file, not a folder"):
@@ -171,3 +171,86 @@ def test_write_json_atomic(tmp_path):
         write_json_atomic(path, {"bad": object()})
     assert json.loads(path.read_text())["r2"] == 0.5  # untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+def test_resume_takes_unwritten_flags_from_the_saved_config(tmp_path):
+    """On resume, flags not written on the command line (given_flags) take their saved values;
+    written ones must match, except those free to change and those that may grow."""
+    saved = argparse.Namespace(out=str(tmp_path), resume=False, overwrite=False, lr=0.1,
+                               steps=100, device="cpu", threads=1)
+    save_run_config(tmp_path, saved)
+    # `--resume --out DIR`: every other flag at its parser default
+    resumed = argparse.Namespace(out=str(tmp_path), resume=True, overwrite=False, lr=0.5,
+                                 steps=7, device="auto", threads=1,
+                                 given_flags=frozenset({"out", "resume"}))
+    config = save_run_config(tmp_path, resumed, resume=True, may_grow=["steps"])
+    assert (resumed.lr, resumed.steps, resumed.device) == (0.1, 100, "cpu")
+    assert config["lr"] == 0.1 and "given_flags" not in config
+    # a written flag that differs is refused; --steps may grow but not shrink
+    changed = argparse.Namespace(**{**vars(resumed), "lr": 0.2,
+                                    "given_flags": frozenset({"out", "resume", "lr"})})
+    with pytest.raises(ConfigurationError, match="--lr: was 0.1, now 0.2"):
+        save_run_config(tmp_path, changed, resume=True)
+    shrunk = argparse.Namespace(**{**vars(resumed), "steps": 50,
+                                   "given_flags": frozenset({"out", "resume", "steps"})})
+    with pytest.raises(ConfigurationError, match=r"--steps: was 100, now 50 \(it may only grow"):
+        save_run_config(tmp_path, shrunk, resume=True, may_grow=["steps"])
+    grown = argparse.Namespace(**{**vars(resumed), "steps": 300, "device": "cuda",
+                                  "given_flags": frozenset({"out", "resume", "steps", "device"})})
+    save_run_config(tmp_path, grown, resume=True, may_grow=["steps"])
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert (written["steps"], written["device"], written["lr"]) == (300, "cuda", 0.1)
+
+
+def test_overwrite_accepts_model_subfolders_of_run_files(tmp_path):
+    legacy = tmp_path / "legacy"
+    (legacy / "cosine").mkdir(parents=True)
+    for name in ("config.json", "cosine/checkpoint.pt", "cosine/history.json"):
+        (legacy / name).write_bytes(b"x")
+    prepare_run_dir(legacy, overwrite=True)
+    assert sorted(p.name for p in legacy.iterdir()) == [RUN_MARKER]
+    foreign = tmp_path / "foreign"
+    (foreign / "data").mkdir(parents=True)
+    (foreign / "data" / "table.csv").write_bytes(b"x")
+    with pytest.raises(ConfigurationError, match="refusing to --overwrite"):
+        prepare_run_dir(foreign, overwrite=True)
+
+
+def test_derived_seed_matches_its_seed_sequence_and_separates_streams():
+    words = np.random.SeedSequence([3, common.SEED_PURPOSES.index("epoch"), 5]).generate_state(
+        2, dtype=np.uint32)
+    assert common.derived_seed(3, "epoch", 5) == (int(words[0]) << 31) ^ int(words[1])
+    seeds = {common.derived_seed(s, p, i) for s in range(3) for p in common.SEED_PURPOSES
+             for i in range(3)}
+    assert len(seeds) == 3 * len(common.SEED_PURPOSES) * 3
+    assert all(0 <= s < 2**63 for s in seeds)
+    with pytest.raises(ValueError, match="purpose must be one of"):
+        common.derived_seed(0, "weights")
+
+
+def test_torch_threads_sets_and_restores():
+    before = torch.get_num_threads()
+    with common.torch_threads(1) as threads:
+        assert threads == torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with common.torch_threads(0) as threads:
+        assert threads == before
+    with pytest.raises(ValueError, match="threads must be >= 0"):
+        with common.torch_threads(-1):
+            pass
+
+
+def test_environment_records_versions_device_and_threads():
+    import platform
+
+    import pyro
+
+    import rpm
+
+    env = common.environment(torch.device("cpu"))
+    assert env["python"] == platform.python_version() and env["torch"] == torch.__version__
+    assert env["pyro"] == pyro.__version__ and env["rpm"] == rpm.__version__
+    assert env["device"] == "cpu" and env["torch_threads"] == torch.get_num_threads()
+    assert env["world_size"] == 1
+    commit = env["git_commit"]
+    assert commit is None or len(commit.removesuffix("+dirty")) == 40

@@ -9,7 +9,7 @@ import torch
 
 from rpm.cli import main
 from rpm.data.synthetic import InvertibleMLP, LatentProcess
-from rpm.experiments.identifiability.data import PairStream, derived_seed, held_out_set
+from rpm.experiments.identifiability.data import PairStream, held_out_set
 from rpm.experiments.identifiability.model import (
     ENERGIES,
     build_energy,
@@ -33,16 +33,6 @@ def _stream(chunk_steps=4, batch_size=8, seed=3, kappa=5.0):
     process = LatentProcess(dim=4, space="sphere", conditional="vmf", conditional_param=kappa)
     mixing = InvertibleMLP(4, seed=1)
     return PairStream(process, mixing, batch_size, seed, chunk_steps), mixing
-
-
-def test_derived_seeds_are_deterministic_and_distinct():
-    seeds = {derived_seed(s, p, i) for s in (0, 1) for p in ("mixing", "train", "eval", "test")
-             for i in (0, 1)}
-    assert len(seeds) == 16
-    assert derived_seed(5, "train", 7) == derived_seed(5, "train", 7)
-    assert all(0 <= s < 2**63 for s in seeds)
-    with pytest.raises(ValueError, match="purpose"):
-        derived_seed(0, "training")
 
 
 def test_pair_stream_is_a_pure_function_of_the_step():
@@ -147,8 +137,8 @@ def _run(tmp_path, *argv, name="run"):
     (["--space", "box"], "vmf"),
     (["--marginal-param", "2"], "marginal"),
     (["--concentrations", "5,25"], "--conditional anisotropic"),
-    (["--conditional", "anisotropic", "--concentrations", "1,2,3"], "concentrations"),
-    (["--eval-samples", "10"], "--eval-samples"),
+    (["--conditional", "anisotropic", "--concentrations", "1,2,3,4"], "concentrations"),
+    (["--eval-samples", "9"], "--eval-samples"),
     (["--energy", "neural"], "invalid choice"),
 ])
 def test_bad_flags_exit_2_with_a_message(tmp_path, capsys, argv, message):
@@ -157,29 +147,46 @@ def test_bad_flags_exit_2_with_a_message(tmp_path, capsys, argv, message):
 
 
 @pytest.mark.slow
-def test_end_to_end_run_writes_results_and_beats_the_untrained_encoder(tmp_path):
-    """150 steps on 3 latents (vMF kappa = 10): results.json with the final scores at the top
-    level, trajectories and wall time; the PNG; R^2 above the untrained encoder's and the
-    identity's; --resume of the finished run reloads it and reproduces the scores."""
+def test_end_to_end_run_writes_results_and_beats_the_untrained_encoder(tmp_path, capsys):
+    """150 steps on 3 latents (vMF kappa = 10): results.json with the environment and the run's
+    test scores, trajectories and wall time; the PNG; a weights-only checkpoint in the energy's
+    subfolder; R^2 above the untrained encoder's and the identity's; --resume of the finished
+    run reloads it (one line, no bar) and reproduces the scores; more --steps extend it."""
     argv = ["--dim", "3", "--conditional-param", "10", "--steps", "150", "--batch-size", "128",
             "--hidden", "32", "--depth", "2", "--lr", "3e-3", "--eval-every", "50",
             "--eval-samples", "2000", "--checkpoint-every", "0"]
     assert _run(tmp_path, *argv) == 0
     out = tmp_path / "run"
-    results = json.loads((out / "results.json").read_text())
+    summary = json.loads((out / "results.json").read_text())
+    assert {"config", "environment", "runs", "wall_time", "held_out_sets"} <= set(summary)
+    assert summary["environment"]["device"] == "cpu" and summary["environment"]["world_size"] == 1
+    assert summary["config"]["steps"] == 150 and summary["config"]["dim"] == 3
+    results = summary["runs"]["cosine"]
     assert (out / "trajectories.png").stat().st_size > 0
-    for key in ("config", "r2", "mcc", "trajectory", "wall_time", "baseline", "time_to_r2"):
+    state = torch.load(out / "cosine" / "checkpoint.pt", weights_only=True)["state"]
+    assert state["step"] == 150
+    for key in ("r2", "mcc", "trajectory", "baseline", "time_to_r2"):
         assert key in results
     assert isinstance(results["r2"], float) and isinstance(results["mcc"], float)
-    assert results["config"]["steps"] == 150 and results["config"]["dim"] == 3
     assert results["trajectory"]["step"] == [0, 50, 100, 150]
     assert len(results["r2_per_dimension"]) == 3
     untrained = results["baseline"]["untrained"]["r2"]
     identity = results["baseline"]["identity"]["r2"]
     assert results["r2"] > untrained + 0.1 and results["r2"] > identity
-    assert _run(tmp_path, *argv, "--resume") == 0
-    again = json.loads((out / "results.json").read_text())
+    capsys.readouterr()
+    assert main(["identifiability", "--resume", "--out", str(out)]) == 0  # no other flag
+    printed = capsys.readouterr()
+    assert "cosine: finished earlier (150/150 steps), reloaded" in printed.out
+    assert "it/s" not in printed.err  # no progress bar
+    again = json.loads((out / "results.json").read_text())["runs"]["cosine"]
     assert again["r2"] == results["r2"] and again["mcc"] == results["mcc"]
+    assert _run(tmp_path, "--resume", "--steps", "100") == 2
+    assert "--steps: was 150, now 100 (it may only grow" in capsys.readouterr().err
+    assert main(["identifiability", "--resume", "--out", str(out), "--steps", "200"]) == 0
+    assert "cosine: resuming at step 150/200" in capsys.readouterr().out
+    extended = json.loads((out / "results.json").read_text())
+    assert extended["config"]["steps"] == 200
+    assert extended["runs"]["cosine"]["trajectory"]["step"] == [0, 50, 100, 150, 200]
 
 
 @pytest.mark.slow

@@ -105,8 +105,8 @@ def _run(out_dir, *, resume=False, crash_at=None, signal_at=(None, None), num_st
         eval_fn=eval_fn,
         generators={"t": tgen, "n": ngen},
         extra_state={"sampler": sampler},
-        progress=False,
         **{
+            "progress": False,
             "eval_every": 6,
             "checkpoint_every": 10,
             "log_every": 4,
@@ -464,3 +464,19 @@ def test_sigint_and_sigkill_of_real_processes_then_resume_match_uninterrupted_ru
     _assert_same_run(toy_reference, load_checkpoint(tmp_path / "checkpoint.pt"))
     saved = json.loads((tmp_path / "history.json").read_text())
     assert _without_wall_time(saved) == _without_wall_time(toy_reference["history"])
+
+
+def test_resuming_a_finished_run_reloads_it_without_a_progress_bar(tmp_path, capsys):
+    first, _ = _run(tmp_path, num_steps=8)
+    capsys.readouterr()
+    again, losses = _run(tmp_path, num_steps=8, resume=True, progress=True)
+    assert losses == {}  # no step was taken
+    assert capsys.readouterr().err == ""  # and no (100%) bar drawn
+    _assert_same_run(first.state_dict(), again.state_dict())
+
+
+def test_eval_label_prefixes_the_metrics_in_the_progress_bar(tmp_path):
+    trainer, _ = _run(tmp_path, num_steps=4, eval_label="val")
+    assert set(trainer._postfix()) == {"loss", "val loss_all", "val probe"}
+    with pytest.raises(TypeError, match="eval_label must be a string"):
+        _run(tmp_path / "bad", num_steps=4, eval_label=1)

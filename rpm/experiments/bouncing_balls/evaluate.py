@@ -13,8 +13,8 @@ is fitted on the training frames and scored on the held-out frames by
     \text{error} = \frac{1}{T_\text{test} K} \sum_{t \in \text{test}} \sum_k
         \lVert c_{tk} - \hat c_{tk} \rVert,
 
-the R^2 being :func:`rpm.metrics.r2_per_dimension` (affine identifiability, SPEC section 5) and
-the error the mean distance in pixels between decoded and true centres.
+the R^2 being :func:`rpm.metrics.r2_per_dimension` (affine identifiability, ``docs/theory.md``,
+*Evaluation*) and the error the mean distance in pixels between decoded and true centres.
 """
 
 from __future__ import annotations

@@ -11,40 +11,19 @@ pairs of ``chunk_steps`` consecutive steps are drawn at once from a generator se
 * exact resumption: a run restarted at any step draws the same minibatches as an uninterrupted
   one, without any sampler state in the checkpoint.
 
-:func:`derived_seed` gives independent seeds for the mixing function, the training stream and the
-held-out sets of one run seed (``numpy.random.SeedSequence``).
+:func:`~rpm.experiments.common.derived_seed` gives independent seeds for the mixing function,
+the training stream and the held-out sets of one run seed (``numpy.random.SeedSequence``).
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from rpm._validation import check_choice, check_int, check_positive_int
+from rpm._validation import check_int, check_positive_int
 from rpm.data.synthetic import InvertibleMLP, LatentProcess
+from rpm.experiments.common import derived_seed
 
-__all__ = ["PairStream", "derived_seed", "held_out_set"]
-
-#: Purposes of the derived seeds, one entropy stream each.
-SEED_PURPOSES = ("mixing", "train", "eval", "test", "oracle")
-
-
-def derived_seed(seed: int, purpose: str, index: int = 0) -> int:
-    """A 63-bit seed for ``purpose`` (one of :data:`SEED_PURPOSES`) and ``index``, drawn from
-    ``numpy.random.SeedSequence([seed, purpose id, index])``: distinct purposes and indices give
-    statistically independent streams.
-
-    :param int seed: the run seed, >= 0.
-    :param str purpose: ``"mixing"``, ``"train"``, ``"eval"``, ``"test"`` or ``"oracle"``.
-    :param int index: e.g. the chunk number of the training stream, >= 0.
-    """
-    check_choice("purpose", purpose, SEED_PURPOSES)
-    seed = check_int("seed", seed, minimum=0)
-    index = check_int("index", index, minimum=0)
-    words = np.random.SeedSequence([seed, SEED_PURPOSES.index(purpose), index]).generate_state(
-        2, dtype=np.uint32)
-    return (int(words[0]) << 31) ^ int(words[1])
-
+__all__ = ["PairStream", "held_out_set"]
 
 def _generator(device: torch.device, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)

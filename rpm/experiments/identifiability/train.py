@@ -26,9 +26,10 @@ import pyro
 import torch
 
 import rpm
+from rpm import distributed
 from rpm.data.synthetic import InvertibleMLP, LatentProcess
-from rpm.experiments.common import seed_everything
-from rpm.experiments.identifiability.data import PairStream, derived_seed
+from rpm.experiments.common import derived_seed, seed_everything
+from rpm.experiments.identifiability.data import PairStream
 from rpm.experiments.identifiability.model import (
     build_energy,
     build_rpm,
@@ -116,6 +117,13 @@ def train_energy(name: str, args: argparse.Namespace, process: LatentProcess,
                  mixing: InvertibleMLP, held_out: dict, out: Path) -> dict:
     """Trains (or resumes, or reloads) the RPM with energy ``name`` in ``out`` and scores it.
 
+    Under ``torchrun`` (``torch.distributed`` initialised with W > 1 processes) every process
+    draws the same global minibatch of ``args.batch_size`` pairs (a pure function of the seed
+    and the step), encodes only its own slice of W (:func:`rpm.distributed.local_slice`), and
+    evaluates its rows of the ELBO with the marginals and the normaliser over the global batch
+    (``RPMELBO(global_batch=True)``); the gradients are summed over the processes, so the
+    parameters follow those of one process on the whole batch.
+
     :param str name: one of :data:`~rpm.experiments.identifiability.model.ENERGIES`.
     :param argparse.Namespace args: the resolved flags.
     :param LatentProcess process: the latent process, on the training device.
@@ -137,14 +145,17 @@ def train_energy(name: str, args: argparse.Namespace, process: LatentProcess,
     z_test, x_test = held_out["test"]
     untrained = _scores(z_test, _encoder_outputs(model, x_test))
     stream = PairStream(process, mixing, args.batch_size, args.seed, args.chunk_steps)
-    elbo = rpm.RPMELBO()
+    parallel = distributed.is_distributed()
+    rows = distributed.local_slice(args.batch_size)  # all rows in one process
+    elbo = rpm.RPMELBO(global_batch=parallel)
 
     def loss_fn(step: int) -> torch.Tensor:
-        x, x2 = stream(step)  # (N, n) each
+        x, x2 = stream(step)  # (N, n) each, the global batch
         # The pairs come from our own sampler; Pyro's input validation would synchronise with
         # the device at every step.
         with pyro.validation_enabled(False):
-            return elbo.differentiable_loss(model.model, model.guide, x, x2) / args.batch_size
+            return elbo.differentiable_loss(model.model, model.guide, x[rows],
+                                            x2[rows]) / args.batch_size
 
     def eval_fn(step: int) -> dict:
         scores = _scores(z_eval, _encoder_outputs(model, x_eval))
@@ -163,13 +174,13 @@ def train_energy(name: str, args: argparse.Namespace, process: LatentProcess,
         model, optimizer, loss_fn, out_dir=out, num_steps=args.steps, scheduler=scheduler,
         eval_fn=eval_fn, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
         log_every=min(100, args.steps), progress=args.progress, description=name,
-        eval_at_start=True,
+        eval_at_start=True, eval_label="val", distributed=parallel,
     )
     resume = args.resume and (out / CHECKPOINT_NAME).is_file()
-    if resume:
+    if resume and distributed.is_main_process():
         step = load_checkpoint(out / CHECKPOINT_NAME)["step"]
-        print(f"{name}: {'finished earlier, reloaded' if step == args.steps else 'resuming'} "
-              f"at step {step}/{args.steps}", flush=True)
+        print(f"{name}: finished earlier ({step}/{args.steps} steps), reloaded" if step == args.steps
+              else f"{name}: resuming at step {step}/{args.steps}", flush=True)
     history = trainer.fit(resume=resume)
 
     h_test = _encoder_outputs(model, x_test)
