@@ -23,7 +23,7 @@ _LAZY = {
     "info_nce": "rpm.inference",
 }
 _SUBPACKAGES = frozenset({"data", "distributed", "experiments", "inference", "marginals", "metrics",
-                          "models", "ops", "priors", "training"})
+                          "models", "nn", "ops", "priors", "training"})
 
 __all__ = [
     "DeltaRecognition",

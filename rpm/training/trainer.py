@@ -471,9 +471,8 @@ class Trainer:
             )
 
     def _check_optimizer_covers_module(self) -> None:
-        # A PyroModule adopts the tensor Pyro's global param store holds under a parameter's
-        # name at its first forward pass; a stale store thus silently detaches the module from
-        # the optimiser. Cheap (no device work), so checked at every synchronisation.
+        # A parameter left out of the optimiser is never trained, silently. Cheap (no device
+        # work), so checked at every synchronisation.
         optimized = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
         orphans = [
             name
@@ -483,9 +482,11 @@ class Trainer:
         if orphans:
             raise ValueError(
                 f"module parameters {orphans} are not in the optimizer, so they are never "
-                "trained. If the module is a PyroModule, Pyro's param store probably replaced "
-                "them: call pyro.clear_param_store() before building the module. Freeze "
-                "intentionally untrained parameters with requires_grad_(False)."
+                "trained: build the optimizer over module.parameters(), and freeze "
+                "intentionally untrained parameters with requires_grad_(False). (A plain "
+                "PyroModule of your own adopts the tensor of the same name left in Pyro's global "
+                "param store by an earlier model: derive it from rpm.nn.ScopedModule, whose "
+                "parameters stay its own.)"
             )
 
     def _last_good_path(self) -> Path | None:

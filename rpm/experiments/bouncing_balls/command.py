@@ -268,7 +268,6 @@ def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train
     The encoder's batch normalisation uses each process's slice (as ``DistributedDataParallel``
     without ``SyncBatchNorm``), so K processes follow one process closely but not exactly.
     """
-    import pyro
     import torch
 
     import rpm
@@ -278,7 +277,6 @@ def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train
     from rpm.training.trainer import CHECKPOINT_NAME, Trainer
 
     seed_everything(args.seed)  # each prior's run is the same whichever others run with it
-    pyro.clear_param_store()
     model = build_model(name, args, frames.shape[1]).to(frames.device)
     encoder = model.recognition.net
     untrained = evaluate(encoder, frames, centres, num_train)

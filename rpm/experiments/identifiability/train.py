@@ -133,7 +133,6 @@ def train_energy(name: str, args: argparse.Namespace, process: LatentProcess,
     :return: the JSON-ready result (scores, baselines, trajectories, energy parameters).
     """
     seed_everything(args.seed)  # same encoder initialisation whichever energies run together
-    pyro.clear_param_store()
     device = process.device
     encoder = MLPEncoder(args.dim, args.hidden, args.depth, args.encoder_space,
                          compile=args.compile)
@@ -233,10 +232,7 @@ def oracle_concentrations(process: LatentProcess, num_steps: int, batch_size: in
         so a start far from the optimum needs many steps).
     :return: :math:`\Lambda`, n floats.
     """
-    # A parameter store of its own: the model's parameters have the same names as a trained
-    # RPM's ("prior.energy.concentration", ...), which would otherwise be read and trained here.
-    with pyro.get_param_store().scope():
-        return _fit_oracle(process, num_steps, batch_size, seed, lr, normalize, init)
+    return _fit_oracle(process, num_steps, batch_size, seed, lr, normalize, init)
 
 
 def _fit_oracle(process: LatentProcess, num_steps: int, batch_size: int, seed: int, lr: float,
