@@ -24,7 +24,7 @@ from torch.distributions import constraints
 
 from rpm.ops.gaussian_mixture import gaussian_mixture_log_prob
 
-__all__ = ["MixtureMarginal", "delta_mixture_log_prob", "recognition_components"]
+__all__ = ["Atoms", "MixtureMarginal", "delta_mixture_log_prob", "recognition_components"]
 
 
 def delta_mixture_log_prob(
@@ -96,6 +96,32 @@ def recognition_components(q: TorchDistribution) -> tuple[torch.Tensor, torch.Te
     )
 
 
+class Atoms(constraints.Constraint):
+    r"""The support of an empirical distribution: the finite set of its atoms :math:`\mu_n`.
+
+    A discrete constraint (``is_discrete``): a value is in the support when each of its rows
+    equals one of the atoms exactly, as :func:`delta_mixture_log_prob` counts them.
+
+    :param torch.Tensor points: the atoms, shape (N, D).
+    :param int event_dim: 1 for one latent per value (shape (..., D)), 2 for a whole batch of
+        latents as one event (shape (..., M, D)).
+    """
+
+    is_discrete = True
+
+    def __init__(self, points: torch.Tensor, event_dim: int = 1):
+        self.points = points
+        self.event_dim = event_dim
+        super().__init__()
+
+    def check(self, value: torch.Tensor) -> torch.Tensor:
+        flat = value.detach().reshape(-1, value.shape[-1])  # (M, D)
+        distance = torch.cdist(flat, self.points.detach(),
+                               compute_mode="donot_use_mm_for_euclid_dist")  # (M, N)
+        on_atom = (distance == 0).any(-1).reshape(value.shape[:-1])
+        return on_atom if self.event_dim == 1 else on_atom.all(-1)
+
+
 def _check_value(value: torch.Tensor, dim: int) -> None:
     """Validation of a value for ``MixtureMarginal.log_prob``: shape (..., D), finite."""
     if value.dim() < 1 or value.shape[-1] != dim:
@@ -118,9 +144,14 @@ class MixtureMarginal(TorchDistribution):
     (Eq. 10).
 
     The distribution stands for N independent draws from the mixture, one per pair of the
-    model's plate: batch_shape (N,), event_shape (D,), N being the number of components.
-    ``log_prob`` of a value of shape (..., D) returns the mixture log-density of each row, shape
-    (...); ``sample`` picks a component uniformly for each draw and samples from it.
+    model's plate: batch_shape (N,), event_shape (D,), N being the number of components; given
+    the components the draws are independent, so the batch shape is honest, and ``expand``
+    gives any other number of draws (e.g. a leading plate of particles). ``log_prob`` of a
+    value of shape (..., D) returns the mixture log-density of each row, shape (...);
+    ``sample`` picks a component uniformly for each draw and samples from it. The support is
+    :math:`\mathbb{R}^D` for Gaussian components and the finite set of the atoms
+    (:class:`Atoms`, discrete) for Delta components, where a value off every atom has
+    log-density :math:`-\infty`.
 
     :param q: recognition distributions with batch_shape (N,) and event_shape (D,):
         ``Normal(loc, scale).to_event(1)`` or ``Delta(v, event_dim=1)``.
@@ -128,7 +159,6 @@ class MixtureMarginal(TorchDistribution):
     """
 
     arg_constraints: dict = {}
-    support = constraints.real_vector
     has_rsample = False
 
     def __init__(self, q: TorchDistribution, exclude_self: bool = False, validate_args=None):
@@ -145,25 +175,43 @@ class MixtureMarginal(TorchDistribution):
         """True for the empirical (Delta) mixture, which has no density on R^D."""
         return self.scale is None
 
+    @property
+    def support(self) -> constraints.Constraint:
+        """:class:`Atoms` of the Delta components (discrete), else ``real_vector``."""
+        return Atoms(self.loc) if self.is_discrete else constraints.real_vector
+
     def expand(self, batch_shape, _instance=None):
+        """The same mixture for ``batch_shape`` independent draws; with ``exclude_self`` the
+        last batch dimension must stay N (row n leaves component n out)."""
         batch_shape = torch.Size(batch_shape)
-        if batch_shape != self.batch_shape:
+        num_components = self.loc.shape[0]
+        if self.exclude_self and batch_shape[-1:] != (num_components,):
             raise ValueError(
-                f"the mixture marginal of {self.batch_shape[0]} recognition distributions has "
-                f"batch_shape {tuple(self.batch_shape)}; it cannot be expanded to "
-                f"{tuple(batch_shape)}. Use a plate of the batch size"
+                f"a mixture marginal with exclude_self pairs row n with component n, so its last "
+                f"batch dimension stays {num_components}; got batch_shape {tuple(batch_shape)}"
             )
-        return self
+        new = self._get_checked_instance(MixtureMarginal, _instance)
+        new.q, new.loc, new.scale, new.exclude_self = self.q, self.loc, self.scale, self.exclude_self
+        super(MixtureMarginal, new).__init__(batch_shape, self.event_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         if self._validate_args:
             _check_value(value, self.event_shape[0])
-        flat = value.reshape(-1, value.shape[-1])  # (M, D)
-        if self.is_discrete:
-            result = delta_mixture_log_prob(flat, self.loc, self.exclude_self)
+        dim = value.shape[-1]
+        if self.exclude_self:  # rows (..., N, D): row n against every component but n
+            rows = value.reshape(-1, self.loc.shape[0], dim)
+            result = torch.stack([self._log_prob_rows(block) for block in rows])
         else:
-            result = gaussian_mixture_log_prob(flat, self.loc, self.scale, self.exclude_self)
+            result = self._log_prob_rows(value.reshape(-1, dim))  # (M,)
         return result.reshape(value.shape[:-1])
+
+    def _log_prob_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Mixture log-density of each row of ``rows`` (M, D), shape (M,)."""
+        if self.is_discrete:
+            return delta_mixture_log_prob(rows, self.loc, self.exclude_self)
+        return gaussian_mixture_log_prob(rows, self.loc, self.scale, self.exclude_self)
 
     def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
         shape = self._extended_shape(sample_shape)  # sample_shape + (N, D)

@@ -47,6 +47,23 @@ def _accepts_delta(prior) -> bool:
     return isinstance(prior, Prior) and prior.accepts_delta_recognition
 
 
+def _joint_over_batch(prior) -> bool:
+    """The prior's :attr:`~rpm.priors.base.Prior.joint_over_batch` (False for a plain callable)."""
+    return isinstance(prior, Prior) and prior.joint_over_batch
+
+
+def _log_likelihood(q: TorchDistribution, z: torch.Tensor) -> torch.Tensor:
+    r"""The likelihood factor :math:`\log Q(z|x) - \log Q(z)` of Eq. 10 (without
+    :math:`\log P_\text{true}(x)`), shape of ``q.log_prob(z)``.
+
+    For Delta recognition a latent off the atoms has :math:`\log Q(z|x) = \log Q(z) = -\infty`
+    (its own prior site is :math:`-\infty` too): the factor is :math:`-\infty` there, not
+    :math:`-\infty - (-\infty)` = NaN."""
+    log_q = q.log_prob(z)
+    ratio = log_q - MixtureMarginal(q).log_prob(z)
+    return torch.where(torch.isneginf(log_q), log_q, ratio)
+
+
 def _marginal_log_prob(
     q: TorchDistribution, z: torch.Tensor, global_batch: bool, block_size: int | None
 ) -> torch.Tensor:
@@ -74,10 +91,15 @@ class RPM(RPMBase):
         svi = pyro.infer.SVI(rpm.model, rpm.guide, pyro.optim.Adam({"lr": 1e-3}), RPMELBO())
         svi.step(x, x2)   # x, x2: (N, ...) paired views
 
-    ``model(x, x2)`` declares, inside ``pyro.plate("pairs", N)``, the prior's sample sites
-    ``"z"`` and ``"z2"`` and the likelihood factors ``"x"`` and ``"x2"`` with log-densities
+    ``model(x, x2)`` declares the prior's sample sites ``"z"`` and ``"z2"`` and, inside
+    ``pyro.plate("pairs", N)``, the likelihood factors ``"x"`` and ``"x2"`` with log-densities
     :math:`\log Q(z|x) - \log Q(z)` and :math:`\log Q(z'|x') - \log Q(z')` (Eq. 10).
-    ``guide(x, x2)`` samples ``"z" ~ Q(z|x)`` and ``"z2" ~ Q(z'|x')``.
+    ``guide(x, x2)`` samples ``"z" ~ Q(z|x)`` and ``"z2" ~ Q(z'|x')``. The prior's sites are
+    per pair (inside the plate, batch_shape (N,)) unless the prior couples the pairs
+    (:attr:`~rpm.priors.base.Prior.joint_over_batch`, the implicit prior): then ``"z"`` and
+    ``"z2"`` are whole-batch events of shape (N, D) in model and guide alike. Either way
+    Pyro's ``Trace_ELBO``, ``TraceGraph_ELBO``, ``JitTrace_ELBO``, vectorised particles and
+    ``Predictive`` see honest shapes.
 
     Its parameters are its own (:class:`~rpm.models.base.RPMBase`): two RPMs, or two RPMs
     sharing one recognition model, train side by side under ``SVI`` or a ``torch.optim`` loop
@@ -192,21 +214,42 @@ class RPM(RPMBase):
 
     @scoped
     def model(self, x: torch.Tensor, x2: torch.Tensor):
-        r"""The generative model of Eq. 9-10: prior sites "z", "z2"; likelihood factors "x", "x2"."""
+        r"""The generative model of Eq. 9-10: prior sites "z", "z2"; likelihood factors "x", "x2".
+
+        The factors are per pair, inside ``pyro.plate("pairs", N)``; so are the prior's sites,
+        unless the prior is :attr:`~rpm.priors.base.Prior.joint_over_batch` (the implicit
+        prior), whose sites are whole-batch events declared outside the plate."""
         q, q2 = self.recognise(x, x2)
-        with pyro.plate("pairs", x.shape[0]):
+        pairs = pyro.plate("pairs", x.shape[0])
+        if _joint_over_batch(self.prior):
             z, z2 = self.sample_prior(q, q2)
-            pyro.factor("x", q.log_prob(z) - MixtureMarginal(q).log_prob(z))
-            pyro.factor("x2", q2.log_prob(z2) - MixtureMarginal(q2).log_prob(z2))
+            # A whole-batch event under an outer plate (vectorised particles, Predictive) has
+            # batch_shape (..., 1): the 1 is this plate's slot. Its N rows take that slot.
+            rows, rows2 = (value.squeeze(-3) if value.dim() > 2 else value for value in (z, z2))
+        else:
+            with pairs:
+                z, z2 = self.sample_prior(q, q2)
+            rows, rows2 = z, z2
+        with pairs:
+            pyro.factor("x", _log_likelihood(q, rows))
+            pyro.factor("x2", _log_likelihood(q2, rows2))
         return z, z2
 
     @scoped
     def guide(self, x: torch.Tensor, x2: torch.Tensor):
-        r"""The approximate posterior of Eq. 14: the recognition models, Q(z|x) Q(z'|x')."""
+        r"""The approximate posterior of Eq. 14: the recognition models, Q(z|x) Q(z'|x').
+
+        Per pair inside ``pyro.plate("pairs", N)``, or, for a prior that is
+        :attr:`~rpm.priors.base.Prior.joint_over_batch`, as whole-batch events
+        ``Q(z|x).to_event(1)`` (the same draws, the same log-density summed over the pairs)."""
         q, q2 = self.recognise(x, x2)
-        with pyro.plate("pairs", x.shape[0]):
-            z = pyro.sample("z", q)
-            z2 = pyro.sample("z2", q2)
+        if _joint_over_batch(self.prior):
+            z = pyro.sample("z", q.to_event(1))
+            z2 = pyro.sample("z2", q2.to_event(1))
+        else:
+            with pyro.plate("pairs", x.shape[0]):
+                z = pyro.sample("z", q)
+                z2 = pyro.sample("z2", q2)
         return z, z2
 
     @scoped
@@ -237,8 +280,11 @@ class RPM(RPMBase):
             if ratio is not None:
                 return ratio.sum()
         conditioned = poutine.condition(self.sample_prior, data={"z": z, "z2": z2})
-        with pyro.plate("pairs", z.shape[0]):
+        if _joint_over_batch(self.prior):
             trace = poutine.trace(conditioned).get_trace(q, q2)
+        else:
+            with pyro.plate("pairs", z.shape[0]):
+                trace = poutine.trace(conditioned).get_trace(q, q2)
         trace.compute_log_prob()
         log_prior = sum(
             site["log_prob"].sum() for site in trace.nodes.values() if site["type"] == "sample"

@@ -76,6 +76,8 @@ class Prior(ScopedModule):
                                     :math:`\mathbb{R}^D \times \mathbb{R}^D`, so Delta
                                     encoders are refused (Appendix B)
     :attr:`dim`                     ``None``: any latent dimension
+    :attr:`joint_over_batch`        ``False``: the sites are per pair, declared inside the
+                                    model's plate over the pairs
     ==============================  =========================================================
 
     A plain callable ``prior(q, q2)`` (not a :class:`Prior`) is accepted by :class:`~rpm.RPM`
@@ -92,6 +94,15 @@ class Prior(ScopedModule):
     #: The latent dimension D the prior was built for, or None for any; :class:`~rpm.RPM`
     #: checks the encoders' output against it.
     dim: int | None = None
+
+    #: False (the default): the pairs are independent under the prior, and :meth:`forward` is
+    #: called inside the model's ``pyro.plate("pairs", N)``, declaring per-pair sites (batch
+    #: (N,), event (D,)). True when the prior couples the pairs of a batch (the implicit
+    #: prior's conditional is normalised over the batch's own latents): :meth:`forward` is then
+    #: called outside the plate and declares ``"z"`` and ``"z2"`` each as one event of shape
+    #: (N, D), and the :class:`~rpm.RPM`'s guide declares its two sites the same way, so that
+    #: model and guide agree on every site's shape and Pyro's batch semantics hold.
+    joint_over_batch: bool = False
 
     def forward(self, q: TorchDistribution, q2: TorchDistribution):
         r"""Declares the sample sites ``"z"`` and ``"z2"`` inside the model's plate over the N

@@ -31,6 +31,7 @@ from pyro.distributions import Categorical, TorchDistribution
 from torch.distributions import constraints
 
 from rpm.marginals import MixtureMarginal
+from rpm.marginals.mixture_marginal import Atoms
 from rpm.ops.dispatch import use_streaming
 from rpm.ops.logsumexp import streaming_matmul_logsumexp
 from rpm.priors.base import Energy, Prior
@@ -143,65 +144,95 @@ def _streamed_log_normalizer(factors: tuple, block_size: int | None) -> torch.Te
 
 
 class ImplicitConditional(TorchDistribution):
-    r"""The conditional :math:`P(z'|z) = Q(z') e^{f(z, z')} / \hat Z(z)` of the implicit prior.
+    r"""The conditional :math:`P(z'_{1:N}|z_{1:N}) \propto \prod_i Q(z'_i) e^{f(z_i, z'_i)} /
+    \hat Z(z_i)` of the implicit prior, one event over the whole batch.
 
-    A distribution over the batch of second-view latents, batch_shape (N,), event_shape (D,).
-    Its log-probability at the batch :math:`z'_{1:N}` is, for pair i,
+    The normaliser of pair i is estimated, as InfoNCE does, over the batch's own second-view
+    latents, :math:`\hat Z(z_i) = \frac1N \sum_j e^{f(z_i, z'_j)}`
+    (``docs/theory.md#pyro-model-and-guide``), so every row's density depends on every other
+    row: the rows are not independent, and the distribution is one event of shape (N, D)
+    (batch_shape () for one batch, or the leading dimensions of ``z``, e.g. a plate of
+    particles). Its log-density at a batch :math:`z'_{1:N}` is
 
     .. math::
 
-        \log Q(z'_i) + f(z_i, z'_i) - \log \frac1N \sum_j e^{f(z_i, z'_j)},
+        \sum_i \Big[\log Q(z'_i) + f(z_i, z'_i) - \log \frac1N \sum_j e^{f(z_i, z'_j)}\Big].
 
-    where the normaliser uses the value's own rows as the negatives
-    (``docs/theory.md#pyro-model-and-guide``), so ``log_prob`` takes exactly the (N, D)
-    batch. ``sample`` draws N candidates from Q(z')
-    and, for each i, picks candidate j with probability :math:`\operatorname{softmax}_j f(z_i, c_j)`
-    (self-normalised importance sampling of the tilted marginal).
+    Support: the atoms of the second view's Delta recognition (discrete,
+    :class:`~rpm.marginals.mixture_marginal.Atoms`) or :math:`\mathbb{R}^{N \times D}` for
+    Gaussian recognition; off the atoms the log-density is :math:`-\infty`. ``sample`` draws N
+    candidates from Q(z') and, for each i, picks candidate j with probability
+    :math:`\operatorname{softmax}_j f(z_i, c_j)` (self-normalised importance sampling of the
+    tilted marginal).
 
-    :param torch.Tensor z: first-view latents, shape (N, D).
+    :param torch.Tensor z: first-view latents, shape (..., N, D).
     :param q2: second-view recognition distributions, batch_shape (N,), event_shape (D,).
     :param Energy energy: the energy f.
     """
 
     arg_constraints: dict = {}
-    support = constraints.real_vector
     has_rsample = False
 
     def __init__(self, z: torch.Tensor, q2: TorchDistribution, energy: Energy,
                  validate_args=None):
-        self.z = z
         self.q2 = q2
         self.energy = energy
         self.marginal = MixtureMarginal(q2)
-        super().__init__(self.marginal.batch_shape, self.marginal.event_shape,
-                         validate_args=validate_args)
+        event_shape = self.marginal.batch_shape + self.marginal.event_shape  # (N, D)
+        if not isinstance(z, torch.Tensor) or z.dim() < 2 or z.shape[-2:] != event_shape:
+            shape = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
+            raise ValueError(
+                f"the implicit conditional of a batch of {event_shape[0]} pairs takes first-view "
+                f"latents z of shape (..., {event_shape[0]}, {event_shape[1]}), got {shape}"
+            )
+        self.z = z
+        super().__init__(z.shape[:-2], event_shape, validate_args=validate_args)
+
+    @property
+    def support(self) -> constraints.Constraint:
+        """The second view's atoms (event_dim 2, discrete) or real (N, D) matrices."""
+        if self.marginal.is_discrete:
+            return Atoms(self.marginal.loc, event_dim=2)
+        return constraints.independent(constraints.real, 2)
 
     def expand(self, batch_shape, _instance=None):
-        if torch.Size(batch_shape) != self.batch_shape:
-            raise ValueError(
-                f"the implicit conditional of a batch of {self.batch_shape[0]} pairs cannot be "
-                f"expanded to {tuple(batch_shape)}; use a plate of the batch size"
-            )
-        return self
+        batch_shape = torch.Size(batch_shape)
+        new = self._get_checked_instance(ImplicitConditional, _instance)
+        new.q2, new.energy, new.marginal = self.q2, self.energy, self.marginal
+        new.z = self.z.expand(batch_shape + self.event_shape)
+        super(ImplicitConditional, new).__init__(batch_shape, self.event_shape,
+                                                 validate_args=False)
+        new._validate_args = self._validate_args
+        return new
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        if value.shape != self.batch_shape + self.event_shape:
-            raise ValueError(
-                "the implicit conditional is evaluated at the whole batch of second-view "
-                f"latents, shape {tuple(self.batch_shape + self.event_shape)}; got "
-                f"{tuple(value.shape)}"
-            )
-        energy_matrix = self.energy(self.z, value)  # (N, N)
-        return self.marginal.log_prob(value) + implicit_log_ratio(energy_matrix)
+        if self._validate_args:
+            if value.dim() < 2 or value.shape[-2:] != self.event_shape:
+                raise ValueError(
+                    "the implicit conditional is evaluated at a whole batch of second-view "
+                    f"latents, shape (..., {self.event_shape[0]}, {self.event_shape[1]}); got "
+                    f"{tuple(value.shape)}"
+                )
+            self._validate_sample(value)
+        batch_shape = torch.broadcast_shapes(value.shape[:-2], self.batch_shape)
+        values = value.expand(batch_shape + self.event_shape).reshape((-1,) + self.event_shape)
+        firsts = self.z.expand(batch_shape + self.event_shape).reshape((-1,) + self.event_shape)
+        totals = [
+            (self.marginal.log_prob(v) + implicit_log_ratio(self.energy(z, v))).sum()
+            for z, v in zip(firsts, values, strict=True)
+        ]  # one (N, N) energy matrix per batch element
+        return torch.stack(totals).reshape(batch_shape)
 
     def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
-        if sample_shape != torch.Size():
-            return torch.stack([self.sample() for _ in range(int(torch.Size(sample_shape).numel()))]
-                               ).reshape(self._extended_shape(sample_shape))
+        shape = self._extended_shape(sample_shape)  # sample_shape + batch_shape + (N, D)
+        firsts = self.z.expand(shape).reshape((-1,) + self.event_shape)
         with torch.no_grad():
-            candidates = self.q2.sample()  # (N, D)
-            index = Categorical(logits=self.energy(self.z, candidates)).sample()  # (N,)
-            return candidates[index]
+            draws = []
+            for z in firsts:
+                candidates = self.q2.sample()  # (N, D)
+                index = Categorical(logits=self.energy(z, candidates)).sample()  # (N,)
+                draws.append(candidates[index])
+            return torch.stack(draws).reshape(shape)
 
 
 class ImplicitPrior(Prior):
@@ -211,9 +242,12 @@ class ImplicitPrior(Prior):
 
         P(z) = Q(z), \qquad P(z'|z) = Q(z') e^{f(z,z')} / Z(z).
 
-    Called inside the model's plate as ``prior(q, q2)``, it declares the sample sites ``"z"``
-    (a :class:`~rpm.marginals.MixtureMarginal`) and ``"z2"`` (an :class:`ImplicitConditional`)
-    and returns their values. Its ELBO is InfoNCE with critic f: per pair,
+    Called as ``prior(q, q2)``, it declares the sample sites ``"z"`` (the N draws of the
+    :class:`~rpm.marginals.MixtureMarginal` as one event) and ``"z2"`` (an
+    :class:`ImplicitConditional`), each of shape (N, D), and returns their values. Its
+    conditional couples the pairs of the batch, so it is :attr:`joint_over_batch`: the
+    :class:`~rpm.RPM` calls it outside its plate over the pairs and its guide declares the same
+    two sites as whole-batch events. Its ELBO is InfoNCE with critic f: per pair,
     ELBO = -CrossEntropy + log N (Eq. 23-25).
 
     :param Energy energy: f(z, z'), e.g. :class:`~rpm.priors.CosineEnergy`.
@@ -221,6 +255,9 @@ class ImplicitPrior(Prior):
 
     #: P(z'|z) is a density relative to Q(z'), so deterministic (Delta) encoders are fine.
     accepts_delta_recognition = True
+
+    #: The conditional is normalised over the batch's own z2: the sites are whole-batch events.
+    joint_over_batch = True
 
     @property
     def dim(self) -> int | None:
@@ -237,8 +274,10 @@ class ImplicitPrior(Prior):
         self.energy = energy
 
     def forward(self, q: TorchDistribution, q2: TorchDistribution):
-        """Declares ``z ~ Q(z)`` and ``z2 ~ P(z'|z)``; returns ``(z, z2)``, each (N, D)."""
-        z = pyro.sample("z", MixtureMarginal(q))
+        """Declares ``z ~ Q(z)`` and ``z2 ~ P(z'|z)``, each one event over the batch (shape
+        (N, D), outside the plate over the pairs, :attr:`joint_over_batch`); returns
+        ``(z, z2)``."""
+        z = pyro.sample("z", MixtureMarginal(q).to_event(1))
         z2 = pyro.sample("z2", ImplicitConditional(z, q2, self.energy))
         return z, z2
 

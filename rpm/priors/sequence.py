@@ -305,8 +305,7 @@ class MarkovPrior(SequencePrior):
     With T = 2 the sequence model is the pair model with this prior. For the implicit prior use
     :class:`MarkovImplicitPrior`: it cancels the marginals analytically, uses the model's own
     (per-view or pooled) marginals, and samples inside the model's plate (the pair
-    ``ImplicitPrior`` builds its mixture for a plate of its own and can be evaluated, but not
-    sampled, along the chain).
+    ``ImplicitPrior`` couples the pairs of a batch, ``joint_over_batch``, and is refused here).
 
     :param pair_prior: a pair prior, ``prior(q, q2)`` declaring the sites ``"z"`` and ``"z2"``.
     """
@@ -315,6 +314,11 @@ class MarkovPrior(SequencePrior):
         super().__init__()
         if not callable(pair_prior):
             raise TypeError(f"pair_prior must be callable as prior(q, q2), got {pair_prior!r}")
+        if isinstance(pair_prior, Prior) and pair_prior.joint_over_batch:
+            raise ValueError(
+                f"{type(pair_prior).__name__} couples the pairs of a batch (joint_over_batch): "
+                "it has no per-pair factors to chain along t. For the implicit prior use "
+                "MarkovImplicitPrior(energy)")
         self.pair_prior = pair_prior
         # A plain callable gets the defaults of rpm.priors.Prior's hooks.
         if isinstance(pair_prior, Prior):

@@ -147,8 +147,12 @@ def test_trace_shows_sites_and_likelihood_factors(batch):
     guide_trace = pyro.poutine.trace(model.guide).get_trace(*batch)
     trace = pyro.poutine.trace(pyro.poutine.replay(model.model, trace=guide_trace)).get_trace(*batch)
     trace.compute_log_prob()
-    for name in ("z", "z2", "x", "x2"):
-        assert name in trace.nodes and trace.nodes[name]["log_prob"].shape == (N,)
+    for name in ("x", "x2"):  # the likelihood factors are per pair, in the plate
+        assert trace.nodes[name]["log_prob"].shape == (N,)
+    for name in ("z", "z2"):  # the implicit prior couples the pairs: one event per batch
+        assert trace.nodes[name]["log_prob"].shape == ()
+        assert trace.nodes[name]["fn"].event_shape == (N, D)
+        assert guide_trace.nodes[name]["fn"].event_shape == (N, D)
     q = model.recognition(batch[0])
     z = guide_trace.nodes["z"]["value"]
     expected = q.log_prob(z) - rpm.MixtureMarginal(q).log_prob(z)

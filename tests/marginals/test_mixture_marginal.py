@@ -70,3 +70,47 @@ def test_rejects_unsupported_and_bad_values():
         marginal.log_prob(torch.zeros(3, 5))
     with pytest.raises(ValueError, match="NaN"):
         marginal.log_prob(torch.full((3, 2), float("nan")))
+
+
+def test_support_is_the_atoms_for_delta_components_and_real_otherwise():
+    points = torch.tensor([[0.0, 1.0], [2.0, 3.0], [5.0, 5.0]])
+    delta = MixtureMarginal(Delta(points, event_dim=1))
+    assert delta.support.is_discrete and delta.support.event_dim == 1
+    value = torch.tensor([[2.0, 3.0], [2.0, 3.5]])
+    assert delta.support.check(value).tolist() == [True, False]
+    gaussian = MixtureMarginal(Normal(points, 1.0).to_event(1))
+    assert not gaussian.support.is_discrete and gaussian.support.event_dim == 1
+
+
+def test_off_atom_values_have_minus_infinite_log_density():
+    points = torch.tensor([[0.0, 1.0], [2.0, 3.0]])
+    log_prob = MixtureMarginal(Delta(points, event_dim=1)).log_prob(torch.tensor([[0.0, 1.5]]))
+    assert log_prob.item() == -math.inf
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "delta"])
+def test_expand_gives_independent_draws_of_the_same_mixture(kind):
+    torch.set_default_dtype(torch.float64)
+    points = torch.randn(5, 2)
+    q = Normal(points, 0.7).to_event(1) if kind == "gaussian" else Delta(points, event_dim=1)
+    marginal = MixtureMarginal(q)
+    expanded = marginal.expand((3, 5))
+    assert expanded.batch_shape == (3, 5) and expanded.event_shape == (2,)
+    assert expanded.sample().shape == (3, 5, 2)
+    value = points[torch.randint(5, (3, 5))] + (0.1 * torch.randn(3, 5, 2) if kind == "gaussian"
+                                                 else 0.0)
+    expected = torch.stack([marginal.log_prob(row) for row in value])
+    torch.testing.assert_close(expanded.log_prob(value), expected, rtol=0, atol=1e-12)
+    assert marginal.expand((7,)).sample((2,)).shape == (2, 7, 2)  # 7 draws of 5 components
+
+
+def test_expand_with_exclude_self_keeps_rows_paired_with_components():
+    torch.set_default_dtype(torch.float64)
+    points = torch.randn(4, 2)
+    marginal = MixtureMarginal(Normal(points, 0.5).to_event(1), exclude_self=True)
+    expanded = marginal.expand((2, 4))
+    value = torch.randn(2, 4, 2)
+    expected = torch.stack([marginal.log_prob(row) for row in value])
+    torch.testing.assert_close(expanded.log_prob(value), expected, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="last batch dimension stays 4"):
+        marginal.expand((3,))

@@ -164,8 +164,12 @@ def conditioned_loss(model, guide, data, *args):
     return (guide_trace.log_prob_sum() - model_trace.log_prob_sum()).item()
 
 
+def test_markov_prior_refuses_a_pair_prior_joint_over_the_batch():
+    with pytest.raises(ValueError, match="MarkovImplicitPrior"):
+        MarkovPrior(ImplicitPrior(RBFEnergy(lengthscale=0.7)))
+
+
 @pytest.mark.parametrize("pair_prior", [
-    lambda: ImplicitPrior(RBFEnergy(lengthscale=0.7)),
     lambda: LinearDynamicsPrior(D),
     lambda: GaussianRandomWalkPrior(D),
 ])

@@ -1,0 +1,199 @@
+"""The implicit prior as honest Pyro distributions: the conditional is one event over the batch,
+checked against a loop written from its equation; supports, expand, off-atom values; the pair
+model under vectorised particles, Predictive and poutine.scale."""
+
+import math
+
+import pyro
+import pytest
+import torch
+from pyro import poutine
+from pyro.distributions import Delta, Normal
+from pyro.infer import Predictive, Trace_ELBO
+
+import rpm
+from rpm.priors import CosineEnergy, ImplicitConditional, ImplicitPrior, RBFEnergy
+from tests.helpers import GaussianHead
+
+N, X_DIM, D = 6, 4, 2
+
+
+@pytest.fixture(autouse=True)
+def float64():
+    torch.set_default_dtype(torch.float64)
+
+
+def loop_log_prob(energy, z, value, loc, scale):
+    """sum_i [log Q(z'_i) + f(z_i, z'_i) - log (1/N) sum_j exp f(z_i, z'_j)], Q the Gaussian
+    mixture of (loc, scale), each term written out with math."""
+    total = 0.0
+    for i in range(N):
+        mixture = [
+            math.exp(sum(-0.5 * ((value[i, d] - loc[n][d]) / scale[n][d]) ** 2
+                         - math.log(scale[n][d] * math.sqrt(2 * math.pi)) for d in range(D)))
+            for n in range(N)
+        ]
+        logits = [float(energy(z[i:i + 1], value[j:j + 1])) for j in range(N)]
+        total += math.log(sum(mixture) / N) + logits[i] - math.log(
+            sum(math.exp(v) for v in logits) / N)
+    return total
+
+
+def gaussian_q():
+    loc, scale = torch.randn(N, D), torch.rand(N, D) + 0.5
+    return Normal(loc, scale).to_event(1), loc, scale
+
+
+def test_conditional_is_one_event_over_the_batch_and_matches_the_loop():
+    q2, loc, scale = gaussian_q()
+    energy = RBFEnergy(lengthscale=0.8)
+    z, value = torch.randn(N, D), torch.randn(N, D)
+    conditional = ImplicitConditional(z, q2, energy)
+    assert conditional.batch_shape == () and conditional.event_shape == (N, D)
+    assert not conditional.support.is_discrete and conditional.support.event_dim == 2
+    log_prob = conditional.log_prob(value)
+    assert log_prob.shape == ()
+    with torch.no_grad():
+        expected = loop_log_prob(energy, z, value, loc.tolist(), scale.tolist())
+    assert log_prob.item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_every_row_of_the_value_moves_the_log_density():
+    """The rows are coupled through the normaliser: the gradient of the joint log-density
+    with respect to each row is nonzero (a batch of independent rows would not couple them)."""
+    q2, _, _ = gaussian_q()
+    z, value = torch.randn(N, D), torch.randn(N, D, requires_grad=True)
+    conditional = ImplicitConditional(z, q2, CosineEnergy(kappa=3.0))
+    (grad,) = torch.autograd.grad(conditional.log_prob(value), value)
+    assert (grad.abs().sum(-1) > 0).all()
+
+
+def test_expand_and_batched_log_prob():
+    q2, _, _ = gaussian_q()
+    energy = RBFEnergy()
+    z = torch.randn(N, D)
+    conditional = ImplicitConditional(z, q2, energy)
+    expanded = conditional.expand((3,))
+    assert expanded.batch_shape == (3,) and expanded.event_shape == (N, D)
+    values = torch.randn(3, N, D)
+    expected = torch.stack([conditional.log_prob(v) for v in values])
+    torch.testing.assert_close(expanded.log_prob(values), expected, rtol=0, atol=1e-12)
+    assert expanded.sample().shape == (3, N, D)
+    assert conditional.sample((2,)).shape == (2, N, D)
+    with pytest.raises(ValueError, match=r"shape \(\.\.\., 6, 2\)"):
+        ImplicitConditional(z[:4], q2, energy)
+
+
+def test_delta_conditional_is_discrete_and_minus_infinite_off_the_atoms():
+    points = torch.randn(N, D)
+    conditional = ImplicitConditional(torch.randn(N, D), Delta(points, event_dim=1), RBFEnergy(),
+                                      validate_args=False)
+    assert conditional.support.is_discrete
+    assert torch.isfinite(conditional.log_prob(points[torch.randperm(N)]))
+    off = points.clone()
+    off[2, 0] += 0.5
+    assert conditional.log_prob(off).item() == -math.inf
+    with pytest.raises(ValueError, match="support"):
+        ImplicitConditional(torch.randn(N, D), Delta(points, event_dim=1), RBFEnergy(),
+                            validate_args=True).log_prob(off)
+
+
+def delta_rpm():
+    return rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(X_DIM, D)), ImplicitPrior(RBFEnergy()))
+
+
+def gaussian_rpm():
+    return rpm.RPM(rpm.GaussianRecognition(GaussianHead(X_DIM, D)), ImplicitPrior(RBFEnergy()))
+
+
+def batch():
+    x = torch.randn(N, X_DIM)
+    return x, x + 0.2 * torch.randn(N, X_DIM)
+
+
+def test_conditioning_z_off_the_atoms_gives_minus_infinity_not_nan():
+    model = delta_rpm()
+    x, x2 = batch()
+    off = {"z": torch.randn(N, D), "z2": model.encode(x2).detach()}
+    pyro.enable_validation(False)
+    trace = poutine.trace(poutine.condition(model.model, data=off)).get_trace(x, x2)
+    trace.compute_log_prob()
+    log_joint = trace.log_prob_sum()
+    assert log_joint.item() == -math.inf
+    assert not torch.isnan(trace.nodes["x"]["log_prob"]).any()
+
+
+def test_vectorised_particles_with_delta_encoders_equal_one_particle():
+    model = delta_rpm()
+    x, x2 = batch()
+    single = Trace_ELBO().loss(model.model, model.guide, x, x2)
+    vectorised = Trace_ELBO(num_particles=4, vectorize_particles=True, max_plate_nesting=1)
+    assert vectorised.loss(model.model, model.guide, x, x2) == pytest.approx(single, rel=1e-12)
+    assert rpm.RPMELBO().loss(model.model, model.guide, x, x2) == pytest.approx(single, rel=1e-12)
+
+
+def test_vectorised_particles_with_gaussian_encoders_average_the_particles():
+    """The same random numbers drawn by hand (z then z2, shape (P, N, D)): the mean over the
+    particles of the RPM's per-batch log-ratio."""
+    model = gaussian_rpm()
+    x, x2 = batch()
+    particles = 3
+    torch.manual_seed(5)
+    loss = Trace_ELBO(num_particles=particles, vectorize_particles=True,
+                      max_plate_nesting=1).loss(model.model, model.guide, x, x2)
+    q, q2 = model.recognise(x, x2)
+    torch.manual_seed(5)
+    z, z2 = q.rsample((particles,)), q2.rsample((particles,))
+    with torch.no_grad():
+        expected = -sum(model.log_ratio(z[p], z2[p], q, q2).item() for p in range(particles))
+    assert loss == pytest.approx(expected / particles, rel=1e-10)
+
+
+def test_predictive_in_parallel():
+    model = delta_rpm()
+    x, x2 = batch()
+    samples = Predictive(model.model, guide=model.guide, num_samples=3, parallel=True,
+                         return_sites=["z", "z2"])(x, x2)
+    # whole-batch events under Predictive's plate at dim -2: batch (3, 1), event (N, D)
+    assert samples["z"].shape == (3, 1, N, D) and samples["z2"].shape == (3, 1, N, D)
+    torch.testing.assert_close(samples["z"][1, 0], model.encode(x).detach())
+    prior_draws = Predictive(model.model, num_samples=2, parallel=True,
+                             return_sites=["z", "z2"])(x, x2)
+    atoms = model.encode(x2).detach()
+    assert prior_draws["z2"].shape == (2, 1, N, D)
+    assert rpm.marginals.mixture_marginal.Atoms(atoms, 2).check(prior_draws["z2"]).all()
+
+
+@pytest.mark.parametrize("build", [delta_rpm, gaussian_rpm], ids=["delta", "gaussian"])
+def test_rpmelbo_honours_poutine_scale(build):
+    model = build()
+    x, x2 = batch()
+    scale = 2.5
+    scaled = (poutine.scale(model.model, scale=scale), poutine.scale(model.guide, scale=scale))
+    torch.manual_seed(1)
+    unscaled = rpm.RPMELBO().loss(model.model, model.guide, x, x2)
+    torch.manual_seed(1)
+    assert rpm.RPMELBO().loss(*scaled, x, x2) == pytest.approx(scale * unscaled, rel=1e-12)
+    torch.manual_seed(1)
+    assert Trace_ELBO().loss(*scaled, x, x2) == pytest.approx(scale * unscaled, rel=1e-10)
+    torch.manual_seed(1)
+    with poutine.scale(scale=0.5):
+        around = rpm.RPMELBO().loss(*scaled, x, x2)
+    assert around == pytest.approx(0.5 * scale * unscaled, rel=1e-12)
+
+
+def test_rpmelbo_names_the_handlers_it_cannot_honour():
+    model = delta_rpm()
+    x, x2 = batch()
+    elbo = rpm.RPMELBO()
+    conditioned = poutine.condition(model.model, data={"z": torch.zeros(N, D)})
+    with pytest.raises(NotImplementedError, match="ConditionMessenger.*Trace_ELBO"):
+        elbo.loss(conditioned, model.guide, x, x2)
+    with pytest.raises(NotImplementedError, match="alike to the model and the guide"):
+        elbo.loss(poutine.scale(model.model, scale=2.0), model.guide, x, x2)
+    with pytest.raises(NotImplementedError, match="MaskMessenger"), poutine.mask(mask=False):
+        elbo.loss(model.model, model.guide, x, x2)
+    per_pair = torch.ones(N)
+    with pytest.raises(NotImplementedError, match="one number"):
+        elbo.loss(poutine.scale(model.model, scale=per_pair),
+                  poutine.scale(model.guide, scale=per_pair), x, x2)
