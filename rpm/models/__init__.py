@@ -1,5 +1,6 @@
 """Models: recognition models Q(z|x), the RPM itself, and encoders."""
 
+from rpm.models.base import RPMBase
 from rpm.models.mlp import MLPEncoder
 from rpm.models.recognition import DeltaRecognition, GaussianRecognition
 from rpm.models.rpm import RPM
@@ -10,5 +11,6 @@ __all__ = [
     "GaussianRecognition",
     "MLPEncoder",
     "RPM",
+    "RPMBase",
     "SequenceRPM",
 ]

@@ -18,6 +18,8 @@ several RPMs (:class:`~rpm.models.base.RPMBase` keeps their parameters apart).
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from pyro.distributions import Delta, Normal, TorchDistribution
 from pyro.infer.util import is_validation_enabled
@@ -25,6 +27,17 @@ from pyro.infer.util import is_validation_enabled
 from rpm.nn import ScopedModule
 
 __all__ = ["DeltaRecognition", "GaussianRecognition"]
+
+
+def _network(module: ScopedModule) -> torch.nn.Module:
+    """The wrapped network, registered with Pyro (``pyro.module``) when a call is active.
+
+    A frozen parameter (``requires_grad=False``, e.g. a pretrained backbone) is left out of
+    the registration, as intended; Pyro's warning about it at every step is silenced here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not registered in the param store because "
+                                                  "requires_grad=False")
+        return module.net
 
 
 def _check_network(net: torch.nn.Module) -> torch.nn.Module:
@@ -78,7 +91,7 @@ class GaussianRecognition(ScopedModule):
 
     def forward(self, x: torch.Tensor) -> TorchDistribution:
         """Returns ``Normal(loc, scale).to_event(1)`` with batch_shape (N,), event_shape (D,)."""
-        output = self.net(x)
+        output = _network(self)(x)
         if not (isinstance(output, (tuple, list)) and len(output) == 2):
             raise ValueError(
                 "GaussianRecognition expects the network to return a pair (loc, scale); got "
@@ -137,7 +150,7 @@ class DeltaRecognition(ScopedModule):
 
     def forward(self, x: torch.Tensor) -> TorchDistribution:
         """Returns ``Delta(mu, event_dim=1)`` or ``Normal(mu, eps).to_event(1)``, batch (N,)."""
-        loc = self.net(x)
+        loc = _network(self)(x)
         if _validating(self.validate):
             _check_batch("latents", loc, x.shape[0])
             _check_finite("latents", loc)
