@@ -51,7 +51,8 @@ gives :math:`\mathcal{L}/N = -\text{InfoNCE} + \log N` (what info-nce-pytorch co
 
 **One Pyro model for the average.** The average of the two directions' ELBOs under the same
 guide is the ELBO of the model whose prior log-density is the average of the two directions'
-(a normalised geometric mean of two distributions, which has mass at most 1). Both directions
+(the geometric mean of two distributions: a prior of total mass at most 1, unnormalised as
+any model with a ``pyro.factor`` is). Both directions
 share the factor :math:`Q_\text{pool}(z)\, Q_\text{pool}(z')`, so
 
 .. math::
@@ -59,7 +60,8 @@ share the factor :math:`Q_\text{pool}(z)\, Q_\text{pool}(z')`, so
     \tfrac12 \log P^{1 \to 2}(z, z') + \tfrac12 \log P^{2 \to 1}(z, z')
     = \log Q_\text{pool}(z) + \log Q_\text{pool}(z') + \tfrac12 r^{1 \to 2} + \tfrac12 r^{2 \to 1}:
 
-the model declares ``"z"`` and ``"z2"`` as draws from :class:`PooledMarginal` and adds each
+the model declares ``"z"`` and ``"z2"`` as draws from :math:`Q_\text{pool}`
+(:func:`pooled_marginal`) and adds each
 direction's tilt as a ``pyro.factor`` of weight 1/2 (``"z_to_z2"``, ``"z2_to_z"``). With
 ``direction="forward"`` (or ``"backward"``) the prior is the single RPM of that direction,
 written with its conditional as a distribution, :class:`PooledImplicitConditional`.
@@ -76,6 +78,7 @@ from torch.distributions import constraints
 
 from rpm.distributed import all_gather_with_grad, global_rank, is_distributed
 from rpm.marginals import MixtureMarginal, recognition_components
+from rpm.marginals.mixture_marginal import Atoms
 from rpm.ops.dispatch import default_block_size, ieee_float32_matmul
 from rpm.ops.logsumexp import streaming_matmul_logsumexp
 from rpm.priors.base import Energy, Prior
@@ -84,8 +87,9 @@ from rpm.priors.implicit import _stream_by_size, energy_logit_factors, energy_pa
 __all__ = [
     "PooledImplicitConditional",
     "PooledImplicitPrior",
-    "PooledMarginal",
     "pooled_log_normalizer",
+    "pooled_log_ratios",
+    "pooled_marginal",
 ]
 
 _DIRECTIONS = ("both", "forward", "backward")
@@ -215,127 +219,136 @@ def pooled_log_ratios(
     return forward, backward
 
 
-class PooledMarginal(TorchDistribution):
+def pooled_marginal(q: TorchDistribution, q2: TorchDistribution) -> MixtureMarginal:
     r"""The pooled recognition marginal :math:`Q_\text{pool}(z) = \frac{1}{2N} \sum_{k=1}^{2N}
     Q(z | x_k)` over both views of a batch of N pairs (:math:`P(z) = Q_\text{pool}(z)` of the
-    pooled implicit prior, and the marginal of its likelihood, Eq. 10).
-
-    It stands for N independent draws, one per pair of the model's plate: batch_shape (N,),
-    event_shape (D,), with 2N mixture components. ``log_prob`` of a value (..., D) is the
-    mixture log-density of each row (:class:`~rpm.marginals.MixtureMarginal` of the 2N
-    components); ``sample`` picks a component uniformly per draw and samples from it.
+    pooled implicit prior, and the marginal of its likelihood, Eq. 10), as N independent draws:
+    the :class:`~rpm.marginals.MixtureMarginal` of the 2N components with batch_shape (N,).
 
     :param q: first-view recognition distributions, batch_shape (N,), event_shape (D,).
     :param q2: second-view recognition distributions, of the same kind and shape.
+    :rtype: ~rpm.marginals.MixtureMarginal
     """
+    if q.batch_shape != q2.batch_shape or q.event_shape != q2.event_shape:
+        raise ValueError(
+            "the two views need recognition distributions of one shape, got batch_shape "
+            f"{tuple(q.batch_shape)} and {tuple(q2.batch_shape)}, event_shape "
+            f"{tuple(q.event_shape)} and {tuple(q2.event_shape)}"
+        )
+    return MixtureMarginal(pooled_recognition(q, q2)).expand(q.batch_shape)
 
-    arg_constraints: dict = {}
-    support = constraints.real_vector
-    has_rsample = False
 
-    def __init__(self, q: TorchDistribution, q2: TorchDistribution, validate_args=None):
-        if q.batch_shape != q2.batch_shape or q.event_shape != q2.event_shape:
-            raise ValueError(
-                "the two views need recognition distributions of one shape, got batch_shape "
-                f"{tuple(q.batch_shape)} and {tuple(q2.batch_shape)}, event_shape "
-                f"{tuple(q.event_shape)} and {tuple(q2.event_shape)}"
-            )
-        self.mixture = MixtureMarginal(pooled_recognition(q, q2))
-        super().__init__(q.batch_shape, q.event_shape, validate_args=validate_args)
+def _over_leading_dims(fn, *values: torch.Tensor) -> torch.Tensor:
+    """``fn`` applied to each (N, D) batch of the broadcast leading dimensions of ``values``
+    (e.g. a plate of particles); results stacked, shape leading + fn's result shape."""
+    lead = torch.broadcast_shapes(*(value.shape[:-2] for value in values))
+    flat = [value.expand(lead + value.shape[-2:]).reshape((-1,) + value.shape[-2:])
+            for value in values]
+    results = torch.stack([fn(*batch) for batch in zip(*flat, strict=True)])
+    return results.reshape(lead + results.shape[1:])
 
-    @property
-    def is_discrete(self) -> bool:
-        """True for Delta recognition: the empirical distribution on the 2N batch points."""
-        return self.mixture.is_discrete
 
-    def expand(self, batch_shape, _instance=None):
-        if torch.Size(batch_shape) != self.batch_shape:
-            raise ValueError(
-                f"the pooled marginal of a batch of {self.batch_shape[0]} pairs has batch_shape "
-                f"{tuple(self.batch_shape)}; it cannot be expanded to {tuple(batch_shape)}. Use "
-                "a plate of the batch size"
-            )
-        return self
-
-    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        return self.mixture.log_prob(value)
-
-    def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
-        shape = self._extended_shape(sample_shape)                           # (..., N, D)
-        loc, scale = self.mixture.loc, self.mixture.scale
-        with torch.no_grad():
-            index = torch.randint(loc.shape[0], shape[:-1], device=loc.device)
-            draw = loc[index]
-            return draw if scale is None else draw + scale[index] * torch.randn_like(draw)
+def _likelihood_correction(mixture: MixtureMarginal, pool: MixtureMarginal,
+                           z: torch.Tensor) -> torch.Tensor:
+    r""":math:`\sum_i \log Q(z_i) - \log Q_\text{pool}(z_i)` over the rows of z (..., N, D); a
+    row off the view's atoms gives :math:`-\infty` (not NaN: its likelihood is :math:`-\infty`)."""
+    log_view = mixture.log_prob(z)                                            # (..., N)
+    ratio = log_view - pool.log_prob(z)
+    return torch.where(torch.isneginf(log_view), log_view, ratio).sum(-1)
 
 
 class PooledImplicitConditional(TorchDistribution):
-    r"""One direction's conditional of the pooled implicit prior,
-    :math:`P(v_i | a_i) = Q_\text{pool}(v_i)\, e^{f(a_i, v_i)} / \hat Z(a_i)`, for anchors
-    :math:`a_{1:N}` (the latents of one view) and partners :math:`v_{1:N}` (the other view's).
+    r"""One direction's conditional of the pooled implicit prior, one event over the batch:
+    :math:`P(v_{1:N} | a_{1:N}) = \prod_i Q_\text{pool}(v_i)\, e^{f(a_i, v_i)} / \hat Z(a_i)`,
+    for anchors :math:`a_{1:N}` (the latents of one view) and partners :math:`v_{1:N}` (the
+    other view's).
 
-    Its log-probability at the whole batch of partners is, for pair i,
+    The normaliser of pair i runs over the pooled latents except the anchor itself, so every
+    row's density depends on every other row: the distribution is one event of shape (N, D)
+    (batch_shape () for one batch, or the leading dimensions of the anchors, e.g. a plate of
+    particles). Its log-density at a batch of partners is
 
     .. math::
 
-        \log Q_\text{pool}(v_i) + f(a_i, v_i) - \log \frac{1}{2N - 1} \sum_{m \ne i} e^{f(a_i, u_m)},
-        \qquad u = (a_1, \dots, a_N, v_1, \dots, v_N),
+        \sum_i \Big[\log Q_\text{pool}(v_i) + f(a_i, v_i)
+        - \log \frac{1}{2N - 1} \sum_{m \ne i} e^{f(a_i, u_m)}\Big],
+        \qquad u = (a_1, \dots, a_N, v_1, \dots, v_N).
 
-    the normaliser running over the pooled latents except the anchor itself, so ``log_prob``
-    takes exactly the (N, D) batch. batch_shape (N,), event_shape (D,). ``sample`` draws
-    2N - 1 proposals from :math:`Q_\text{pool}` and, for each i, picks proposal j with
-    probability :math:`\operatorname{softmax}_j f(a_i, c_j)` (self-normalised importance
-    sampling of the tilted pooled marginal).
+    Support: the 2N atoms of Delta recognition (discrete,
+    :class:`~rpm.marginals.mixture_marginal.Atoms`) or :math:`\mathbb{R}^{N \times D}`.
+    ``sample`` draws 2N - 1 proposals from :math:`Q_\text{pool}` and, for each i, picks
+    proposal j with probability :math:`\operatorname{softmax}_j f(a_i, c_j)` (self-normalised
+    importance sampling of the tilted pooled marginal).
 
-    :param torch.Tensor anchor: the anchors :math:`a_{1:N}`, shape (N, D).
-    :param PooledMarginal marginal: :math:`Q_\text{pool}` of the batch.
+    :param torch.Tensor anchor: the anchors :math:`a_{1:N}`, shape (..., N, D).
+    :param ~rpm.marginals.MixtureMarginal pool: :math:`Q_\text{pool}`, the mixture of the 2N
+        recognition distributions of the batch (:func:`pooled_marginal`).
     :param energy: the energy f, called with the anchors as first argument.
     :param block_size: stream the normaliser in blocks; ``None`` decides by size.
     """
 
     arg_constraints: dict = {}
-    support = constraints.real_vector
     has_rsample = False
 
-    def __init__(self, anchor: torch.Tensor, marginal: PooledMarginal, energy: Energy,
+    def __init__(self, anchor: torch.Tensor, pool: MixtureMarginal, energy: Energy,
                  block_size: int | None = None, validate_args=None):
-        if anchor.shape != marginal.batch_shape + marginal.event_shape:
+        num_components, dim = pool.loc.shape
+        if (not isinstance(anchor, torch.Tensor) or anchor.dim() < 2
+                or anchor.shape[-2:] != (num_components // 2, dim)):
+            shape = tuple(anchor.shape) if isinstance(anchor, torch.Tensor) else type(anchor)
             raise ValueError(
-                f"the anchors must be one latent per pair, shape "
-                f"{tuple(marginal.batch_shape + marginal.event_shape)}, got {tuple(anchor.shape)}"
+                f"the pooled conditional of a batch of {num_components // 2} pairs takes "
+                f"anchors of shape (..., {num_components // 2}, {dim}), got {shape}"
             )
         self.anchor = anchor
-        self.marginal = marginal
+        self.pool = pool
         self.energy = energy
         self.block_size = block_size
-        super().__init__(marginal.batch_shape, marginal.event_shape, validate_args=validate_args)
+        super().__init__(anchor.shape[:-2], anchor.shape[-2:], validate_args=validate_args)
+
+    @property
+    def support(self) -> constraints.Constraint:
+        """The 2N pooled atoms (event_dim 2, discrete) or real (N, D) matrices."""
+        if self.pool.is_discrete:
+            return Atoms(self.pool.loc, event_dim=2)
+        return constraints.independent(constraints.real, 2)
 
     def expand(self, batch_shape, _instance=None):
-        if torch.Size(batch_shape) != self.batch_shape:
-            raise ValueError(
-                f"the pooled conditional of a batch of {self.batch_shape[0]} pairs cannot be "
-                f"expanded to {tuple(batch_shape)}; use a plate of the batch size"
-            )
-        return self
+        batch_shape = torch.Size(batch_shape)
+        new = self._get_checked_instance(PooledImplicitConditional, _instance)
+        new.pool, new.energy, new.block_size = self.pool, self.energy, self.block_size
+        new.anchor = self.anchor.expand(batch_shape + self.event_shape)
+        super(PooledImplicitConditional, new).__init__(batch_shape, self.event_shape,
+                                                       validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    def _log_prob_batch(self, anchor: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        tilt, _ = pooled_log_ratios(self.energy, anchor, value, "forward", self.block_size)
+        return (self.pool.log_prob(value) + tilt).sum()
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        if value.shape != self.anchor.shape:
-            raise ValueError(
-                "the pooled conditional is evaluated at the whole batch of partners, shape "
-                f"{tuple(self.anchor.shape)}; got {tuple(value.shape)}"
-            )
-        tilt, _ = pooled_log_ratios(self.energy, self.anchor, value, "forward", self.block_size)
-        return self.marginal.log_prob(value) + tilt
+        if self._validate_args:
+            if value.dim() < 2 or value.shape[-2:] != self.event_shape:
+                raise ValueError(
+                    "the pooled conditional is evaluated at a whole batch of partners, shape "
+                    f"(..., {self.event_shape[0]}, {self.event_shape[1]}); got "
+                    f"{tuple(value.shape)}"
+                )
+            self._validate_sample(value)
+        return _over_leading_dims(self._log_prob_batch, self.anchor, value)
 
     def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
-        if sample_shape != torch.Size():
-            draws = [self.sample() for _ in range(int(torch.Size(sample_shape).numel()))]
-            return torch.stack(draws).reshape(self._extended_shape(sample_shape))
-        n = self.anchor.shape[0]
+        shape = self._extended_shape(sample_shape)     # sample_shape + batch_shape + (N, D)
+        anchors = self.anchor.expand(shape).reshape((-1,) + self.event_shape)
+        proposal = self.pool.expand((2 * self.event_shape[0] - 1,))
         with torch.no_grad():
-            proposals = self.marginal.sample((2,)).reshape(2 * n, -1)[: 2 * n - 1]
-            index = Categorical(logits=self.energy(self.anchor, proposals)).sample()  # (N,)
-            return proposals[index]
+            draws = []
+            for anchor in anchors:
+                candidates = proposal.sample()                                # (2N - 1, D)
+                index = Categorical(logits=self.energy(anchor, candidates)).sample()  # (N,)
+                draws.append(candidates[index])
+            return torch.stack(draws).reshape(shape)
 
 
 class PooledImplicitPrior(Prior):
@@ -357,14 +370,17 @@ class PooledImplicitPrior(Prior):
         loss = rpm.RPMELBO().differentiable_loss(model.model, model.guide, x, x2)
         # loss / N == NT-Xent(tau=0.5) - log(2N - 1)
 
-    Called inside the model's plate as ``prior(q, q2)``, it declares ``"z"`` and ``"z2"``:
-    with ``direction="both"`` two :class:`PooledMarginal` draws and the factors ``"z_to_z2"``
-    and ``"z2_to_z"`` (each direction's tilt, weight 1/2); with ``"forward"`` (view 1 -> 2),
-    ``z ~`` :class:`PooledMarginal` and ``z2 ~`` :class:`PooledImplicitConditional` given z;
-    with ``"backward"`` the reverse. It also adds the factor ``"pooled_likelihood"``,
-    :math:`\log Q(z) - \log Q_\text{pool}(z) + \log Q(z') - \log Q_\text{pool}(z')`, which turns
-    the RPM's likelihood factors ``"x"``, ``"x2"`` (divided by each view's own marginal) into
-    the pooled RPM's (divided by :math:`Q_\text{pool}`, Eq. 10). :meth:`log_ratio` gives the
+    Called by the model as ``prior(q, q2)``, outside its plate over the pairs (the pairs are
+    coupled through the normaliser, :attr:`joint_over_batch`), it declares ``"z"`` and ``"z2"``
+    as whole-batch events of shape (N, D): with ``direction="both"`` two draws of N latents from
+    :math:`Q_\text{pool}` (:func:`pooled_marginal`) and the factors ``"z_to_z2"`` and
+    ``"z2_to_z"`` (each direction's tilt summed over the pairs, weight 1/2); with
+    ``"forward"`` (view 1 -> 2), ``z`` from :math:`Q_\text{pool}` and ``z2 ~``
+    :class:`PooledImplicitConditional` given z; with ``"backward"`` the reverse. It also adds
+    the factor ``"pooled_likelihood"``, :math:`\sum_i \log Q(z_i) - \log Q_\text{pool}(z_i) +
+    \log Q(z'_i) - \log Q_\text{pool}(z'_i)`, which turns the RPM's likelihood factors ``"x"``,
+    ``"x2"`` (divided by each view's own marginal) into the pooled RPM's (divided by
+    :math:`Q_\text{pool}`, Eq. 10). :meth:`log_ratio` gives the
     ELBO's per-pair terms after the analytic cancellation, so :class:`~rpm.RPMELBO` never
     evaluates a mixture.
 
@@ -376,6 +392,10 @@ class PooledImplicitPrior(Prior):
     #: P(z'|z) is a density relative to the pooled recognition marginal, so deterministic
     #: (Delta) encoders are fine.
     accepts_delta_recognition = True
+
+    #: The conditional is normalised over the batch's own pooled latents, so the pairs are
+    #: coupled: ``"z"`` and ``"z2"`` are whole-batch events, declared outside the plate.
+    joint_over_batch = True
 
     @property
     def dim(self) -> int | None:
@@ -398,26 +418,26 @@ class PooledImplicitPrior(Prior):
         self.direction = direction
 
     def forward(self, q: TorchDistribution, q2: TorchDistribution):
-        """Declares ``"z"``, ``"z2"`` and the factors of the class docstring; returns
-        ``(z, z2)``, each (N, D)."""
-        marginal = PooledMarginal(q, q2)
+        """Declares ``"z"``, ``"z2"`` (each one event of shape (N, D), outside the plate over
+        the pairs: :attr:`joint_over_batch`) and the factors of the class docstring; returns
+        ``(z, z2)``."""
+        pool = pooled_marginal(q, q2)
         if self.direction == "forward":
-            z = pyro.sample("z", marginal)
-            z2 = pyro.sample("z2", PooledImplicitConditional(z, marginal, self.energy))
+            z = pyro.sample("z", pool.to_event(1))
+            z2 = pyro.sample("z2", PooledImplicitConditional(z, pool, self.energy))
         elif self.direction == "backward":
-            z2 = pyro.sample("z2", marginal)
-            z = pyro.sample("z", PooledImplicitConditional(z2, marginal, self.energy))
+            z2 = pyro.sample("z2", pool.to_event(1))
+            z = pyro.sample("z", PooledImplicitConditional(z2, pool, self.energy))
         else:
-            z = pyro.sample("z", marginal)
-            z2 = pyro.sample("z2", marginal)
-            forward, backward = pooled_log_ratios(self.energy, z, z2)
-            pyro.factor("z_to_z2", 0.5 * forward)
-            pyro.factor("z2_to_z", 0.5 * backward)
-        pyro.factor(
-            "pooled_likelihood",
-            MixtureMarginal(q).log_prob(z) - marginal.log_prob(z)
-            + MixtureMarginal(q2).log_prob(z2) - marginal.log_prob(z2),
-        )
+            z = pyro.sample("z", pool.to_event(1))
+            z2 = pyro.sample("z2", pool.to_event(1))
+            tilts = _over_leading_dims(
+                lambda a, b: torch.stack([r.sum() for r in pooled_log_ratios(self.energy, a, b)]),
+                z, z2)                                                        # (..., 2)
+            pyro.factor("z_to_z2", 0.5 * tilts[..., 0])
+            pyro.factor("z2_to_z", 0.5 * tilts[..., 1])
+        pyro.factor("pooled_likelihood", _likelihood_correction(MixtureMarginal(q), pool, z)
+                    + _likelihood_correction(MixtureMarginal(q2), pool, z2))
         return z, z2
 
     def log_ratio(

@@ -11,9 +11,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from pyro import poutine
-from pyro.infer import Trace_ELBO
+from pyro.infer import Predictive, Trace_ELBO
 
 import rpm
+from rpm.marginals import MixtureMarginal
+from rpm.marginals.mixture_marginal import Atoms
 from rpm.priors import (
     AnisotropicEnergy,
     BilinearEnergy,
@@ -27,8 +29,8 @@ from rpm.priors import (
 )
 from rpm.priors.pooled import (
     PooledImplicitConditional,
-    PooledMarginal,
     pooled_log_normalizer,
+    pooled_marginal,
 )
 from tests.helpers import GaussianHead
 
@@ -166,27 +168,31 @@ def test_both_directions_is_the_mean_of_the_two_one_directional_elbos(recognitio
     assert abs(losses["forward"] - losses["backward"]) > 1e-6   # W is not symmetric
 
 
-def test_model_sites(batch):
+def test_model_sites_are_whole_batch_events(batch):
     model = rpm.RPM(RECOGNITION["gaussian"](), PooledImplicitPrior(RBFEnergy()))
     trace = poutine.trace(model.model).get_trace(*batch)
-    assert isinstance(trace.nodes["z"]["fn"], PooledMarginal)
-    assert isinstance(trace.nodes["z2"]["fn"], PooledMarginal)
-    for name in ("z_to_z2", "z2_to_z", "pooled_likelihood", "x", "x2"):
-        assert trace.nodes[name]["is_observed"]
+    for name in ("z", "z2"):
+        fn = trace.nodes[name]["fn"]
+        assert fn.batch_shape == () and fn.event_shape == (N, D)
+        assert isinstance(fn.base_dist, MixtureMarginal) and fn.base_dist.loc.shape == (2 * N, D)
+    for name in ("z_to_z2", "z2_to_z", "pooled_likelihood"):
+        assert trace.nodes[name]["is_observed"] and trace.nodes[name]["fn"].batch_shape == ()
+    for name in ("x", "x2"):
+        assert trace.nodes[name]["fn"].batch_shape == (N,)
     forward = rpm.RPM(model.recognition, PooledImplicitPrior(RBFEnergy(), direction="forward"))
     trace = poutine.trace(forward.model).get_trace(*batch)
     assert isinstance(trace.nodes["z2"]["fn"], PooledImplicitConditional)
+    assert trace.nodes["z2"]["fn"].event_shape == (N, D)
     assert "z_to_z2" not in trace.nodes
     backward = rpm.RPM(model.recognition, PooledImplicitPrior(RBFEnergy(), direction="backward"))
     trace = poutine.trace(backward.model).get_trace(*batch)
     assert isinstance(trace.nodes["z"]["fn"], PooledImplicitConditional)
-    assert isinstance(trace.nodes["z2"]["fn"], PooledMarginal)
 
 
 def test_pooled_marginal_is_the_mixture_of_both_views(batch):
     recognition = RECOGNITION["gaussian"]()
     q, q2 = recognition(batch[0]), recognition(batch[1])
-    marginal = PooledMarginal(q, q2)
+    marginal = pooled_marginal(q, q2)
     value = torch.randn(4, D)
     expected = torch.stack([
         torch.logsumexp(torch.cat([q.log_prob(v), q2.log_prob(v)]), 0) - math.log(2 * N)
@@ -197,16 +203,106 @@ def test_pooled_marginal_is_the_mixture_of_both_views(batch):
     assert marginal.sample((3,)).shape == (3, N, D)
 
 
+def test_conditional_log_density_is_one_event_and_matches_the_loop(batch):
+    """Every row of the partners moves the density (the normaliser runs over all of them);
+    batched over leading dimensions and expandable."""
+    recognition = RECOGNITION["gaussian"]()
+    q, q2 = recognition(batch[0]), recognition(batch[1])
+    pool = pooled_marginal(q, q2)
+    energy = CosineEnergy(kappa=3.0)
+    anchor, value = torch.randn(N, D), torch.randn(N, D)
+    conditional = PooledImplicitConditional(anchor, pool, energy)
+    assert conditional.batch_shape == () and conditional.event_shape == (N, D)
+    u = torch.cat([anchor, value])
+    expected = 0.0
+    for i in range(N):
+        others = [energy(anchor[i:i + 1], u[m:m + 1]).item() for m in range(2 * N) if m != i]
+        log_z = math.log(sum(math.exp(v) for v in others) / (2 * N - 1))
+        expected += (pool.log_prob(value[i]).item()
+                     + energy(anchor[i:i + 1], value[i:i + 1]).item() - log_z)
+    assert abs(conditional.log_prob(value).item() - expected) < 1e-10
+    values = torch.stack([value, torch.randn(N, D)])
+    batched = conditional.expand((2,)).log_prob(values)
+    assert batched.shape == (2,)
+    assert abs(batched[0].item() - expected) < 1e-10
+    assert abs(batched[1].item() - conditional.log_prob(values[1]).item()) < 1e-12
+    moved = value.clone()
+    moved[-1] += 0.5                    # moves its own row and every other row's normaliser
+    own_row = (pool.log_prob(moved[-1]) - pool.log_prob(value[-1])
+               + energy(anchor[-1:], moved[-1:]) - energy(anchor[-1:], value[-1:])).item()
+    change = (conditional.log_prob(moved) - conditional.log_prob(value)).item()
+    assert abs(change - own_row) > 1e-6
+
+
+def test_vectorised_particles_with_delta_encoders_equal_one_particle(batch):
+    model = rpm.RPM(RECOGNITION["delta"](), PooledImplicitPrior(BilinearEnergy(D, 0.7)))
+    single = Trace_ELBO().loss(model.model, model.guide, *batch)
+    vectorised = Trace_ELBO(num_particles=3, vectorize_particles=True, max_plate_nesting=1)
+    assert abs(vectorised.loss(model.model, model.guide, *batch) - single) < 1e-10 * abs(single)
+    assert abs(rpm.RPMELBO().loss(model.model, model.guide, *batch) - single) < 1e-10 * abs(single)
+
+
+@pytest.mark.parametrize("direction", ["forward", "both"])
+def test_vectorised_particles_with_gaussian_encoders_average_the_particles(direction, batch):
+    model = rpm.RPM(RECOGNITION["gaussian"](),
+                    PooledImplicitPrior(RBFEnergy(lengthscale=0.8), direction=direction))
+    particles = 3
+    torch.manual_seed(5)
+    loss = Trace_ELBO(num_particles=particles, vectorize_particles=True,
+                      max_plate_nesting=1).loss(model.model, model.guide, *batch)
+    q, q2 = model.recognise(*batch)
+    torch.manual_seed(5)
+    z, z2 = q.rsample((particles,)), q2.rsample((particles,))
+    with torch.no_grad():
+        expected = -sum(model.log_ratio(z[p], z2[p], q, q2).item() for p in range(particles))
+    assert abs(loss - expected / particles) < 1e-10 * abs(loss)
+
+
+def test_predictive_in_parallel(batch):
+    model = rpm.RPM(RECOGNITION["delta"](), PooledImplicitPrior(CosineEnergy(kappa=2.0)))
+    posterior = Predictive(model.model, guide=model.guide, num_samples=3, parallel=True,
+                           return_sites=["z", "z2"])(*batch)
+    assert posterior["z"].shape == (3, 1, N, D) and posterior["z2"].shape == (3, 1, N, D)
+    torch.testing.assert_close(posterior["z"][1, 0], model.encode(batch[0]).detach())
+    for direction in ("both", "forward"):
+        model.prior.direction = direction
+        prior_draws = Predictive(model.model, num_samples=2, parallel=True,
+                                 return_sites=["z", "z2"])(*batch)
+        atoms = torch.cat([model.encode(batch[0]), model.encode(batch[1])]).detach()
+        assert prior_draws["z2"].shape == (2, 1, N, D)
+        assert Atoms(atoms, 2).check(prior_draws["z"]).all()
+        assert Atoms(atoms, 2).check(prior_draws["z2"]).all()
+
+
+def test_conditioning_z_off_the_atoms_gives_minus_infinity_not_nan(batch):
+    model = rpm.RPM(RECOGNITION["delta"](), PooledImplicitPrior(CosineEnergy(kappa=2.0)))
+    off = {"z": torch.randn(N, D), "z2": model.encode(batch[1]).detach()}
+    pyro.enable_validation(False)
+    trace = poutine.trace(poutine.condition(model.model, data=off)).get_trace(*batch)
+    trace.compute_log_prob()
+    assert trace.log_prob_sum().item() == -math.inf
+    for site in trace.nodes.values():
+        if site["type"] == "sample":
+            assert not torch.isnan(site["log_prob"]).any()
+
+
 def test_conditional_samples_lie_on_the_pooled_atoms_for_delta_encoders(batch):
     recognition = RECOGNITION["delta"]()
     q, q2 = recognition(batch[0]), recognition(batch[1])
-    marginal = PooledMarginal(q, q2)
-    conditional = PooledImplicitConditional(q.v.detach(), marginal, CosineEnergy(kappa=2.0))
+    conditional = PooledImplicitConditional(q.v.detach(), pooled_marginal(q, q2),
+                                            CosineEnergy(kappa=2.0))
     draw = conditional.sample()
     atoms = torch.cat([q.v, q2.v]).detach()
     assert draw.shape == (N, D)
+    assert bool(conditional.support.check(draw))
     assert bool((torch.cdist(draw, atoms).min(1).values == 0).all())
     assert conditional.sample((2,)).shape == (2, N, D)
+    off = torch.randn(N, D)
+    with pytest.raises(ValueError, match="support"):
+        conditional.log_prob(off)                      # under validation: refused
+    unchecked = PooledImplicitConditional(q.v.detach(), pooled_marginal(q, q2),
+                                          CosineEnergy(kappa=2.0), validate_args=False)
+    assert unchecked.log_prob(off).item() == -math.inf
 
 
 @pytest.mark.parametrize("energy", ["bilinear", "cosine", "rbf", "anisotropic", "lp2", "lp1"])
@@ -288,7 +384,7 @@ def test_bad_arguments_are_refused(batch):
     delta = rpm.DeltaRecognition(torch.nn.Linear(X_DIM, D))
     gaussian = rpm.GaussianRecognition(GaussianHead(X_DIM, D))
     with pytest.raises(TypeError, match="both must be Delta"):
-        PooledMarginal(delta(batch[0]), gaussian(batch[1]))
+        pooled_marginal(delta(batch[0]), gaussian(batch[1]))
 
 
 SIZES = (5, 7)  # pairs per rank of a global batch
