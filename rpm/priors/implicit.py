@@ -248,7 +248,8 @@ class ImplicitPrior(Prior):
     conditional couples the pairs of the batch, so it is :attr:`joint_over_batch`: the
     :class:`~rpm.RPM` calls it outside its plate over the pairs and its guide declares the same
     two sites as whole-batch events. Its ELBO is InfoNCE with critic f: per pair,
-    ELBO = -CrossEntropy + log N (Eq. 23-25).
+    ELBO = -CrossEntropy + log N (Eq. 23-25): the one-directional, cross-view form that
+    info-nce-pytorch computes (SimCLR's NT-Xent is :class:`~rpm.priors.PooledImplicitPrior`).
 
     :param Energy energy: f(z, z'), e.g. :class:`~rpm.priors.CosineEnergy`.
     """
