@@ -21,6 +21,11 @@ dynamics    explicit prior :class:`~rpm.priors.circular_step.BallDynamicsPrior`:
             velocity, invisible in a pair of frames, marginalised out), with a recognition
             model :math:`\mathcal{N}(\mu(x), \epsilon^2 I)`, :math:`\epsilon` = ``--noise-scale``
             (Appendix B)
+state-space a prior over windows of ``--window`` frames (:class:`~rpm.SequenceRPM`): a learned
+            linear-Gaussian state space of positions and velocities started at constant
+            velocity, with its structured guide (``--state-space-guide``);
+            :mod:`rpm.experiments.bouncing_balls.state_space` describes it and its extra scores
+            (``velocity_r2``, ``forecast_error_px``, ``baseline_forecast_error_px``)
 ==========  ================================================================================
 
 Evaluation (Section 5): the trained encoder (evaluation mode) maps every frame to its 6
@@ -48,7 +53,8 @@ dynamics prior do.
 Output folder (``--out``, default ``runs/bouncing-balls``; the run-folder contract of
 :mod:`rpm.experiments.common`): ``config.json``, ``results.json`` (with the environment),
 ``comparison.png``, ``trajectories.png``, ``feature_maps.png``, ``training.png`` (loss and
-held-out R^2 against the step), and one subfolder per prior with
+held-out R^2 against the step), ``forecast.png`` (the state-space prior's one-step forecasts
+against the true paths), and one subfolder per prior with
 its checkpoint and training history; ``--resume --out DIR`` (no other flag needed) skips the
 priors that finished and continues the one that did not, and ``--epochs`` may grow to train
 further. The progress bar and the summary table both score the held-out last frames.
@@ -92,7 +98,10 @@ from rpm.experiments.common import (
 __all__ = ["PRIORS", "add_parser", "build_model", "epoch_permutation", "prior_parameters", "run"]
 
 #: The priors of ``--prior``, in the order ``--prior all`` runs them.
-PRIORS = ("rbf", "bilinear", "cosine", "dynamics")
+PRIORS = ("rbf", "bilinear", "cosine", "dynamics", "state-space")
+#: Frames per training window of the state-space prior (the default of ``--window``; the
+#: reasons in :mod:`rpm.experiments.bouncing_balls.state_space`).
+WINDOW = 8
 NUM_BALLS = 3
 #: Number of held-out frames shown in the feature-map figure.
 _SHOWN_FRAMES = 4
@@ -109,11 +118,19 @@ def _momentum(text: str) -> float:
     return value
 
 
+def _window(text: str) -> int:
+    value = positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"a window needs at least 2 frames, got {text!r}")
+    return value
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Adds the ``bouncing-balls`` sub-command."""
     parser = subparsers.add_parser(
         "bouncing-balls",
-        help="RBF vs bilinear vs cosine vs dynamics priors on the bouncing-balls video",
+        help="RBF vs bilinear vs cosine vs dynamics vs state-space priors on the bouncing-balls "
+        "video",
         description=__doc__.split("\n\n")[0].replace("``", ""),
     )
     add_common_arguments(parser, default_out="runs/bouncing-balls", default_checkpoint_every=100)
@@ -144,6 +161,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="channels of the encoder's hidden layer (default: 16)")
     group.add_argument("--noise-scale", type=positive_float, default=0.3,
                        help="recognition noise eps (pixels) of the dynamics prior (default: 0.3)")
+    group.add_argument("--window", type=_window, default=WINDOW,
+                       help=f"frames per training window of the state-space prior, >= 2 "
+                       f"(default: {WINDOW})")
+    group.add_argument("--state-space-guide", choices=("structured", "recognition"),
+                       default="structured",
+                       help="guide of the state-space prior: the structured posterior (Kalman "
+                       "smoother of the recognition factors) or the recognition models "
+                       "(default: structured)")
+    group.add_argument("--prior-lr", type=positive_float, default=1e-3,
+                       help="learning rate of the state-space prior's parameters (default: "
+                       "1e-3)")
+    group.add_argument("--learn-recognition-noise", action="store_true",
+                       help="learn the state-space prior's recognition noise instead of "
+                       "fixing it at --noise-scale")
     group.add_argument("--eval-every", type=nonnegative_int, default=50,
                        help="evaluate the held-out R^2 every STEPS steps; 0: at the end only "
                        "(default: 50)")
@@ -164,6 +195,14 @@ def _check_arguments(args: argparse.Namespace) -> int:
         raise ConfigurationError(
             f"--test-frames {args.test_frames}: R^2 needs at least 2 held-out frames"
         )
+    windows = _windows_per_batch(args)
+    if args.prior in ("state-space", "all") and num_train - args.window + 1 < windows:
+        raise ConfigurationError(
+            f"the state-space prior trains on {windows} windows of --window {args.window} "
+            f"frames per step, but the {num_train} training frames hold only "
+            f"{max(0, num_train - args.window + 1)} windows; use a smaller --window or more "
+            "--frames"
+        )
     if args.batch_size > num_train - 1:
         raise ConfigurationError(
             f"--batch-size {args.batch_size} is larger than the {num_train - 1} pairs of "
@@ -179,20 +218,33 @@ def _check_arguments(args: argparse.Namespace) -> int:
     return num_train
 
 
+def _windows_per_batch(args: argparse.Namespace) -> int:
+    """Windows per step of the state-space prior: about --batch-size frames, at least 2."""
+    return max(2, args.batch_size // args.window)
+
+
 # --------------------------------------------------------------------------- model
 def build_model(name: str, args: argparse.Namespace, in_channels: int):
-    """The RPM of prior ``name`` with a fresh :class:`BallEncoder` (6 outputs, pixel units).
+    """The RPM of prior ``name`` with a fresh :class:`BallEncoder` (6 outputs, pixel units);
+    for ``"state-space"`` the :class:`~rpm.SequenceRPM` of
+    :func:`~rpm.experiments.bouncing_balls.state_space.build_state_space_model`.
 
     :param str name: one of :data:`PRIORS`.
     :param argparse.Namespace args: the parsed flags (``hidden_channels``, ``image_size``,
         ``ball_diameter``, ``noise_scale``).
     :param int in_channels: colour channels of the frames.
-    :rtype: rpm.RPM
+    :rtype: rpm.RPM or rpm.SequenceRPM
     """
     import rpm
     from rpm.models.bouncing_balls import BallEncoder
     from rpm.priors import BallDynamicsPrior, BilinearEnergy, CosineEnergy, ImplicitPrior, RBFEnergy
 
+    if name == "state-space":
+        from rpm.experiments.bouncing_balls.state_space import build_state_space_model
+
+        return build_state_space_model(args, in_channels, NUM_BALLS,
+                                       guide=args.state_space_guide,
+                                       learn_noise=args.learn_recognition_noise)
     encoder = BallEncoder(in_channels=in_channels, hidden_channels=args.hidden_channels,
                           kernel_size=5, num_maps=NUM_BALLS)
     if name == "dynamics":
@@ -211,9 +263,9 @@ def build_model(name: str, args: argparse.Namespace, in_channels: int):
     return rpm.RPM(rpm.DeltaRecognition(encoder), ImplicitPrior(energy))
 
 
-def prior_parameters(name: str, model) -> dict:
-    """The learned parameters of the prior of the :class:`rpm.RPM` ``model``, as JSON-ready
-    numbers and lists."""
+def prior_parameters(name: str, model, args: argparse.Namespace | None = None) -> dict:
+    """The learned parameters of the prior of the :class:`rpm.RPM` (or, for
+    ``"state-space"``, :class:`rpm.SequenceRPM`) ``model``, as JSON-ready numbers and lists."""
     import torch
 
     prior = model.prior
@@ -224,6 +276,16 @@ def prior_parameters(name: str, model) -> dict:
             return {"weight": prior.energy.weight.cpu().tolist()}
         if name == "cosine":
             return {"kappa": prior.energy.kappa.item()}
+        if name == "state-space":
+            return {
+                "transition_matrix": prior.transition_matrix.cpu().tolist(),
+                "transition_scale_tril": prior.transition_scale_tril.cpu().tolist(),
+                "observation_matrix": prior.observation_matrix.cpu().tolist(),
+                "observation_scale_tril": prior.observation_scale_tril.cpu().tolist(),
+                "recognition_noise": model.recognition.net.log_scale.exp().cpu().tolist(),
+                "guide": model.guide_kind,
+                "window": None if args is None else args.window,
+            }
         return {
             "centre": prior.loc.cpu().tolist(),
             "spread": prior.spread.cpu().tolist(),
@@ -253,9 +315,15 @@ def epoch_permutation(seed: int, epoch: int, num_pairs: int):
 def _optimizer(args: argparse.Namespace, model):
     import torch
 
+    import rpm
+
+    groups = [{"params": list(model.parameters())}]
+    if isinstance(model, rpm.SequenceRPM):  # the state-space prior at --prior-lr
+        groups = [{"params": list(model.recognition.parameters())},
+                  {"params": list(model.prior.parameters()), "lr": args.prior_lr}]
     if args.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    return torch.optim.Adam(model.parameters(), lr=args.lr)
+        return torch.optim.SGD(groups, lr=args.lr, momentum=args.momentum)
+    return torch.optim.Adam(groups, lr=args.lr)
 
 
 def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train: int,
@@ -273,35 +341,60 @@ def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train
     import rpm
     from rpm import distributed
     from rpm.experiments.bouncing_balls.evaluate import evaluate
+    from rpm.experiments.bouncing_balls.state_space import evaluate_dynamics, window_batch
     from rpm.training.checkpoint import load_checkpoint
     from rpm.training.trainer import CHECKPOINT_NAME, Trainer
 
     seed_everything(args.seed)  # each prior's run is the same whichever others run with it
     model = build_model(name, args, frames.shape[1]).to(frames.device)
-    encoder = model.recognition.net
+    sequence = isinstance(model, rpm.SequenceRPM)
+    # the network of the 6 position numbers (of the state-space prior's Gaussian encoder: the means)
+    encoder = model.recognition.net.encoder if sequence else model.recognition.net
     untrained = evaluate(encoder, frames, centres, num_train)
     num_pairs = num_train - 1
     steps_per_epoch = num_pairs // args.batch_size  # full batches only
     num_steps = args.epochs * steps_per_epoch
     parallel = distributed.is_distributed()
+    if sequence and parallel:
+        raise ConfigurationError(
+            "the state-space prior trains in one process (its marginals are over the local "
+            "batch); run --prior state-space without torchrun")
     rows = distributed.local_slice(args.batch_size)  # all rows in one process
     elbo = rpm.RPMELBO(global_batch=parallel)
+    # The state-space prior sees about as many frames per step in windows (--batch-size //
+    # --window of them, at least 2), drawn from permutations of the window starts; it takes
+    # as many steps as the pair priors.
+    num_windows = num_train - args.window + 1
+    windows_per_batch = _windows_per_batch(args)
+    window_steps = num_windows // windows_per_batch
     permutations: dict[int, torch.Tensor] = {}
 
-    def loss_fn(step: int) -> torch.Tensor:
-        epoch, position = divmod(step, steps_per_epoch)
+    def batch_indices(step: int, count: int, per_batch: int, per_epoch: int) -> torch.Tensor:
+        epoch, position = divmod(step, per_epoch)
         if epoch not in permutations:
             permutations.clear()
-            permutations[epoch] = epoch_permutation(args.seed, epoch, num_pairs).to(frames.device)
-        index = permutations[epoch][position * args.batch_size:(position + 1) * args.batch_size]
-        index = index[rows]
+            permutations[epoch] = epoch_permutation(args.seed, epoch, count).to(frames.device)
+        return permutations[epoch][position * per_batch:(position + 1) * per_batch]
+
+    def loss_fn(step: int) -> torch.Tensor:
+        if sequence:
+            starts = batch_indices(step, num_windows, windows_per_batch, window_steps)
+            loss = elbo.differentiable_loss(model.model, model.guide,
+                                            window_batch(frames, starts, args.window))
+            return loss / (len(starts) * args.window)  # negative ELBO per frame
+        index = batch_indices(step, num_pairs, args.batch_size, steps_per_epoch)[rows]
         loss = elbo.differentiable_loss(model.model, model.guide, frames[index],
                                         frames[index + 1])
         return loss / args.batch_size  # negative ELBO per pair
 
     def eval_fn(step: int) -> dict[str, float]:
         scores = evaluate(encoder, frames, centres, num_train)
-        return {"r2": scores.r2, "pixel_error": scores.pixel_error}
+        metrics = {"r2": scores.r2, "pixel_error": scores.pixel_error}
+        if sequence:
+            dynamics = evaluate_dynamics(model, frames, centres, num_train)
+            metrics.update(velocity_r2=dynamics.velocity_r2,
+                           forecast_error_px=dynamics.forecast_error_px)
+        return metrics
 
     trainer = Trainer(
         model, _optimizer(args, model), loss_fn, out_dir=out, num_steps=num_steps,
@@ -322,6 +415,15 @@ def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train
     with torch.no_grad():
         maps = encoder.feature_maps(shown).cpu()  # (F, K, H, W)
         com = encoder(shown).cpu()  # (F, 2K)
+    extra = {}
+    if sequence:
+        dynamics = evaluate_dynamics(model, frames, centres, num_train)
+        extra = {
+            "velocity_r2": dynamics.velocity_r2,
+            "forecast_error_px": dynamics.forecast_error_px,
+            "baseline_forecast_error_px": dynamics.baseline_forecast_error_px,
+            "_forecast": dynamics.forecast,
+        }
     return {
         "r2": scores.r2,
         "r2_per_coordinate": scores.r2_per_coordinate,
@@ -329,7 +431,7 @@ def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train
         "train_r2": scores.train_r2,
         "untrained_r2": untrained.r2,
         "untrained_pixel_error": untrained.pixel_error,
-        "prior_parameters": prior_parameters(name, model),
+        "prior_parameters": prior_parameters(name, model, args),
         "steps": num_steps,
         "final_loss": history["losses"][-1][1] if history["losses"] else math.nan,
         "train_seconds": history["evaluations"][-1]["wall_time"],
@@ -337,15 +439,16 @@ def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train
         "_maps": maps,
         "_com": com,
         "_history": history,
+        **extra,
     }
 
 
 def _table(results: dict) -> str:
-    lines = [f"{'prior':<10} {'R^2 held-out':>12} {'pixel error':>12} {'untrained R^2':>14} "
+    lines = [f"{'prior':<11} {'R^2 held-out':>12} {'pixel error':>12} {'untrained R^2':>14} "
              f"{'train time':>11}"]
     for name, result in results.items():
         lines.append(
-            f"{name:<10} {result['r2']:>12.3f} {result['pixel_error']:>9.2f} px "
+            f"{name:<11} {result['r2']:>12.3f} {result['pixel_error']:>9.2f} px "
             f"{result['untrained_r2']:>14.3f} {result['train_seconds']:>9.1f} s"
         )
     return "\n".join(lines)
@@ -393,6 +496,7 @@ def _train_and_report(args: argparse.Namespace, num_train: int, out: Path, devic
     from rpm.experiments.bouncing_balls.plots import (
         plot_comparison,
         plot_feature_maps,
+        plot_forecasts,
         plot_training_curves,
         plot_trajectories,
     )
@@ -431,6 +535,12 @@ def _train_and_report(args: argparse.Namespace, num_train: int, out: Path, devic
         "priors": public,
         "wall_time": time.perf_counter() - started,
     })
+    if "state-space" in public:
+        plot_forecasts(out / "forecast.png", test_centres, results["state-space"]["_forecast"])
+        result = public["state-space"]
+        print(f"state-space: velocity R^2 {result['velocity_r2']:.3f}, one-step forecast "
+              f"{result['forecast_error_px']:.2f} px (last position: "
+              f"{result['baseline_forecast_error_px']:.2f} px)")
     print(_table(public))
     for line in _warnings(public):
         print(line, file=sys.stderr)

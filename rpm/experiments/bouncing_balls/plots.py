@@ -18,7 +18,8 @@ from matplotlib.lines import Line2D
 
 from rpm.experiments.figures import DPI, colours_for, plot_training
 
-__all__ = ["plot_comparison", "plot_feature_maps", "plot_trajectories", "plot_training_curves"]
+__all__ = ["plot_comparison", "plot_feature_maps", "plot_forecasts", "plot_trajectories",
+           "plot_training_curves"]
 
 _BALL_COLOURS = ("tab:red", "tab:green", "tab:blue", "tab:orange", "tab:purple", "tab:brown")
 
@@ -258,3 +259,41 @@ def plot_training_curves(path: str | os.PathLike, histories: Mapping[str, Mappin
     return plot_training(path, histories, loss_label="negative ELBO / N",
                          title="Bouncing balls: training curves", baselines=untrained_r2,
                          baseline_label="untrained")
+
+
+def plot_forecasts(
+    path: str | os.PathLike,
+    centres: torch.Tensor,
+    forecast: torch.Tensor,
+    num_frames: int = 15,
+) -> None:
+    """The state-space prior's one-step forecasts against the true trajectories: each ball's
+    true path (solid, dots at the frames) and the forecast of each frame from the frames before
+    it (crosses, joined to the true position they predict), over the first held-out frames.
+
+    :param path-like path: the PNG to write.
+    :param torch.Tensor centres: true held-out centres in pixels. Shape: (T, K, 2).
+    :param torch.Tensor forecast: one-step forecasts of the same frames. Shape: (T, K, 2).
+    :param int num_frames: how many held-out frames to show.
+    """
+    truth = _numpy(centres)[:num_frames]  # (T', K, 2)
+    guess = _numpy(forecast)[:num_frames]
+    error = np.linalg.norm(guess - truth, axis=-1).mean()
+    baseline = np.linalg.norm(truth[1:] - truth[:-1], axis=-1).mean()
+    fig = Figure(figsize=(4.6, 4.8), layout="constrained")
+    ax = fig.subplots()
+    for ball in range(truth.shape[1]):
+        colour = _BALL_COLOURS[ball % len(_BALL_COLOURS)]
+        ax.plot(truth[:, ball, 0], truth[:, ball, 1], color=colour, lw=1.0, marker=".", ms=4)
+        ax.scatter(guess[:, ball, 0], guess[:, ball, 1], color=colour, marker="x", s=14)
+        for t in range(len(truth)):
+            ax.plot([truth[t, ball, 0], guess[t, ball, 0]],
+                    [truth[t, ball, 1], guess[t, ball, 1]], color=colour, lw=0.5, alpha=0.6)
+    ax.set_aspect("equal")
+    ax.invert_yaxis()  # image coordinates: y grows downwards
+    ax.set_xlabel("x (pixels)")
+    ax.set_ylabel("y (pixels)")
+    ax.set_title(f"state-space prior: one-step forecasts (x) against the true paths\n"
+                 f"{len(truth)} held-out frames; mean error {error:.2f} px, last position "
+                 f"as the forecast {baseline:.2f} px", fontsize=8)
+    fig.savefig(path, dpi=100)

@@ -2,7 +2,7 @@ r"""The state-space prior of ``rpm bouncing-balls``: an RPM over windows of T co
 
 A prior over a *pair* of frames cannot know that a ball keeps moving: two frames show no
 velocity. :class:`~rpm.SequenceRPM` with a :class:`~rpm.priors.StateSpacePrior` sees windows of
-``WINDOW`` consecutive frames and models the 6 numbers of
+``--window`` consecutive frames (8 by default) and models the 6 numbers of
 :class:`~rpm.models.bouncing_balls.GaussianBallEncoder` as the noisy read-out of a hidden state
 of positions and velocities (H = 12) that starts as constant velocity,
 
@@ -18,7 +18,7 @@ Gaussian pseudo-observations, sampled by forward filtering and backward sampling
 latents of a window are inferred together (``guide="recognition"`` is the ablation). The
 marginals are pooled over the frames of the batch: one shared encoder on a stationary video.
 
-**Window length.** T = 8: a velocity needs 2 frames and a change of velocity 3, so the prior
+**Window length.** T = 8 (``--window``): a velocity needs 2 frames and a change of velocity 3, so the prior
 only acts on windows of 3 or more, and its dynamics are identified better the more transitions
 a window holds; but balls collide with a wall or each other every few frames (the velocity's
 lag-1 correlation is about 0.54), so beyond a few frames a window adds bounces rather than
@@ -55,17 +55,14 @@ from rpm.models.bouncing_balls import GaussianBallEncoder
 from rpm.ops.kalman import rts_smoother
 from rpm.priors import StateSpacePrior
 
-__all__ = ["WINDOW", "DynamicsEvaluation", "build_state_space_model", "displacement_noise",
+__all__ = ["DynamicsEvaluation", "build_state_space_model", "displacement_noise",
            "evaluate_dynamics", "window_batch"]
 
-#: Frames per training window (module docstring).
-WINDOW = 8
-
-
 def build_state_space_model(args: argparse.Namespace, in_channels: int, num_balls: int,
-                            guide: str = "structured") -> rpm.SequenceRPM:
+                            guide: str = "structured", learn_noise: bool = False
+                            ) -> rpm.SequenceRPM:
     """The SequenceRPM of the state-space prior with a fresh :class:`GaussianBallEncoder`
-    (pixel units, recognition noise starting at ``--noise-scale`` and learned).
+    (pixel units, recognition noise ``--noise-scale``, fixed unless ``learn_noise``).
 
     The prior starts at constant velocity with the statistics of the video: positions around
     the box centre (spread a quarter of the box), velocities of one ball diameter per frame
@@ -75,6 +72,10 @@ def build_state_space_model(args: argparse.Namespace, in_channels: int, num_ball
     """
     encoder = GaussianBallEncoder(in_channels=in_channels, hidden_channels=args.hidden_channels,
                                   kernel_size=5, num_maps=num_balls, init_scale=args.noise_scale)
+    if not learn_noise:  # a constant: the encoder's log_scale becomes a buffer
+        log_scale = encoder.log_scale.detach()
+        del encoder.log_scale
+        encoder.register_buffer("log_scale", log_scale)
     dim = 2 * num_balls
     speed = args.ball_diameter / 2 ** 0.5
     prior = StateSpacePrior(
@@ -116,7 +117,7 @@ def displacement_noise(dim: int, position: float, velocity: float) -> torch.Tens
         torch.cat([velocity ** 2 / total * eye, position * velocity / total * eye], 1)])
 
 
-def window_batch(frames: torch.Tensor, starts: torch.Tensor, length: int = WINDOW) -> torch.Tensor:
+def window_batch(frames: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
     """The windows ``frames[s : s + length]`` for each start s.
 
     :param torch.Tensor frames: the video, shape (F, C, H, W).

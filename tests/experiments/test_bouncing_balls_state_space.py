@@ -1,0 +1,102 @@
+"""The state-space prior of ``rpm bouncing-balls``: its scores against independent computations
+with the true centres as the encoder's output, the displacement-noise start, and a tiny run's
+results."""
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from rpm.cli import main
+from rpm.data.bouncing_balls import generate_bouncing_balls
+from rpm.experiments.bouncing_balls.evaluate import fit_linear_decoder
+from rpm.experiments.bouncing_balls.state_space import (
+    build_state_space_model,
+    displacement_noise,
+    evaluate_dynamics,
+    window_batch,
+)
+from rpm.priors import GaussianStateSpace
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+ARGS = argparse.Namespace(hidden_channels=4, noise_scale=0.3, ball_diameter=5.0, image_size=32)
+
+
+class Oracle(torch.nn.Module):
+    """Maps 'frames' holding their own index to the true centres (the perfect encoder)."""
+
+    def __init__(self, centres):
+        super().__init__()
+        self.centres = centres.flatten(1)
+
+    def forward(self, frames):
+        return self.centres[frames.reshape(len(frames), -1)[:, 0].long()]
+
+
+def test_displacement_noise_is_the_covariance_of_the_equations():
+    L = displacement_noise(2, 0.3, 2.5)
+    eye = torch.eye(2)
+    expected = torch.cat([torch.cat([(0.09 + 6.25) * eye, 6.25 * eye], 1),
+                          torch.cat([6.25 * eye, 6.25 * eye], 1)])
+    assert torch.allclose(L @ L.T, expected, atol=1e-6)
+    assert torch.equal(L, L.tril())
+
+
+def test_window_batch():
+    frames = torch.arange(20.0).reshape(20, 1, 1, 1)
+    batch = window_batch(frames, torch.tensor([0, 5, 12]), 4)
+    assert batch.shape == (3, 4, 1, 1, 1)
+    assert batch[1, :, 0, 0, 0].tolist() == [5.0, 6.0, 7.0, 8.0]
+
+
+def test_dynamics_scores_with_the_true_centres():
+    """With the true centres as the encoder's means, the untrained constant-velocity prior
+    reads the velocities out of its smoothed states, and each one-step forecast equals the
+    forecast of GaussianStateSpace on the prefix (noise R + sigma^2), decoded by the position
+    decoder; the baseline is the mean step length, one ball diameter."""
+    torch.set_default_dtype(torch.float64)
+    video = generate_bouncing_balls(120, seed=1, dtype=torch.float64)
+    num_train = 100
+    model = build_state_space_model(ARGS, 3, 3)
+    model.recognition.net.encoder = Oracle(video.centres)
+    frames = torch.arange(120.0).reshape(120, 1, 1, 1)
+    scores = evaluate_dynamics(model, frames, video.centres, num_train)
+    assert scores.velocity_r2 > 0.95
+    step = (video.centres[num_train:] - video.centres[num_train - 1:-1]).norm(dim=-1).mean()
+    assert scores.baseline_forecast_error_px == pytest.approx(step.item(), rel=1e-12)
+    assert scores.baseline_forecast_error_px == pytest.approx(5.0, rel=1e-6)
+    assert scores.forecast_error_px < 0.85 * scores.baseline_forecast_error_px
+
+    prior = model.prior
+    sigma = model.recognition.net.log_scale.exp().detach()
+    r_cov = prior.observation_scale_tril @ prior.observation_scale_tril.T + torch.diag(sigma ** 2)
+    targets = video.centres.flatten(1)
+    decoder = fit_linear_decoder(targets[:num_train], targets[:num_train])
+    for t in (num_train, num_train + 7, 119):
+        chain = GaussianStateSpace(prior.init_loc, prior.init_scale_tril, prior.transition_matrix,
+                                   prior.transition_scale_tril, prior.observation_matrix,
+                                   torch.linalg.cholesky(r_cov), duration=t)
+        latent = chain.forecast(targets[:t], 1).loc[0].detach()
+        decoded = torch.cat([latent, torch.ones(1)]) @ decoder
+        assert torch.allclose(scores.forecast[t - num_train].flatten(), decoded, atol=1e-8)
+
+
+def test_tiny_run_writes_the_dynamics_scores(tmp_path):
+    status = main([
+        "bouncing-balls", "--prior", "state-space", "--out", str(tmp_path), "--frames", "48",
+        "--test-frames", "16", "--epochs", "2", "--batch-size", "15", "--image-size", "16",
+        "--ball-diameter", "3", "--hidden-channels", "4", "--eval-every", "0",
+        "--checkpoint-every", "0", "--no-progress", "--device", "cpu", "--window", "4",
+    ])
+    assert status == 0
+    result = json.loads((tmp_path / "results.json").read_text())["priors"]["state-space"]
+    for key in ("r2", "pixel_error", "velocity_r2", "forecast_error_px",
+                "baseline_forecast_error_px"):
+        assert np.isfinite(result[key]), key
+    assert result["baseline_forecast_error_px"] == pytest.approx(3.0, rel=1e-5)
+    assert result["prior_parameters"]["window"] == 4
+    assert np.asarray(result["prior_parameters"]["transition_matrix"]).shape == (12, 12)
+    assert (tmp_path / "forecast.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
