@@ -220,13 +220,17 @@ def all_reduce_gradients(parameters: Iterable[torch.Tensor], group=None) -> None
     parameters = [p for p in parameters if p.requires_grad]
     if not parameters:
         return
-    grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in parameters]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-    offset = 0
-    for parameter, grad in zip(parameters, grads, strict=True):
-        parameter.grad = flat[offset:offset + grad.numel()].view_as(grad).clone()
-        offset += grad.numel()
+    buckets: dict[tuple, list[torch.Tensor]] = {}  # one collective per dtype and device
+    for parameter in parameters:
+        buckets.setdefault((parameter.dtype, parameter.device), []).append(parameter)
+    for bucket in buckets.values():
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in bucket]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        offset = 0
+        for parameter, grad in zip(bucket, grads, strict=True):
+            parameter.grad = flat[offset:offset + grad.numel()].view_as(grad).clone()
+            offset += grad.numel()
 
 
 def broadcast_buffers(module: torch.nn.Module, group=None) -> None:

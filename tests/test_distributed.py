@@ -1,13 +1,19 @@
 """A global batch over two processes (gloo, CPU) equals one process on the concatenated batch.
 
-Each rank holds its own rows (uneven: 5 and 7 pairs); the mixture components and the implicit
-prior's negatives are gathered with ``all_gather_with_grad``. The sum over ranks of the losses
-and of every parameter gradient must equal the single-process loss and gradients (float64,
-1e-10): this fails for a gather whose backward returns only the local rank's gradient.
+``torchrun --nproc_per_node=2 -m rpm identifiability`` trains the same weights as one process
+(float tolerance). Below that, each rank holds its own rows (uneven: 5 and 7 pairs); the mixture
+components and the implicit prior's negatives are gathered with ``all_gather_with_grad``. The sum
+over ranks of the losses and of every parameter gradient must equal the single-process loss and
+gradients (float64, 1e-10): this fails for a gather whose backward returns only the local rank's gradient.
 """
 
 import datetime
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pyro
 import pytest
@@ -17,7 +23,14 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 import rpm
-from rpm.distributed import all_gather_with_grad, global_rank, global_world_size, is_distributed
+from rpm.distributed import (
+    all_gather_with_grad,
+    all_reduce_gradients,
+    global_rank,
+    global_world_size,
+    is_distributed,
+    local_slice,
+)
 from rpm.inference.elbo import rpm_log_ratio
 from rpm.priors import GaussianRandomWalkPrior, ImplicitPrior, RBFEnergy
 from tests.helpers import GaussianHead
@@ -130,6 +143,21 @@ def _check_ddp(rank):
         torch.testing.assert_close(len(SIZES) * grads[name], grad, rtol=0, atol=1e-10, msg=name)
 
 
+def _check_all_reduce_gradients(rank):
+    """Gradients of mixed dtypes (one collective per dtype) and a parameter without a gradient
+    on one rank: every rank ends with the sum of the ranks' gradients."""
+    single = torch.nn.Parameter(torch.zeros(3, dtype=torch.float32))
+    double = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    single.grad = torch.arange(3, dtype=torch.float32) + 10 * rank
+    if rank == 0:
+        double.grad = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    all_reduce_gradients([single, double])
+    torch.testing.assert_close(single.grad, 2 * torch.arange(3, dtype=torch.float32) + 10)
+    assert single.grad.dtype == torch.float32
+    torch.testing.assert_close(double.grad, torch.tensor([1.0, -2.0], dtype=torch.float64))
+    assert local_slice(12) == slice(6 * rank, 6 * rank + 6)
+
+
 def _worker(rank, store_path):
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)
@@ -142,6 +170,7 @@ def _worker(rank, store_path):
         _check_log_ratio(rank, "implicit")
         _check_log_ratio(rank, "explicit")
         _check_ddp(rank)
+        _check_all_reduce_gradients(rank)
     finally:
         dist.destroy_process_group()
 
@@ -198,3 +227,44 @@ def test_elbo_flag_errors():
         rpm.RPMELBO(block_size=0)
     with pytest.raises(ValueError, match="at least one dimension"):
         all_gather_with_grad(torch.tensor(1.0))
+
+
+GLOO = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                          reason="needs torch.distributed with gloo")
+
+
+@GLOO
+def test_torchrun_of_the_command_trains_the_weights_of_one_process(tmp_path):
+    """Two CPU processes (gloo) of ``rpm identifiability``, each encoding its half of the global
+    batch, end with the weights of one process on the whole batch (float tolerance), and process
+    0 alone writes the run folder, recording the world size."""
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"}
+    flags = ["identifiability", "--dim", "3", "--steps", "8", "--batch-size", "16", "--hidden",
+             "8", "--depth", "1", "--eval-every", "4", "--eval-samples", "200", "--no-progress",
+             "--device", "cpu", "--checkpoint-every", "0"]
+    two, one = tmp_path / "two", tmp_path / "one"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc_per_node=2", "-m", "rpm", *flags, "--out", str(two)],
+                   env=env, check=True, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "rpm", *flags, "--out", str(one)], env=env, check=True,
+                   capture_output=True, timeout=300)
+    states = [torch.load(out / "cosine" / "checkpoint.pt", weights_only=True)["state"]
+              for out in (one, two)]
+    assert states[0]["module"].keys() == states[1]["module"].keys()
+    for key, value in states[0]["module"].items():
+        torch.testing.assert_close(states[1]["module"][key], value, rtol=1e-5, atol=1e-6)
+    losses = [[loss for _, loss in state["history"]["losses"]] for state in states]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)  # summed over the two ranks
+    environments = [json.loads((out / "results.json").read_text())["environment"]
+                    for out in (one, two)]
+    assert [e["world_size"] for e in environments] == [1, 2]
+    assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())
+
+
+def test_helpers_without_distributed_are_the_single_process_case():
+    assert local_slice(6) == slice(0, 6)
+    parameter = torch.nn.Parameter(torch.ones(2))
+    parameter.grad = torch.full((2,), 3.0)
+    all_reduce_gradients([parameter])
+    assert torch.equal(parameter.grad, torch.full((2,), 3.0))
