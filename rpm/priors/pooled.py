@@ -79,10 +79,10 @@ from torch.distributions import constraints
 from rpm.distributed import all_gather_with_grad, global_rank, is_distributed
 from rpm.marginals import MixtureMarginal, recognition_components
 from rpm.marginals.mixture_marginal import Atoms
-from rpm.ops.dispatch import default_block_size, ieee_float32_matmul
+from rpm.ops.dispatch import default_block_size, ieee_float32_matmul, use_streaming
 from rpm.ops.logsumexp import streaming_matmul_logsumexp
 from rpm.priors.base import Energy, Prior
-from rpm.priors.implicit import _stream_by_size, energy_logit_factors, energy_paired
+from rpm.priors.implicit import energy_logit_factors, energy_paired
 
 __all__ = [
     "PooledImplicitConditional",
@@ -122,7 +122,8 @@ def pooled_log_normalizer(
         \log \sum_{m \ne k} e^{f(u_k, u_m)} = \log \hat Z(u_k) + \log(M - 1),
 
     with M the number of pooled latents. Dense (``logsumexp`` of the energy matrix with the
-    anchor's own entry masked) unless ``block_size`` is given or the matrix is large; then, for
+    anchor's own entry masked) unless ``block_size`` is given or the matrix is large
+    (:func:`~rpm.ops.dispatch.use_streaming`); then, for
     energies that are a matrix product :math:`f(u_k, u_m) = a_k^\top b_m + c_k` (their
     :meth:`~rpm.priors.base.Energy.logit_factors` hook), each block of anchor rows is streamed
     against the candidates before and after it (:func:`~rpm.ops.streaming_matmul_logsumexp`)
@@ -144,7 +145,7 @@ def pooled_log_normalizer(
         raise ValueError("the pooled normaliser needs at least 2 latents (each anchor needs one "
                          "candidate other than itself)")
     factors = None
-    if block_size is not None or _stream_by_size(u[start:stop], num):
+    if use_streaming(stop - start, num, u.device, block_size):
         factors = energy_logit_factors(energy, u, u)
     if factors is None:
         logits = energy(u[start:stop], u)                                    # (stop - start, M)
