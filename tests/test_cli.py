@@ -204,3 +204,14 @@ def test_flag_choices_written_in_the_commands_match_the_library():
     assert (command.SPACES, command.MARGINALS, command.CONDITIONALS) == (
         SPACES, MARGINALS, CONDITIONALS)
     assert command.ENERGIES == model.ENERGIES and command.ENCODER_SPACES == ENCODER_SPACES
+
+
+def test_distribution_name_is_not_the_unrelated_pypi_rpm():
+    """PyPI's "rpm" is another project: the distribution is rpm-pyro, the import name and the
+    command stay rpm."""
+    import configparser
+
+    setup = configparser.ConfigParser()
+    setup.read(Path(__file__).resolve().parents[1] / "setup.cfg")
+    assert setup["metadata"]["name"] == "rpm-pyro"
+    assert setup["options.entry_points"]["console_scripts"].strip() == "rpm = rpm.cli:main"
