@@ -13,7 +13,7 @@ per pair, ``RPMELBO().differentiable_loss(model, guide, x, x2) / N`` (Eq. 15; In
 Evaluation on fresh latents :math:`z \sim p(z)` never seen in training: the held-out affine
 :math:`R^2` of :math:`z \approx A h(g(z)) + b` and the MCC (:mod:`rpm.metrics`), every
 ``--eval-every`` steps on the *validation* set (the progress bar's ``val r2``, the trajectories),
-and at the end on a separate *test* set (the summary table, the top-level ``r2`` and ``mcc`` of
+and at the end on a separate *test* set (the summary table, each run's ``r2`` and ``mcc`` in
 ``results.json``). The baselines are the identity encoder :math:`h(x) = x` and the untrained
 encoder, on the test set; a run that ends below either prints a warning.
 
