@@ -161,6 +161,9 @@ class MixtureTerms:
         there are as many points as components, so that pair (m, m) stays on the diagonal).
     """
 
+    # Set-up and the selection of pairs to refine depend on the data (anchors, nonzero): under
+    # torch.compile they run eagerly, and only the block algebra is compiled.
+    @torch.compiler.disable
     def __init__(self, loc: torch.Tensor, scale: torch.Tensor, permute_points: bool):
         num, dim = loc.shape
         self.dim, self.dtype = dim, loc.dtype
@@ -236,6 +239,7 @@ class MixtureTerms:
             return values[0], products[0]
         return torch.cat(values, 1), torch.cat(products, 1)
 
+    @torch.compiler.disable
     def refinement(
         self, values: torch.Tensor, products: torch.Tensor, c0: int, threshold: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
