@@ -250,7 +250,7 @@ class MixtureTerms:
         :param products: the block of p, shape (bm, bn).
         :param threshold: row maximum lower bound minus the margin, shape (bm,).
         """
-        if not self.refine:
+        if not self.refine or values.numel() == 0:
             return None
         with torch.no_grad():
             cols = slice(c0, c0 + values.shape[1])

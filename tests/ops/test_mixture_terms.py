@@ -120,3 +120,10 @@ def test_separated_components_recompute_only_near_pairs():
     _, values, threshold, _, (rows, cols) = refinement_of(z, loc, scale)
     assert 128 <= rows.numel() < 128 * 4  # each point's own component, and few others
     assert (values[rows, cols] >= threshold[rows] - 1.0).all()
+
+
+@pytest.mark.parametrize("path", ["dense", "streamed"])
+def test_no_points_give_an_empty_result(path):
+    fn = dense_gaussian_mixture_log_prob if path == "dense" else streaming_gaussian_mixture_log_prob
+    loc, scale = torch.randn(5, 3), 0.5 + torch.rand(5, 3)
+    assert fn(torch.zeros(0, 3), loc, scale).shape == (0,)
