@@ -62,12 +62,15 @@ REFINE_MARGIN = 30.0
 REFINE_TOLERANCE = 1e-5
 # ... and so is a pair whose expansion magnitude is at most this many times q.
 REFINE_GAIN = 2.0
-# Anchors are added while some component's r_n has a worst-case rounding above this (nats),
+# Anchors are added while some component's r_n has a worst-case rounding above this (in units
+# of the quadratic form),
 MAX_ANCHOR_ROUNDING = 1e-2
 # at most this many anchors,
 MAX_ANCHORS = 32
 # each taking over at least this fraction of the components.
 MIN_ANCHOR_SHARE = 1.0 / 64
+# Candidates are checked one by one (gathered) when at most 1 / this of the block.
+_GATHER_FRACTION = 8
 # Rows per chunk of the float64 log-determinant (bounds its temporary).
 _LOG_DET_CHUNK = 1 << 14
 
@@ -256,33 +259,51 @@ class MixtureTerms:
             cols = slice(c0, c0 + values.shape[1])
             radius, log_norm = self.radius[cols], self.log_norm[cols]
             half_bound = 0.5 * self.bound_per_unit
-            # Cheap rejections first: no pair's bound can exceed the tolerance, or no row can
-            # hold a pair near its maximum.
-            largest_bound = half_bound * (products.amax() + radius.max())
-            if not largest_bound > REFINE_TOLERANCE:
+            # A superset of condition 1 in one comparison: p <= (sqrt q + sqrt r)^2 <= 2 q + 2 r
+            # (triangle inequality in the component's metric) with q = 2 (l - L), so
+            # L + hb (p + r) >= t implies L (1 - 4 hb) + hb (4 l + 3 r) >= t; one nat of margin
+            # covers the rounding of q itself.
+            shrink = 1.0 - 4.0 * half_bound
+            offset = half_bound * (4.0 * log_norm + 3.0 * radius) / shrink  # (bn,)
+            row_threshold = (threshold - 1.0) / shrink  # (bm,)
+            candidates = (values + offset) >= row_threshold[:, None]  # (bm, bn)
+            count = int(candidates.sum())
+            if count == 0:
                 return None
-            top = values.amax(1)  # (bm,)
-            if not bool(((top + largest_bound) >= threshold).any()):
-                return None
-            magnitude = products + radius  # (bm, bn)
-            slack = magnitude.mul_(half_bound)  # (bm, bn): rounding bound in nats
-            need = (values + slack) >= threshold[:, None]  # condition 1
-            need &= slack > REFINE_TOLERANCE  # condition 2
-            # condition 3: p + r > G q with q = 2 (l - L), i.e. slack > G hb 2 (l - L)
-            need &= slack > (log_norm - values).mul_(2.0 * REFINE_GAIN * half_bound)
-            rows, local = torch.nonzero(need, as_tuple=True)
+            if count * _GATHER_FRACTION <= candidates.numel():
+                # Few candidates (points near few components): the conditions on them only.
+                rows, local = torch.nonzero(candidates, as_tuple=True)  # (K,)
+                value = values[rows, local]  # (K,)
+                slack = (products[rows, local] + radius[local]).mul_(half_bound)  # (K,): nats
+                need = (value + slack) >= threshold[rows]  # condition 1
+                need &= slack > REFINE_TOLERANCE  # condition 2
+                # condition 3: p + r > G q with q = 2 (l - L), i.e. slack > G hb 2 (l - L)
+                need &= slack > (log_norm[local] - value).mul_(2.0 * REFINE_GAIN * half_bound)
+                rows, local = rows[need], local[need]
+            else:
+                # Many (overlapping components): the same conditions on the whole block.
+                magnitude = products + radius  # (bm, bn): p + r
+                need = candidates
+                need &= torch.add(values, magnitude, alpha=half_bound) >= threshold[:, None]
+                need &= magnitude > REFINE_TOLERANCE / half_bound
+                need &= torch.add(magnitude, values, alpha=2.0 * REFINE_GAIN) > (
+                    2.0 * REFINE_GAIN * log_norm)
+                rows, local = torch.nonzero(need, as_tuple=True)
         if rows.numel() == 0:
             return None
         return rows, local
 
-    def row_lower_bound(self, values: torch.Tensor, products: torch.Tensor, c0: int) -> torch.Tensor:
-        """A lower bound of each row's largest exact term in the block: the largest entry less
-        its rounding bound, shape (bm,)."""
+    def row_bounds(
+        self, values: torch.Tensor, products: torch.Tensor, c0: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's largest entry in the block, and a lower bound of its largest exact term
+        (the largest entry less its rounding bound), shape (bm,) each."""
         top, index = values.max(1)
         if not self.refine:
-            return top
+            return top, top
         magnitude = products.gather(1, index[:, None]).squeeze(1) + self.radius[c0 + index]
-        return (top - 0.5 * self.bound_per_unit * magnitude).nan_to_num(nan=-math.inf)
+        lower = (top - 0.5 * self.bound_per_unit * magnitude).nan_to_num(nan=-math.inf)
+        return top, lower
 
     def exact(self, z: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """L in the difference form for the listed (row, column) pairs (kernel order), (K,)."""

@@ -70,7 +70,7 @@ def dense_gaussian_mixture_log_prob(
         num_components -= 1
     with torch.no_grad():
         values = log_components.detach()
-        lower = terms.row_lower_bound(values, products.detach(), 0)  # (M,)
+        _, lower = terms.row_bounds(values, products.detach(), 0)  # (M,)
         refined = terms.refinement(values, products.detach(), 0, lower - REFINE_MARGIN)
     del products
     if refined is not None:

@@ -92,14 +92,15 @@ class _StreamingGaussianMixture(torch.autograd.Function):
                     log_comp, products = terms.block(rows_z, c0, c1)  # (bm, bn) each
                     if exclude_self:
                         _mask_self(log_comp, r0, c0)
-                    torch.maximum(max_rows, terms.row_lower_bound(log_comp, products, c0),
-                                  out=max_rows)
+                    top, lower = terms.row_bounds(log_comp, products, c0)
+                    torch.maximum(max_rows, lower, out=max_rows)
                     refined = terms.refinement(log_comp, products, c0, max_rows - REFINE_MARGIN)
                     del products
-                    if refined is not None:
+                    if refined is not None:  # exact values may exceed the old maxima
                         rows, cols = refined
                         log_comp[rows, cols] = terms.exact(rows_z, rows, cols + c0)
-                    torch.logaddexp(lse_rows, _block_logsumexp(log_comp), out=lse_rows)
+                        top = log_comp.amax(1)
+                    torch.logaddexp(lse_rows, _block_logsumexp(log_comp, top), out=lse_rows)
         ctx.exclude_self, ctx.block_size = exclude_self, block_size
         ctx.save_for_backward(z, loc, scale, lse, row_max)
         log_count = math.log(num_comps - 1 if exclude_self else num_comps)

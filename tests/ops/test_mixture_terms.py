@@ -93,7 +93,7 @@ def test_anchors_one_per_far_cluster_and_one_for_overlapping_components():
 def refinement_of(z, loc, scale):
     terms = MixtureTerms(loc, scale, permute_points=True)
     values, products = terms.block(terms.permute_rows(z), 0, loc.shape[0])
-    threshold = terms.row_lower_bound(values, products, 0) - 30.0
+    threshold = terms.row_bounds(values, products, 0)[1] - 30.0
     near = int((values >= threshold[:, None]).sum())
     return terms, values, threshold, near, terms.refinement(values, products, 0, threshold)
 
