@@ -61,8 +61,8 @@ share the factor :math:`Q_\text{pool}(z)\, Q_\text{pool}(z')`, so
     = \log Q_\text{pool}(z) + \log Q_\text{pool}(z') + \tfrac12 r^{1 \to 2} + \tfrac12 r^{2 \to 1}:
 
 the model declares ``"z"`` and ``"z2"`` as draws from :math:`Q_\text{pool}`
-(:func:`pooled_marginal`) and adds each
-direction's tilt as a ``pyro.factor`` of weight 1/2 (``"z_to_z2"``, ``"z2_to_z"``). With
+(:func:`pooled_marginal`) and adds each direction's tilt as a ``pyro.factor`` of weight 1/2
+(``"z_to_z2"``, ``"z2_to_z"``). With
 ``direction="forward"`` (or ``"backward"``) the prior is the single RPM of that direction,
 written with its conditional as a distribution, :class:`PooledImplicitConditional`.
 """
@@ -90,6 +90,7 @@ __all__ = [
     "pooled_log_normalizer",
     "pooled_log_ratios",
     "pooled_marginal",
+    "pooled_recognition",
 ]
 
 _DIRECTIONS = ("both", "forward", "backward")
