@@ -21,7 +21,6 @@ import contextlib
 import copy
 import json
 import logging
-import math
 import numbers
 import os
 import signal
@@ -35,7 +34,7 @@ import torch
 from tqdm import tqdm
 
 from rpm import distributed as rpm_distributed
-from rpm._validation import check_bool, check_int
+from rpm._validation import check_bool, check_int, check_positive
 from rpm.training.checkpoint import (
     Generator,
     atomic_write,
@@ -225,11 +224,7 @@ class Trainer:
                 f"eval_every={eval_every} needs an eval_fn; pass eval_fn or eval_every=0"
             )
         if grad_clip is not None:
-            if not isinstance(grad_clip, numbers.Real) or not (0 < grad_clip < math.inf):
-                raise ValueError(
-                    f"grad_clip must be a finite number > 0 or None, got {grad_clip!r}"
-                )
-            grad_clip = float(grad_clip)
+            grad_clip = check_positive("grad_clip", grad_clip)
         extra_state = dict(extra_state or {})
         for name, obj in extra_state.items():
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):

@@ -480,3 +480,10 @@ def test_eval_label_prefixes_the_metrics_in_the_progress_bar(tmp_path):
     assert set(trainer._postfix()) == {"loss", "val loss_all", "val probe"}
     with pytest.raises(TypeError, match="eval_label must be a string"):
         _run(tmp_path / "bad", num_steps=4, eval_label=1)
+
+
+@pytest.mark.parametrize("grad_clip, error", [(0.0, ValueError), (float("inf"), ValueError),
+                                              ("1", TypeError), (True, TypeError)])
+def test_bad_grad_clip_is_refused(tmp_path, grad_clip, error):
+    with pytest.raises(error, match="grad_clip"):
+        _run(tmp_path, num_steps=2, grad_clip=grad_clip)
