@@ -12,11 +12,16 @@ on any model with an ordinary ``torch.nn`` network.
 priors, energies, and the ``model``, ``guide`` and ELBO of an RPM) inside
 :func:`parameter_scope`: the global store is set aside and replaced by an empty
 one for the duration of the call (:meth:`pyro.params.param_store.ParamStoreDict.scope`'s idea),
-so Pyro's machinery registers, under the usual names, exactly this module's own tensors, and the
-store is restored afterwards. ``SVI`` sees those tensors through the param sites of the call, a
-``torch.optim`` loop through ``module.parameters()``; nothing stays in the global store, no
-setting is changed, the user's networks are not converted, and two models, or one recognition
-model shared by two models, train side by side with no ``pyro.clear_param_store()``. A
+so Pyro's machinery registers, under the usual names, exactly this module's own tensors. On exit
+the previous store is restored and the module's parameters are (re-)registered in it under
+those names, as Pyro's default mode leaves them, so that code reading the store after a call
+(``JitTrace_ELBO``, ``pyro.param(name)``, ``pyro.get_param_store()``) finds this module's
+tensors. No call ever *reads* an entry left by another module, because every call starts from
+an empty store: ``SVI`` sees the module's own tensors through the param sites of the call, a
+``torch.optim`` loop through ``module.parameters()``; no setting is changed, the user's networks
+are not converted, and two models, or one recognition model shared by two models, train side
+by side with no ``pyro.clear_param_store()`` (the store then shows the parameters of the model
+called last, one entry per name). A
 ``pyro.param`` statement that creates a parameter outside the module's tree inside a call is
 refused (it would be created afresh at every call): declare it as a
 :class:`~pyro.nn.PyroParam` attribute of the prior or energy instead.
@@ -50,8 +55,9 @@ def _relink(state: dict) -> None:
 @contextlib.contextmanager
 def parameter_scope(module: torch.nn.Module) -> Iterator[None]:
     """Runs the body with an empty global param store, so that Pyro registers ``module``'s own
-    tensors (under their attribute names) and nothing else; the previous store is restored on
-    exit. Re-entrant: a nested scope of the same module is the open one.
+    tensors (under their attribute names) and nothing else; on exit the previous store is
+    restored, with the module's parameters registered in it under those names (replacing
+    entries of the same names). Re-entrant: a nested scope of the same module is the open one.
 
     :param torch.nn.Module module: the module whose parameters the body uses.
     :raises ValueError: if the body created a Pyro parameter that is not a parameter of
@@ -62,18 +68,25 @@ def parameter_scope(module: torch.nn.Module) -> Iterator[None]:
         return
     store = pyro.get_param_store()
     outer = store.get_state()
+    _relink(outer)  # values handed out before the call (replayed, traced) keep their links
     store.clear()
     _OPEN_SCOPES.append(id(module))
     try:
         yield
         own = {id(tensor) for tensor in module.parameters()}
         created = {name for name, tensor in store.named_parameters() if id(tensor) not in own}
+        inner = store.get_state()
+        _relink(inner)
     finally:
         _OPEN_SCOPES.remove(id(module))
         store.clear()
         store.set_state(outer)
-        _relink(outer)
-    if created:
+    if not created:
+        for name in inner["params"]:
+            with contextlib.suppress(KeyError):  # a tensor held under two names maps to one
+                del store[name]  # the entry this module replaces, with its reverse mapping
+        store.set_state(inner)
+    else:
         raise ValueError(
             f"{type(module).__name__} created the Pyro parameter(s) {sorted(created)} with "
             "pyro.param inside a call; the parameters of a model belong to its modules (and "

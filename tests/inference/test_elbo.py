@@ -167,3 +167,35 @@ def test_rpmelbo_refuses_other_models(batch):
         rpm.RPMELBO().loss(model, model, *batch)
     with pytest.raises(ValueError, match="num_particles"):
         rpm.RPMELBO(num_particles=0)
+
+
+@pytest.mark.parametrize("elbo, recognition, prior", [
+    ("TraceGraph_ELBO", "delta", "implicit"),
+    ("TraceGraph_ELBO", "gaussian", "implicit"),
+    ("TraceGraph_ELBO", "gaussian", "random_walk"),
+    ("JitTrace_ELBO", "delta", "implicit"),
+])
+def test_rpmelbo_equals_pyros_other_elbos(elbo, recognition, prior, batch):
+    """Values and gradients of Pyro's TraceGraph_ELBO and JitTrace_ELBO (loss_and_grads) on the
+    same random numbers (the JIT compiles on a first call; it is compared with deterministic
+    encoders only, because its traced sampler draws other numbers from the same seed)."""
+    build = (lambda: ImplicitPrior(RBFEnergy(lengthscale=0.8))) if prior == "implicit" \
+        else EXPLICIT[prior]
+    model = rpm.RPM(RECOGNITION[recognition](), build())
+    params = list(model.parameters())
+
+    def loss_and_grads(loss):
+        for param in params:
+            param.grad = None
+        pyro.set_rng_seed(7)
+        value = loss.loss_and_grads(model.model, model.guide, *batch)
+        return value, [param.grad.clone() for param in params]
+
+    ours, our_grads = loss_and_grads(rpm.RPMELBO())
+    pyro_elbo = getattr(pyro.infer, elbo)(ignore_jit_warnings=True) if elbo == "JitTrace_ELBO" \
+        else getattr(pyro.infer, elbo)()
+    loss_and_grads(pyro_elbo)
+    theirs, their_grads = loss_and_grads(pyro_elbo)
+    assert theirs == pytest.approx(ours, rel=1e-9)
+    for a, b in zip(their_grads, our_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
