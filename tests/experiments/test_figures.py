@@ -9,6 +9,7 @@ import pytest
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgba
+from matplotlib.container import BarContainer
 
 from rpm.experiments.bouncing_balls.plots import (
     plot_comparison,
@@ -64,11 +65,15 @@ def test_bouncing_comparison_colours_baseline_labels_and_dpi(tmp_path):
 
 
 def test_bouncing_comparison_error_bars_are_the_seed_std(tmp_path):
-    seeds = {"rbf": [_result(0.98, 1.0), _result(0.99, 0.8), _result(0.97, 1.1)],
-             "bilinear": [_result(0.5, 4.0), _result(0.7, 3.0), _result(0.9, 2.5)]}
+    untrained = (0.55, 0.6, 0.8)  # one initial encoder per seed, shared by the priors
+    seeds = {"rbf": [_result(0.98, 1.0, u) for u in untrained[:1]]
+             + [_result(0.99, 0.8, untrained[1]), _result(0.97, 1.1, untrained[2])],
+             "bilinear": [_result(0.5, 4.0, untrained[0]), _result(0.7, 3.0, untrained[1]),
+                          _result(0.9, 2.5, untrained[2])]}
     fig = plot_comparison(tmp_path / "comparison.png", seeds)
     left = fig.axes[0]
-    bars = [patch.get_height() for patch in left.patches]
+    (container,) = [c for c in left.containers if isinstance(c, BarContainer)]
+    bars = [patch.get_height() for patch in container]
     assert bars == pytest.approx([np.mean([r["r2"] for r in runs]) for runs in seeds.values()])
     # the error bar of each bar spans mean +- std (ddof=1) over the seeds
     spans = [segment[:, 1] for container in left.containers if hasattr(container, "lines")
@@ -76,6 +81,11 @@ def test_bouncing_comparison_error_bars_are_the_seed_std(tmp_path):
     expected = [np.std([r["r2"] for r in runs], ddof=1) for runs in seeds.values()]
     assert [abs(span[1] - span[0]) / 2 for span in spans] == pytest.approx(expected)
     assert "3 seeds" in fig._suptitle.get_text()
+    # the untrained encoder's spread over seeds is one band: mean +- std of the untrained R^2
+    (band,) = [patch for patch in left.patches if patch not in container.patches]
+    low, high = band.get_bbox().y0, band.get_bbox().y1
+    mean, std = np.mean(untrained), np.std(untrained, ddof=1)
+    assert (low, high) == pytest.approx((mean - std, mean + std))
 
 
 def test_bouncing_trajectories_legend_and_frame_count(tmp_path):

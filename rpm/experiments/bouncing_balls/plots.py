@@ -49,8 +49,9 @@ def plot_comparison(path: str | os.PathLike,
                     results: Mapping[str, Mapping | Sequence[Mapping]]) -> Figure:
     """Held-out R^2 (left) and pixel error (right) of each prior, one colour per prior in both
     panels, with the untrained encoder's value as a black bar-wide line on each bar. With several
-    seeds per prior the bars are the means and the error bars one standard deviation (over
-    seeds) on both the trained and the untrained values.
+    seeds per prior the bars are the means and the error bars one standard deviation over the
+    seeds; the untrained values' standard deviation is a grey band when every prior shares them
+    (the same seeds give the same initial encoder), an error bar beside each line otherwise.
 
     :param path-like path: the PNG to write.
     :param dict results: prior name -> ``{"r2": float, "pixel_error": float, "untrained_r2":
@@ -81,12 +82,18 @@ def plot_comparison(path: str | os.PathLike,
         ax.bar(positions, means, width=0.6, color=[colours[name] for name in names],
                yerr=spreads if max(seeds) > 1 else None, capsize=3,
                error_kw={"elinewidth": 1, "ecolor": "0.2"})
+        # the same untrained encoder for every prior (one seed, one initialisation): its spread
+        # over seeds is one band across the panel rather than an error bar on every bar
+        shared = all(base is not None and base == baseline[0] for base in baseline)
+        if shared and max(seeds) > 1 and baseline[0][1] > 0:
+            mean, std = baseline[0]
+            ax.axhspan(mean - std, mean + std, color="0.55", alpha=0.25, lw=0, zorder=0)
         label_at = []
         for x, value, spread, base in zip(positions, means, spreads, baseline, strict=True):
             top = max(value, 0.0) + spread
             if base is not None:
                 ax.hlines(base[0], x - 0.36, x + 0.36, color="black", lw=2, zorder=4)
-                if max(seeds) > 1 and base[1] > 0:
+                if not shared and max(seeds) > 1 and base[1] > 0:
                     ax.errorbar(x + 0.3, base[0], yerr=base[1], color="black", lw=1, capsize=2)
             label_at.append((top, base))
         span = max(max(top for top, _ in label_at),
@@ -113,7 +120,10 @@ def plot_comparison(path: str | os.PathLike,
             (r2, error), = untrained
             label += f" ($R^2$ {r2:.3f}, error {error:.2f} px)"
         panels[0].plot([], [], color="black", lw=2, label=label)
-        fig.legend(loc="outside lower center", fontsize=8, frameon=False)
+        if max(seeds) > 1:
+            panels[0].fill_between([], [], color="0.55", alpha=0.25, lw=0,
+                                   label="its standard deviation over seeds")
+        fig.legend(loc="outside lower center", fontsize=8, frameon=False, ncols=2)
     if seeds == {1}:
         note = "one seed"
     elif len(seeds) == 1:
@@ -121,7 +131,7 @@ def plot_comparison(path: str | os.PathLike,
     else:
         note = f"mean and standard deviation over {min(seeds)}-{max(seeds)} seeds"
     fig.suptitle(f"Bouncing balls: linear read-out of the 3 ball positions from the 6 encoder "
-                 f"outputs ({note})", fontsize=9)
+                 f"outputs\n({note})", fontsize=9)
     fig.savefig(path, dpi=DPI)
     return fig
 
