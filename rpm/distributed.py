@@ -44,6 +44,7 @@ __all__ = [
     "all_reduce_gradients",
     "barrier",
     "broadcast_buffers",
+    "collective_device",
     "global_rank",
     "global_world_size",
     "is_distributed",
@@ -186,6 +187,14 @@ def barrier(group=None) -> None:
     nothing."""
     if is_distributed(group):
         dist.barrier(group)
+
+
+def collective_device(group=None) -> torch.device:
+    """Where a tensor must live for a collective of the group: the current CUDA device under
+    NCCL, the CPU otherwise (gloo)."""
+    if is_distributed(group) and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def local_slice(size: int, group=None) -> slice:

@@ -498,7 +498,8 @@ class Trainer:
     def _any_rank_signalled(self) -> bool:
         if not rpm_distributed.is_distributed():
             return self._signal_received is not None
-        flag = torch.tensor([0 if self._signal_received is None else self._signal_received])
+        flag = torch.tensor([0 if self._signal_received is None else self._signal_received],
+                            device=rpm_distributed.collective_device())
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
         if flag.item() and self._signal_received is None:
             self._signal_received = int(flag.item())
@@ -509,8 +510,10 @@ class Trainer:
         if values.numel() == 0:
             return
         if self.distributed and rpm_distributed.is_distributed():
-            values = values.clone()  # each rank's share: their sum is the global loss
+            # each rank's share: their sum is the global loss
+            values = values.to(rpm_distributed.collective_device(), copy=True)
             torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.SUM)
+            values = values.cpu()
         self._check_finite(values)
         self._check_optimizer_covers_module()
         self.history["losses"].append([self.step, values.mean().item()])
