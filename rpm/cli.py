@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from types import ModuleType
@@ -108,6 +109,9 @@ def main(
         raise RuntimeError(f"sub-command {args.command!r} did not set func=run in add_parser")
     setattr(args, GIVEN_FLAGS, _given_flags(build_parser(modules), argv))
     prog = f"rpm {args.command}"
+    rank = int(os.environ.get("RANK", "0"))  # set by torchrun
+    if rank:
+        prog = f"{prog} (process {rank})"
     # Imported only now: the trainer brings torch with it.
     from rpm.training.trainer import NonFiniteLossError, TrainingInterrupted
 
@@ -120,9 +124,10 @@ def main(
         print(f"{prog}: {err}", file=sys.stderr)
         return EXIT_FAILURE
     except TrainingInterrupted as err:
-        print(
-            f"{prog}: interrupted at step {err.step}; checkpoint saved to {err.checkpoint_path}; "
-            "rerun with --resume to continue",
-            file=sys.stderr,
-        )
+        if not rank:  # every process of a torchrun stops at the same step: say it once
+            print(
+                f"{prog}: interrupted at step {err.step}; checkpoint saved to "
+                f"{err.checkpoint_path}; rerun with --resume to continue",
+                file=sys.stderr,
+            )
         return 128 + int(err.signal_number)
