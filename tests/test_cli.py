@@ -114,12 +114,12 @@ def test_missing_out_is_an_argparse_error(toy, capsys):
 def test_existing_run_folder_needs_resume_or_overwrite(toy, capsys, tmp_path):
     flags = ["--out", str(tmp_path), "--num-steps", "4", "--no-progress", "--checkpoint-every", "2"]
     assert _toy(toy, capsys, *flags)[0] == 0
-    first = load_checkpoint(tmp_path / "checkpoint.pt")
+    first = load_checkpoint(tmp_path / "toy" / "checkpoint.pt")
     status, err = _toy(toy, capsys, *flags)
     assert status == 2
     assert "already holds a run" in err and "--resume" in err and "--overwrite" in err
     assert _toy(toy, capsys, *flags, "--overwrite", "--seed", "5")[0] == 0
-    second = load_checkpoint(tmp_path / "checkpoint.pt")
+    second = load_checkpoint(tmp_path / "toy" / "checkpoint.pt")
     assert not torch.equal(first["module"]["linear.weight"], second["module"]["linear.weight"])
 
 
@@ -148,8 +148,8 @@ def test_nonfinite_loss_exits_1_naming_step_and_checkpoint(toy, capsys, tmp_path
     )
     assert status == 1
     assert "non-finite loss (nan) at step 7" in err
-    assert f"last good checkpoint is {tmp_path / 'checkpoint.pt'} (step 5)" in err
-    assert load_checkpoint(tmp_path / "checkpoint.pt")["step"] == 5
+    assert f"last good checkpoint is {tmp_path / 'toy' / 'checkpoint.pt'} (step 5)" in err
+    assert load_checkpoint(tmp_path / "toy" / "checkpoint.pt")["step"] == 5
 
 
 def test_module_without_the_interface_is_rejected():

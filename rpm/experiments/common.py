@@ -308,6 +308,11 @@ def prepare_run_dir(out: str | os.PathLike, resume: bool = False, overwrite: boo
                 f"--resume: there is no run to resume in {out} (no {CONFIG_NAME}); start a fresh "
                 "run without --resume (add --overwrite if the folder holds a failed run)"
             )
+        if (out / "checkpoint.pt").is_file():
+            raise ConfigurationError(
+                f"--resume: {out} was written by an older rpm (its checkpoint.pt is not in a "
+                "model's subfolder) and cannot be continued; start afresh with --overwrite"
+            )
         return out
     entries = sorted(e for e in out.iterdir() if e.name != RUN_MARKER) if out.is_dir() else []
     if entries and not overwrite:

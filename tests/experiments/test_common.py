@@ -78,6 +78,9 @@ def test_nonempty_run_dir_needs_a_flag(tmp_path):
         prepare_run_dir(out)
     assert prepare_run_dir(out, resume=True) == out
     assert (out / "config.json").read_bytes() == b"old"
+    (out / "checkpoint.pt").write_bytes(b"old")  # the layout of an older rpm
+    with pytest.raises(ConfigurationError, match="written by an older rpm.*--overwrite"):
+        prepare_run_dir(out, resume=True)
     with pytest.raises(ConfigurationError, match="exclude each other"):
         prepare_run_dir(out, resume=True, overwrite=True)
 

@@ -392,7 +392,7 @@ def toy_reference(tmp_path_factory):
 
     assert main(["toy", "--out", str(out), *TOY_FLAGS], modules=[toy]) == 0
     pyro.clear_param_store()
-    return load_checkpoint(out / "checkpoint.pt")
+    return load_checkpoint(out / "toy" / "checkpoint.pt")
 
 
 def _sigint_default() -> None:
@@ -446,23 +446,23 @@ def test_sigint_and_sigkill_of_real_processes_then_resume_match_uninterrupted_ru
         r"rpm toy: interrupted at step (\d+); checkpoint saved to (.*); rerun with --resume", stderr
     )
     assert match and "Traceback" not in stderr, stderr
-    assert Path(match.group(2)) == tmp_path / "checkpoint.pt"
+    assert Path(match.group(2)) == tmp_path / "toy" / "checkpoint.pt"
     interrupted_at = int(match.group(1))
-    assert load_checkpoint(tmp_path / "checkpoint.pt")["step"] == interrupted_at < 120
+    assert load_checkpoint(tmp_path / "toy" / "checkpoint.pt")["step"] == interrupted_at < 120
 
     process = _start_toy(tmp_path, "--step-delay", "0.02", "--resume")
     _wait_for_checkpoint(process, 40)
     process.send_signal(signal.SIGKILL)
     assert process.wait(timeout=30) == -signal.SIGKILL
-    killed_at = load_checkpoint(tmp_path / "checkpoint.pt")["step"]
+    killed_at = load_checkpoint(tmp_path / "toy" / "checkpoint.pt")["step"]
     assert interrupted_at < killed_at < 120 and killed_at >= 40  # killed midway
 
     toy = _load_toy()
     from rpm.cli import main
 
     assert main(["toy", "--out", str(tmp_path), *TOY_FLAGS, "--resume"], modules=[toy]) == 0
-    _assert_same_run(toy_reference, load_checkpoint(tmp_path / "checkpoint.pt"))
-    saved = json.loads((tmp_path / "history.json").read_text())
+    _assert_same_run(toy_reference, load_checkpoint(tmp_path / "toy" / "checkpoint.pt"))
+    saved = json.loads((tmp_path / "toy" / "history.json").read_text())
     assert _without_wall_time(saved) == _without_wall_time(toy_reference["history"])
 
 

@@ -7,7 +7,7 @@ global torch RNG, the noise from a registered torch.Generator, and each evaluati
 fresh batch from the global RNG as well, so that every RNG state matters for exact resumption.
 
 Usage: ``python tests/inference/toy_experiment.py toy --out DIR [--resume] ...``. The final
-parameters are in ``DIR/checkpoint.pt``; ``--step-delay`` slows the steps down so that a test
+parameters are in ``DIR/toy/checkpoint.pt``; ``--step-delay`` slows the steps down so that a test
 can kill the process midway.
 """
 
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         model,
         optimizer,
         loss_fn,
-        out_dir=out,
+        out_dir=out / "toy",  # the run-folder contract: one subfolder per trained model
         num_steps=args.num_steps,
         scheduler=scheduler,
         eval_fn=eval_fn,
