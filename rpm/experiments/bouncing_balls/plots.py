@@ -69,7 +69,7 @@ def plot_comparison(path: str | os.PathLike,
     seeds = {len(value) for value in runs.values()}
     colours = colours_for(names)
     positions = np.arange(len(names))
-    fig = Figure(figsize=(7.2, 3.0), layout="constrained")
+    fig = Figure(figsize=(max(7.2, 1.6 * len(names) + 1.2), 3.0), layout="constrained")
     panels = fig.subplots(1, 2)
     specs = (("r2", "untrained_r2", r"held-out $R^2$ of the ball positions", "{:.3f}"),
              ("pixel_error", "untrained_pixel_error", "held-out error (pixels)", "{:.2f}"))
