@@ -8,7 +8,8 @@ with the likelihood defined from the recognition joint (Eq. 10):
 
     P(x|z) = \frac{Q(z|x)\, P_\text{true}(x)}{Q(z)},
 
-where :math:`Q(z)` is the minibatch-mixture recognition marginal. :math:`P_\text{true}(x)` is
+where :math:`Q(z)` is the minibatch-mixture recognition marginal (the prior may choose another
+estimate of it, :meth:`~rpm.priors.base.Prior.likelihood_marginals`). :math:`P_\text{true}(x)` is
 constant in every parameter and is left out, so the likelihood enters the model as the factor
 :math:`\log Q(z|x) - \log Q(z)`. The guide is the recognition models themselves,
 :math:`Q(z, z'|x, x') = Q(z|x) Q(z'|x')` (Eq. 14), so Pyro's ``Trace_ELBO`` on ``(model, guide)``
@@ -32,7 +33,6 @@ from rpm.marginals import (
     MixtureMarginal,
     delta_mixture_log_prob,
     gaussian_mixture_log_prob,
-    recognition_components,
 )
 from rpm.models.base import RPMBase, scoped
 from rpm.models.recognition import DeltaRecognition
@@ -52,26 +52,66 @@ def _joint_over_batch(prior) -> bool:
     return isinstance(prior, Prior) and prior.joint_over_batch
 
 
-def _log_likelihood(q: TorchDistribution, z: torch.Tensor) -> torch.Tensor:
-    r"""The likelihood factor :math:`\log Q(z|x) - \log Q(z)` of Eq. 10 (without
-    :math:`\log P_\text{true}(x)`), shape of ``q.log_prob(z)``.
+def _likelihood_marginals(
+    prior, q: TorchDistribution, q2: TorchDistribution
+) -> tuple[MixtureMarginal, MixtureMarginal]:
+    """The prior's :meth:`~rpm.priors.base.Prior.likelihood_marginals` (each view's own
+    :class:`~rpm.marginals.MixtureMarginal` for a plain callable), checked."""
+    if not isinstance(prior, Prior):
+        return MixtureMarginal(q), MixtureMarginal(q2)
+    marginals = prior.likelihood_marginals(q, q2)
+    if not (isinstance(marginals, tuple) and len(marginals) == 2
+            and all(isinstance(m, MixtureMarginal) for m in marginals)):
+        raise TypeError(
+            f"{type(prior).__name__}.likelihood_marginals(q, q2) must return a pair of "
+            f"rpm.MixtureMarginal (the marginals of the likelihood factors 'x' and 'x2'), got "
+            f"{_kinds(marginals)}"
+        )
+    for name, marginal, view in (("first", marginals[0], q), ("second", marginals[1], q2)):
+        if marginal.batch_shape != view.batch_shape or marginal.event_shape != view.event_shape:
+            raise ValueError(
+                f"{type(prior).__name__}.likelihood_marginals returned for the {name} view a "
+                f"marginal of batch_shape {tuple(marginal.batch_shape)} and event_shape "
+                f"{tuple(marginal.event_shape)}; it must match the view's recognition, "
+                f"{tuple(view.batch_shape)} and {tuple(view.event_shape)} (expand it)"
+            )
+    return marginals
 
-    For Delta recognition a latent off the atoms has :math:`\log Q(z|x) = \log Q(z) = -\infty`
-    (its own prior site is :math:`-\infty` too): the factor is :math:`-\infty` there, not
-    :math:`-\infty - (-\infty)` = NaN."""
+
+def _kinds(value) -> str:
+    """The type of ``value``, or of each item of a tuple or list, for an error message."""
+    if isinstance(value, (tuple, list)):
+        return f"{type(value).__name__} of " + ", ".join(type(v).__name__ for v in value)
+    return type(value).__name__
+
+
+def _log_likelihood(q: TorchDistribution, marginal: MixtureMarginal, z: torch.Tensor) -> torch.Tensor:
+    r"""The likelihood factor :math:`\log Q(z|x) - \log Q_v(z)` of Eq. 10 (without
+    :math:`\log P_\text{true}(x)`), shape of ``q.log_prob(z)``; :math:`Q_v` is the view's
+    likelihood marginal (:meth:`~rpm.priors.base.Prior.likelihood_marginals`).
+
+    For Delta recognition a latent off the view's atoms has :math:`\log Q(z|x) = -\infty`
+    (and :math:`\log Q_v(z)` may be :math:`-\infty` too; its own prior site is
+    :math:`-\infty`): the factor is :math:`-\infty` there, not :math:`-\infty - (-\infty)` =
+    NaN."""
     log_q = q.log_prob(z)
-    ratio = log_q - MixtureMarginal(q).log_prob(z)
+    ratio = log_q - marginal.log_prob(z)
     return torch.where(torch.isneginf(log_q), log_q, ratio)
 
 
 def _marginal_log_prob(
-    q: TorchDistribution, z: torch.Tensor, global_batch: bool, block_size: int | None
+    marginal: MixtureMarginal, z: torch.Tensor, global_batch: bool, block_size: int | None
 ) -> torch.Tensor:
-    """log Q(z_i) under the mixture of q's components (Eq. 11), gathered from every rank if
-    asked; shape (N,)."""
+    """log Q_v(z_i) under the mixture ``marginal`` (Eq. 11), its components gathered from every
+    rank if asked; shape (N,)."""
     if not global_batch and block_size is None:
-        return MixtureMarginal(q).log_prob(z)
-    loc, scale = recognition_components(q)  # (N, D), (N, D) or None
+        return marginal.log_prob(z)
+    if marginal.exclude_self:
+        raise ValueError(
+            "a likelihood marginal with exclude_self cannot be evaluated over a global batch or "
+            "in blocks; return a MixtureMarginal without exclude_self from likelihood_marginals"
+        )
+    loc, scale = marginal.loc, marginal.scale  # (K, D), (K, D) or None
     if global_batch:
         if scale is None:
             loc = all_gather_with_grad(loc)
@@ -93,13 +133,14 @@ class RPM(RPMBase):
 
     ``model(x, x2)`` declares the prior's sample sites ``"z"`` and ``"z2"`` and, inside
     ``pyro.plate("pairs", N)``, the likelihood factors ``"x"`` and ``"x2"`` with log-densities
-    :math:`\log Q(z|x) - \log Q(z)` and :math:`\log Q(z'|x') - \log Q(z')` (Eq. 10).
-    ``guide(x, x2)`` samples ``"z" ~ Q(z|x)`` and ``"z2" ~ Q(z'|x')``. The prior's sites are
-    per pair (inside the plate, batch_shape (N,)) unless the prior couples the pairs
-    (:attr:`~rpm.priors.base.Prior.joint_over_batch`, the implicit prior): then ``"z"`` and
-    ``"z2"`` are whole-batch events of shape (N, D) in model and guide alike. Either way
-    Pyro's ``Trace_ELBO``, ``TraceGraph_ELBO``, ``JitTrace_ELBO``, vectorised particles and
-    ``Predictive`` see honest shapes.
+    :math:`\log Q(z|x) - \log Q(z)` and :math:`\log Q(z'|x') - \log Q(z')` (Eq. 10), Q being the
+    marginals the prior names (:meth:`~rpm.priors.base.Prior.likelihood_marginals`; by default
+    each view's own minibatch mixture). ``guide(x, x2)`` samples ``"z" ~ Q(z|x)`` and
+    ``"z2" ~ Q(z'|x')``. The prior's sites are per pair (inside the plate, batch_shape (N,))
+    unless the prior couples the pairs (:attr:`~rpm.priors.base.Prior.joint_over_batch`, the
+    implicit prior): then ``"z"`` and ``"z2"`` are whole-batch events of shape (N, D) in model
+    and guide alike. Either way Pyro's ``Trace_ELBO``, ``TraceGraph_ELBO``, ``JitTrace_ELBO``,
+    vectorised particles and ``Predictive`` see honest shapes.
 
     Its parameters are its own (:class:`~rpm.models.base.RPMBase`): two RPMs, or two RPMs
     sharing one recognition model, train side by side under ``SVI`` or a ``torch.optim`` loop
@@ -230,9 +271,10 @@ class RPM(RPMBase):
             with pairs:
                 z, z2 = self.sample_prior(q, q2)
             rows, rows2 = z, z2
+        marginal, marginal2 = _likelihood_marginals(self.prior, q, q2)
         with pairs:
-            pyro.factor("x", _log_likelihood(q, rows))
-            pyro.factor("x2", _log_likelihood(q2, rows2))
+            pyro.factor("x", _log_likelihood(q, marginal, rows))
+            pyro.factor("x2", _log_likelihood(q2, marginal2, rows2))
         return z, z2
 
     @scoped
@@ -261,7 +303,9 @@ class RPM(RPMBase):
 
         The prior's own :meth:`~rpm.priors.base.Prior.log_ratio` (analytic cancellations) when
         it returns one; otherwise the prior traced with ``"z"``, ``"z2"`` conditioned on the
-        given values, minus the minibatch-mixture marginals (Eq. 11).
+        given values, minus the marginals of the likelihood factors
+        (:meth:`~rpm.priors.base.Prior.likelihood_marginals`; by default each view's own
+        minibatch mixture, Eq. 11).
 
         :param torch.Tensor z: first-view latents, shape (N, D).
         :param torch.Tensor z2: second-view latents, shape (N, D).
@@ -289,8 +333,9 @@ class RPM(RPMBase):
         log_prior = sum(
             site["log_prob"].sum() for site in trace.nodes.values() if site["type"] == "sample"
         )
-        log_marginals = (_marginal_log_prob(q, z, global_batch, block_size).sum()
-                         + _marginal_log_prob(q2, z2, global_batch, block_size).sum())
+        marginal, marginal2 = _likelihood_marginals(self.prior, q, q2)
+        log_marginals = (_marginal_log_prob(marginal, z, global_batch, block_size).sum()
+                         + _marginal_log_prob(marginal2, z2, global_batch, block_size).sum())
         return log_prior - log_marginals
 
     @scoped

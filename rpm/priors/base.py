@@ -16,7 +16,9 @@ with Q the minibatch-mixture recognition marginal. A prior must declare the samp
 ``"z"`` and ``"z2"`` (:meth:`Prior.forward`); the ELBO then traces it and subtracts the mixture
 marginals. A prior whose log-density cancels against the marginals analytically (the implicit
 prior, Eq. 23-25) also returns the per-pair remainder from :meth:`Prior.log_ratio`, which the
-ELBO then uses instead of tracing.
+ELBO then uses instead of tracing. The marginals that the likelihood :math:`P(x|z) = Q(z|x)
+P_\text{true}(x) / Q(z)` (Eq. 10) divides by are the prior's to choose
+(:meth:`Prior.likelihood_marginals`): by default each view's own mixture.
 
 **Energy** :math:`f(z, z')` of the implicit prior :math:`P(z'|z) = Q(z') e^{f(z, z')} / Z(z)`
 (Eq. 21-22). It returns the whole matrix :math:`F_{ij} = f(z_i, z'_j)`; its diagonal
@@ -30,6 +32,7 @@ from __future__ import annotations
 import torch
 from pyro.distributions import TorchDistribution
 
+from rpm.marginals import MixtureMarginal
 from rpm.nn import ScopedModule
 
 __all__ = ["Energy", "Prior", "positive_hyperparameter"]
@@ -78,6 +81,8 @@ class Prior(ScopedModule):
     :attr:`dim`                     ``None``: any latent dimension
     :attr:`joint_over_batch`        ``False``: the sites are per pair, declared inside the
                                     model's plate over the pairs
+    :meth:`likelihood_marginals`    each view's own minibatch mixture, ``MixtureMarginal(q)``
+                                    and ``MixtureMarginal(q2)``
     ==============================  =========================================================
 
     A plain callable ``prior(q, q2)`` (not a :class:`Prior`) is accepted by :class:`~rpm.RPM`
@@ -146,6 +151,32 @@ class Prior(ScopedModule):
         :return: shape (N,), or None.
         """
         return None
+
+    def likelihood_marginals(
+        self, q: TorchDistribution, q2: TorchDistribution
+    ) -> tuple[MixtureMarginal, MixtureMarginal]:
+        r"""The recognition marginals :math:`(Q_1, Q_2)` that the likelihood factors divide by.
+
+        .. math::
+
+            P(x_i|z_i) = \frac{Q(z_i|x_i)\, P_\text{true}(x_i)}{Q_1(z_i)}, \qquad
+            P(x'_i|z'_i) = \frac{Q(z'_i|x'_i)\, P_\text{true}(x'_i)}{Q_2(z'_i)}
+
+        (Eq. 10 of Aitchison & Ganev): the :class:`~rpm.RPM`'s factors ``"x"`` and ``"x2"`` are
+        :math:`\log Q(z_i|x_i) - \log Q_1(z_i)` and :math:`\log Q(z'_i|x'_i) - \log Q_2(z'_i)`,
+        and the traced ELBO (when :meth:`log_ratio` returns None) subtracts
+        :math:`\log Q_1(z_i) + \log Q_2(z'_i)`. The default is each view's own minibatch mixture,
+        :math:`Q_1 = \frac1N \sum_n Q(z|x_n)` and :math:`Q_2 = \frac1N \sum_n Q(z'|x'_n)`
+        (Eq. 11). A prior built on another estimate of the recognition marginal returns that one
+        (the pooled prior of NT-Xent: the mixture over both views, for both).
+
+        :param q: first-view recognition distributions, batch_shape (N,), event_shape (D,).
+        :param q2: second-view recognition distributions, likewise.
+        :return: two :class:`~rpm.marginals.MixtureMarginal` with batch_shape (N,) and
+            event_shape (D,), whose log-densities at the N latents of a view are that view's
+            :math:`\log Q_v(z_i)`.
+        """
+        return MixtureMarginal(q), MixtureMarginal(q2)
 
 
 class Energy(ScopedModule):

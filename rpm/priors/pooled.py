@@ -250,15 +250,6 @@ def _over_leading_dims(fn, *values: torch.Tensor) -> torch.Tensor:
     return results.reshape(lead + results.shape[1:])
 
 
-def _likelihood_correction(mixture: MixtureMarginal, pool: MixtureMarginal,
-                           z: torch.Tensor) -> torch.Tensor:
-    r""":math:`\sum_i \log Q(z_i) - \log Q_\text{pool}(z_i)` over the rows of z (..., N, D); a
-    row off the view's atoms gives :math:`-\infty` (not NaN: its likelihood is :math:`-\infty`)."""
-    log_view = mixture.log_prob(z)                                            # (..., N)
-    ratio = log_view - pool.log_prob(z)
-    return torch.where(torch.isneginf(log_view), log_view, ratio).sum(-1)
-
-
 class PooledImplicitConditional(TorchDistribution):
     r"""One direction's conditional of the pooled implicit prior, one event over the batch:
     :math:`P(v_{1:N} | a_{1:N}) = \prod_i Q_\text{pool}(v_i)\, e^{f(a_i, v_i)} / \hat Z(a_i)`,
@@ -378,11 +369,9 @@ class PooledImplicitPrior(Prior):
     :math:`Q_\text{pool}` (:func:`pooled_marginal`) and the factors ``"z_to_z2"`` and
     ``"z2_to_z"`` (each direction's tilt summed over the pairs, weight 1/2); with
     ``"forward"`` (view 1 -> 2), ``z`` from :math:`Q_\text{pool}` and ``z2 ~``
-    :class:`PooledImplicitConditional` given z; with ``"backward"`` the reverse. It also adds
-    the factor ``"pooled_likelihood"``, :math:`\sum_i \log Q(z_i) - \log Q_\text{pool}(z_i) +
-    \log Q(z'_i) - \log Q_\text{pool}(z'_i)`, which turns the RPM's likelihood factors ``"x"``,
-    ``"x2"`` (divided by each view's own marginal) into the pooled RPM's (divided by
-    :math:`Q_\text{pool}`, Eq. 10). :meth:`log_ratio` gives the
+    :class:`PooledImplicitConditional` given z; with ``"backward"`` the reverse. The RPM's
+    likelihood factors ``"x"``, ``"x2"`` divide by :math:`Q_\text{pool}` (Eq. 10,
+    :meth:`likelihood_marginals`). :meth:`log_ratio` gives the
     ELBO's per-pair terms after the analytic cancellation, so :class:`~rpm.RPMELBO` never
     evaluates a mixture.
 
@@ -438,9 +427,20 @@ class PooledImplicitPrior(Prior):
                 z, z2)                                                        # (..., 2)
             pyro.factor("z_to_z2", 0.5 * tilts[..., 0])
             pyro.factor("z2_to_z", 0.5 * tilts[..., 1])
-        pyro.factor("pooled_likelihood", _likelihood_correction(MixtureMarginal(q), pool, z)
-                    + _likelihood_correction(MixtureMarginal(q2), pool, z2))
         return z, z2
+
+    def likelihood_marginals(
+        self, q: TorchDistribution, q2: TorchDistribution
+    ) -> tuple[MixtureMarginal, MixtureMarginal]:
+        r"""Both views' likelihoods divide by the pooled marginal (Eq. 10 with
+        :math:`Q_\text{pool}`): the factors ``"x"`` and ``"x2"`` of the :class:`~rpm.RPM` are
+        :math:`\log Q(z_i|x_i) - \log Q_\text{pool}(z_i)` and
+        :math:`\log Q(z'_i|x'_i) - \log Q_\text{pool}(z'_i)`.
+
+        :return: ``(pool, pool)``, :func:`pooled_marginal` of (q, q2).
+        """
+        pool = pooled_marginal(q, q2)
+        return pool, pool
 
     def log_ratio(
         self, z: torch.Tensor, z2: torch.Tensor, q=None, q2=None,

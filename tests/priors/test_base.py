@@ -51,6 +51,14 @@ def test_prior_defaults():
     assert prior.log_ratio(z, z, None, None) is None
     with pytest.raises(NotImplementedError, match="forward"):
         prior(None, None)
+    q = pyro.distributions.Normal(torch.randn(4, D), 1.0).to_event(1)
+    q2 = pyro.distributions.Delta(torch.randn(4, D), event_dim=1)
+    marginal, marginal2 = prior.likelihood_marginals(q, q2)
+    value = torch.randn(4, D)
+    torch.testing.assert_close(
+        marginal.log_prob(value),
+        torch.stack([torch.logsumexp(q.log_prob(v), 0) - math.log(4) for v in value]))
+    assert marginal2.is_discrete and torch.equal(marginal2.loc, q2.v)
 
 
 def test_energy_defaults(latents):
@@ -141,6 +149,51 @@ def test_a_prior_that_accepts_delta_recognition_is_allowed():
     rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(4, D)), Tied())
     with pytest.raises(ValueError, match="noise_scale"):
         rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(4, D)), Density())
+
+
+class _Independent(Prior):
+    """z ~ N(0, I), z2 ~ N(z, 0.5^2 I) per pair, with the likelihood marginals swapped
+    (view 1's likelihood divides by the second view's mixture and vice versa)."""
+
+    def forward(self, q, q2):
+        z = pyro.sample("z", pyro.distributions.Normal(torch.zeros(D), 1.0).to_event(1))
+        z2 = pyro.sample("z2", pyro.distributions.Normal(z, 0.5).to_event(1))
+        return z, z2
+
+    def likelihood_marginals(self, q, q2):
+        first, second = super().likelihood_marginals(q, q2)
+        return second, first
+
+
+def test_the_likelihood_factors_and_the_traced_elbo_use_the_likelihood_marginals():
+    """The factor "x" is log Q(z_i|x_i) - log (1/N) sum_n Q(z_i|x'_n) (a loop), and RPMELBO's
+    traced route (no analytic log-ratio) subtracts the same marginals as Trace_ELBO sees."""
+    torch.set_default_dtype(torch.float64)
+    model = rpm.RPM(rpm.GaussianRecognition(_Head()), _Independent())
+    x, x2 = torch.randn(N, 4), torch.randn(N, 4)
+    trace = pyro.poutine.trace(model.model).get_trace(x, x2)
+    trace.compute_log_prob()
+    q, q2 = model.recognise(x, x2)
+    z = trace.nodes["z"]["value"]
+    expected = torch.stack([q.log_prob(z)[i] - torch.logsumexp(q2.log_prob(z[i]), 0) + math.log(N)
+                            for i in range(N)])
+    torch.testing.assert_close(trace.nodes["x"]["log_prob"], expected, rtol=1e-12, atol=1e-12)
+    for block_size in (None, 4):
+        pyro.set_rng_seed(0)
+        traced = rpm.RPMELBO(block_size=block_size).loss(model.model, model.guide, x, x2)
+        pyro.set_rng_seed(0)
+        reference = Trace_ELBO().loss(model.model, model.guide, x, x2)
+        assert traced == pytest.approx(reference, rel=1e-12)
+
+
+def test_likelihood_marginals_of_the_wrong_kind_are_refused():
+    class Wrong(_Independent):
+        def likelihood_marginals(self, q, q2):
+            return q, q2
+
+    model = rpm.RPM(rpm.GaussianRecognition(_Head()), Wrong())
+    with pytest.raises(TypeError, match="pair of rpm.MixtureMarginal"):
+        model.model(torch.randn(N, 4), torch.randn(N, 4))
 
 
 def test_prior_dimension_hook_is_checked():

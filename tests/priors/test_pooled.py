@@ -175,10 +175,11 @@ def test_model_sites_are_whole_batch_events(batch):
         fn = trace.nodes[name]["fn"]
         assert fn.batch_shape == () and fn.event_shape == (N, D)
         assert isinstance(fn.base_dist, MixtureMarginal) and fn.base_dist.loc.shape == (2 * N, D)
-    for name in ("z_to_z2", "z2_to_z", "pooled_likelihood"):
+    for name in ("z_to_z2", "z2_to_z"):
         assert trace.nodes[name]["is_observed"] and trace.nodes[name]["fn"].batch_shape == ()
     for name in ("x", "x2"):
         assert trace.nodes[name]["fn"].batch_shape == (N,)
+    assert set(trace.observation_nodes) == {"z_to_z2", "z2_to_z", "x", "x2"}
     forward = rpm.RPM(model.recognition, PooledImplicitPrior(RBFEnergy(), direction="forward"))
     trace = poutine.trace(forward.model).get_trace(*batch)
     assert isinstance(trace.nodes["z2"]["fn"], PooledImplicitConditional)
@@ -187,6 +188,56 @@ def test_model_sites_are_whole_batch_events(batch):
     backward = rpm.RPM(model.recognition, PooledImplicitPrior(RBFEnergy(), direction="backward"))
     trace = poutine.trace(backward.model).get_trace(*batch)
     assert isinstance(trace.nodes["z"]["fn"], PooledImplicitConditional)
+
+
+def test_likelihood_factors_divide_by_the_pooled_marginal(batch):
+    """"x" and "x2" are log Q(z_i|x_i) - log Q_pool(z_i), Q_pool written as a loop over the 2N
+    recognition densities of both views."""
+    model = rpm.RPM(RECOGNITION["gaussian"](), PooledImplicitPrior(RBFEnergy()))
+    trace = poutine.trace(model.model).get_trace(*batch)
+    trace.compute_log_prob()
+    q, q2 = model.recognise(*batch)
+    components = [q.log_prob, q2.log_prob]
+    for name, view, site in (("x", q, "z"), ("x2", q2, "z2")):
+        z = trace.nodes[site]["value"]
+        expected = torch.stack([
+            view.log_prob(z)[i]
+            - (torch.logsumexp(torch.cat([c(z[i]) for c in components]), 0) - math.log(2 * N))
+            for i in range(N)])
+        torch.testing.assert_close(trace.nodes[name]["log_prob"], expected, rtol=1e-12, atol=1e-12)
+
+
+class TracedPooledPrior(PooledImplicitPrior):
+    """The pooled prior without its analytic log-ratio: RPMELBO traces it and subtracts the
+    marginals its likelihood_marginals hook names."""
+
+    def log_ratio(self, z, z2, q=None, q2=None, negatives=None, block_size=None):
+        return None
+
+
+@pytest.mark.parametrize("block_size", [None, 3])
+@pytest.mark.parametrize("recognition", sorted(RECOGNITION))
+def test_traced_elbo_subtracts_the_likelihood_marginals(recognition, block_size, batch):
+    encoder = RECOGNITION[recognition]()
+    traced = rpm.RPM(encoder, TracedPooledPrior(BilinearEnergy(D, init_scale=0.7)))
+    analytic = rpm.RPM(encoder, PooledImplicitPrior(traced.prior.energy))
+    pyro.set_rng_seed(3)
+    trace_loss = Trace_ELBO().differentiable_loss(traced.model, traced.guide, *batch)
+    pyro.set_rng_seed(3)
+    traced_loss = rpm.RPMELBO(block_size=block_size).differentiable_loss(
+        traced.model, traced.guide, *batch)
+    pyro.set_rng_seed(3)
+    analytic_loss = rpm.RPMELBO().differentiable_loss(analytic.model, analytic.guide, *batch)
+    for loss in (traced_loss, analytic_loss):
+        assert abs(loss.item() - trace_loss.item()) < 1e-10 * (1 + abs(trace_loss.item()))
+    params = list(traced.parameters())
+    for a, b in zip(torch.autograd.grad(trace_loss, params),
+                    torch.autograd.grad(traced_loss, params), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+    if recognition == "delta":
+        z, z2 = encode(traced, batch)
+        expected = nt_xent_loop(traced.prior.energy, z, z2) - math.log(2 * N - 1)
+        assert abs(traced_loss.item() / N - expected) < 1e-10
 
 
 def test_pooled_marginal_is_the_mixture_of_both_views(batch):
