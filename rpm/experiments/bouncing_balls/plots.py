@@ -198,8 +198,8 @@ def plot_feature_maps(
     the frame, then its K maps), on one colour scale with a colour bar; a cross marks each map's
     centre of mass, the encoder's output.
 
-    The maps are not zero away from their ball, so the centre of mass sits between the ball and
-    the middle of the frame: the encoder's outputs are an affine, shrunk copy of the positions,
+    Where a map is not zero away from its ball, the centre of mass sits between the ball and the
+    middle of the frame: the encoder's outputs are then an affine, shrunk copy of the positions,
     which the linear decoder of the evaluation maps back. The figure's caption says so.
 
     :param path-like path: the PNG to write.
@@ -245,8 +245,8 @@ def plot_feature_maps(
         fig.colorbar(image, ax=axes, shrink=0.8, label="map value", pad=0.01)
     fig.suptitle("Learned feature maps on held-out frames; + marks each map's centre of mass "
                  "(the encoder's output)", fontsize=9)
-    fig.text(0.01, 0.005, "The maps are not zero away from their ball, so each centre of mass "
-             "lies between its ball and the middle of the frame:\nthe 6 outputs are an affine, "
+    fig.text(0.01, 0.005, "Where a map is not zero away from its ball, its centre of mass lies "
+             "between the ball and the middle of the frame:\nthe 6 outputs are then an affine, "
              "shrunk copy of the ball positions, which the linear decoder of the evaluation "
              "maps back.", fontsize=7, ha="left", va="bottom")
     fig.get_layout_engine().set(rect=(0, 0.06, 1, 0.94))
