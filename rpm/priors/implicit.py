@@ -39,6 +39,7 @@ from rpm.priors.base import Energy, Prior
 __all__ = [
     "ImplicitConditional",
     "ImplicitPrior",
+    "TiltedConditional",
     "energy_log_normalizer",
     "energy_logit_factors",
     "energy_paired",
@@ -143,96 +144,167 @@ def _streamed_log_normalizer(factors: tuple, block_size: int | None) -> torch.Te
     return lse if row_offset is None else lse + row_offset
 
 
-class ImplicitConditional(TorchDistribution):
-    r"""The conditional :math:`P(z'_{1:N}|z_{1:N}) \propto \prod_i Q(z'_i) e^{f(z_i, z'_i)} /
-    \hat Z(z_i)` of the implicit prior, one event over the whole batch.
+def _over_leading_dims(fn, *values: torch.Tensor) -> torch.Tensor:
+    """``fn`` applied to each (N, D) batch of the broadcast leading dimensions of ``values``
+    (e.g. a plate of particles); results stacked, shape leading + fn's result shape."""
+    lead = torch.broadcast_shapes(*(value.shape[:-2] for value in values))
+    flat = [value.expand(lead + value.shape[-2:]).reshape((-1,) + value.shape[-2:])
+            for value in values]
+    results = torch.stack([fn(*batch) for batch in zip(*flat, strict=True)])
+    return results.reshape(lead + results.shape[1:])
 
-    The normaliser of pair i is estimated, as InfoNCE does, over the batch's own second-view
-    latents, :math:`\hat Z(z_i) = \frac1N \sum_j e^{f(z_i, z'_j)}`
-    (``docs/theory.md#pyro-model-and-guide``), so every row's density depends on every other
-    row: the rows are not independent, and the distribution is one event of shape (N, D)
-    (batch_shape () for one batch, or the leading dimensions of ``z``, e.g. a plate of
-    particles). Its log-density at a batch :math:`z'_{1:N}` is
+
+class TiltedConditional(TorchDistribution):
+    r"""Base of the implicit priors' conditionals: partners :math:`v_{1:N}` given anchors
+    :math:`a_{1:N}`, each partner drawn from a recognition mixture M tilted by the energy, one
+    event over the whole batch.
 
     .. math::
 
-        \sum_i \Big[\log Q(z'_i) + f(z_i, z'_i) - \log \frac1N \sum_j e^{f(z_i, z'_j)}\Big].
+        \log P(v_{1:N} | a_{1:N}) = \sum_i \big[\log M(v_i) + r_i\big], \qquad
+        r_i = f(a_i, v_i) - \log \hat Z(a_i),
 
-    Support: the atoms of the second view's Delta recognition (discrete,
-    :class:`~rpm.marginals.mixture_marginal.Atoms`) or :math:`\mathbb{R}^{N \times D}` for
-    Gaussian recognition; off the atoms the log-density is :math:`-\infty`. ``sample`` draws N
-    candidates from Q(z') and, for each i, picks candidate j with probability
-    :math:`\operatorname{softmax}_j f(z_i, c_j)` (self-normalised importance sampling of the
-    tilted marginal).
+    where the normaliser :math:`\hat Z(a_i)` is estimated over latents of the batch (Eq. 21-22
+    and 23-25 of Aitchison & Ganev), so every row's density depends on every other row: the
+    distribution is one event of shape (N, D), batch_shape the leading dimensions of the
+    anchors (e.g. a plate of particles), and ``expand`` gives any other. A subclass says which
+    latents the normaliser runs over (:meth:`tilt`) and which candidates the sampler picks from
+    (:meth:`candidates`).
 
-    :param torch.Tensor z: first-view latents, shape (..., N, D).
-    :param q2: second-view recognition distributions, batch_shape (N,), event_shape (D,).
-    :param Energy energy: the energy f.
+    Support: the atoms of M for Delta recognition (discrete,
+    :class:`~rpm.marginals.mixture_marginal.Atoms`, off which the log-density is
+    :math:`-\infty`) or :math:`\mathbb{R}^{N \times D}`. ``sample`` draws the candidates
+    :math:`c_{1:C}` and, for each i, picks :math:`c_j` with probability
+    :math:`\operatorname{softmax}_j f(a_i, c_j)` (self-normalised importance sampling of the
+    tilted mixture).
+
+    :param torch.Tensor anchor: the anchors :math:`a_{1:N}`, shape (..., N, D).
+    :param ~rpm.marginals.MixtureMarginal marginal: M, a mixture of recognition distributions.
+    :param energy: the energy f, called with the anchors as first argument.
+    :param int num_pairs: N.
     """
 
     arg_constraints: dict = {}
     has_rsample = False
 
-    def __init__(self, z: torch.Tensor, q2: TorchDistribution, energy: Energy,
-                 validate_args=None):
-        self.q2 = q2
-        self.energy = energy
-        self.marginal = MixtureMarginal(q2)
-        event_shape = self.marginal.batch_shape + self.marginal.event_shape  # (N, D)
-        if not isinstance(z, torch.Tensor) or z.dim() < 2 or z.shape[-2:] != event_shape:
-            shape = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
+    def __init__(self, anchor: torch.Tensor, marginal: MixtureMarginal, energy: Energy,
+                 num_pairs: int, validate_args=None):
+        event_shape = torch.Size([num_pairs, marginal.event_shape[0]])            # (N, D)
+        if not isinstance(anchor, torch.Tensor) or anchor.dim() < 2 or anchor.shape[-2:] != event_shape:
+            shape = tuple(anchor.shape) if isinstance(anchor, torch.Tensor) else type(anchor).__name__
             raise ValueError(
-                f"the implicit conditional of a batch of {event_shape[0]} pairs takes first-view "
-                f"latents z of shape (..., {event_shape[0]}, {event_shape[1]}), got {shape}"
+                f"{type(self).__name__} of a batch of {num_pairs} pairs takes anchors (the "
+                f"conditioning view's latents) of shape (..., {num_pairs}, {event_shape[1]}), "
+                f"got {shape}"
             )
-        self.z = z
-        super().__init__(z.shape[:-2], event_shape, validate_args=validate_args)
+        self.anchor = anchor
+        self.marginal = marginal
+        self.energy = energy
+        super().__init__(anchor.shape[:-2], event_shape, validate_args=validate_args)
 
     @property
     def support(self) -> constraints.Constraint:
-        """The second view's atoms (event_dim 2, discrete) or real (N, D) matrices."""
+        """The atoms of M (event_dim 2, discrete) or real (N, D) matrices."""
         if self.marginal.is_discrete:
             return Atoms(self.marginal.loc, event_dim=2)
         return constraints.independent(constraints.real, 2)
 
     def expand(self, batch_shape, _instance=None):
         batch_shape = torch.Size(batch_shape)
-        new = self._get_checked_instance(ImplicitConditional, _instance)
-        new.q2, new.energy, new.marginal = self.q2, self.energy, self.marginal
-        new.z = self.z.expand(batch_shape + self.event_shape)
-        super(ImplicitConditional, new).__init__(batch_shape, self.event_shape,
-                                                 validate_args=False)
+        new = self._get_checked_instance(type(self), _instance)
+        new.__dict__.update(self.__dict__)            # the subclass's arguments, shared
+        new.anchor = self.anchor.expand(batch_shape + self.event_shape)
+        TorchDistribution.__init__(new, batch_shape, self.event_shape, validate_args=False)
         new._validate_args = self._validate_args
         return new
+
+    def tilt(self, anchor: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        r"""The per-pair tilts :math:`r_i = f(a_i, v_i) - \log \hat Z(a_i)` of one batch.
+
+        :param torch.Tensor anchor: shape (N, D).
+        :param torch.Tensor value: the partners, shape (N, D).
+        :return: shape (N,).
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement tilt(anchor, value)")
+
+    def candidates(self) -> torch.Tensor:
+        """The candidates of one batch's draw, shape (C, D), drawn from M."""
+        raise NotImplementedError(f"{type(self).__name__} must implement candidates()")
+
+    def log_tilt(self, value: torch.Tensor) -> torch.Tensor:
+        r""":math:`\sum_i r_i`, the log-density without the mixture terms :math:`\log M(v_i)`,
+        shape: the broadcast leading dimensions of the anchors and ``value`` (..., N, D)."""
+        return _over_leading_dims(lambda a, v: self.tilt(a, v).sum(), self.anchor, value)
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         if self._validate_args:
             if value.dim() < 2 or value.shape[-2:] != self.event_shape:
                 raise ValueError(
-                    "the implicit conditional is evaluated at a whole batch of second-view "
-                    f"latents, shape (..., {self.event_shape[0]}, {self.event_shape[1]}); got "
+                    f"{type(self).__name__} is evaluated at a whole batch of partners, shape "
+                    f"(..., {self.event_shape[0]}, {self.event_shape[1]}); got "
                     f"{tuple(value.shape)}"
                 )
             self._validate_sample(value)
-        batch_shape = torch.broadcast_shapes(value.shape[:-2], self.batch_shape)
-        values = value.expand(batch_shape + self.event_shape).reshape((-1,) + self.event_shape)
-        firsts = self.z.expand(batch_shape + self.event_shape).reshape((-1,) + self.event_shape)
-        totals = [
-            (self.marginal.log_prob(v) + implicit_log_ratio(self.energy(z, v))).sum()
-            for z, v in zip(firsts, values, strict=True)
-        ]  # one (N, N) energy matrix per batch element
-        return torch.stack(totals).reshape(batch_shape)
+        return _over_leading_dims(
+            lambda a, v: (self.marginal.log_prob(v) + self.tilt(a, v)).sum(), self.anchor, value)
 
     def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
-        shape = self._extended_shape(sample_shape)  # sample_shape + batch_shape + (N, D)
-        firsts = self.z.expand(shape).reshape((-1,) + self.event_shape)
+        shape = self._extended_shape(sample_shape)     # sample_shape + batch_shape + (N, D)
+        anchors = self.anchor.expand(shape).reshape((-1,) + self.event_shape)
         with torch.no_grad():
             draws = []
-            for z in firsts:
-                candidates = self.q2.sample()  # (N, D)
-                index = Categorical(logits=self.energy(z, candidates)).sample()  # (N,)
+            for anchor in anchors:
+                candidates = self.candidates()                                # (C, D)
+                index = Categorical(logits=self.energy(anchor, candidates)).sample()  # (N,)
                 draws.append(candidates[index])
             return torch.stack(draws).reshape(shape)
+
+
+class ImplicitConditional(TiltedConditional):
+    r"""The conditional :math:`P(z'_{1:N}|z_{1:N}) \propto \prod_i Q(z'_i) e^{f(z_i, z'_i)} /
+    \hat Z(z_i)` of the implicit prior, one event over the whole batch
+    (:class:`TiltedConditional`).
+
+    The normaliser of pair i is estimated, as InfoNCE does, over the batch's own second-view
+    latents, :math:`\hat Z(z_i) = \frac1N \sum_j e^{f(z_i, z'_j)}`
+    (``docs/theory.md#pyro-model-and-guide``), so every row's density depends on every other
+    row: the distribution is one event of shape (N, D) (batch_shape () for one batch, or the
+    leading dimensions of ``z``, e.g. a plate of particles). Its log-density at a batch
+    :math:`z'_{1:N}` is
+
+    .. math::
+
+        \sum_i \Big[\log Q(z'_i) + f(z_i, z'_i) - \log \frac1N \sum_j e^{f(z_i, z'_j)}\Big].
+
+    Support: the atoms of the second view's Delta recognition (discrete) or
+    :math:`\mathbb{R}^{N \times D}` for Gaussian recognition; off the atoms the log-density is
+    :math:`-\infty`. ``sample`` draws one candidate from each of the N recognition
+    distributions of the second view, Q(z'|x'_j), and, for each i, picks candidate j with
+    probability :math:`\operatorname{softmax}_j f(z_i, c_j)`.
+
+    :param torch.Tensor z: first-view latents, shape (..., N, D).
+    :param q2: second-view recognition distributions, batch_shape (N,), event_shape (D,).
+    :param Energy energy: the energy f.
+    """
+
+    def __init__(self, z: torch.Tensor, q2: TorchDistribution, energy: Energy,
+                 validate_args=None):
+        self.q2 = q2
+        marginal = MixtureMarginal(q2)
+        super().__init__(z, marginal, energy, marginal.batch_shape[0], validate_args=validate_args)
+
+    @property
+    def z(self) -> torch.Tensor:
+        """The first-view latents, the anchors (..., N, D)."""
+        return self.anchor
+
+    def tilt(self, anchor: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        r""":math:`f(z_i, z'_i) - \log \frac1N \sum_j e^{f(z_i, z'_j)}` (:func:`implicit_log_ratio`)."""
+        return implicit_log_ratio(self.energy(anchor, value))
+
+    def candidates(self) -> torch.Tensor:
+        """One draw from each second-view recognition distribution, shape (N, D)."""
+        return self.q2.sample()
 
 
 class ImplicitPrior(Prior):

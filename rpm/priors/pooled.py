@@ -73,16 +73,14 @@ import math
 
 import pyro
 import torch
-from pyro.distributions import Categorical, Delta, Independent, Normal, TorchDistribution
-from torch.distributions import constraints
+from pyro.distributions import Delta, Independent, Normal, TorchDistribution
 
 from rpm.distributed import all_gather_with_grad, global_rank, is_distributed
 from rpm.marginals import MixtureMarginal, recognition_components
-from rpm.marginals.mixture_marginal import Atoms
 from rpm.ops.dispatch import default_block_size, ieee_float32_matmul, use_streaming
 from rpm.ops.logsumexp import streaming_matmul_logsumexp
 from rpm.priors.base import Energy, Prior
-from rpm.priors.implicit import energy_logit_factors, energy_paired
+from rpm.priors.implicit import TiltedConditional, energy_logit_factors, energy_paired
 
 __all__ = [
     "PooledImplicitConditional",
@@ -240,18 +238,9 @@ def pooled_marginal(q: TorchDistribution, q2: TorchDistribution) -> MixtureMargi
     return MixtureMarginal(pooled_recognition(q, q2)).expand(q.batch_shape)
 
 
-def _over_leading_dims(fn, *values: torch.Tensor) -> torch.Tensor:
-    """``fn`` applied to each (N, D) batch of the broadcast leading dimensions of ``values``
-    (e.g. a plate of particles); results stacked, shape leading + fn's result shape."""
-    lead = torch.broadcast_shapes(*(value.shape[:-2] for value in values))
-    flat = [value.expand(lead + value.shape[-2:]).reshape((-1,) + value.shape[-2:])
-            for value in values]
-    results = torch.stack([fn(*batch) for batch in zip(*flat, strict=True)])
-    return results.reshape(lead + results.shape[1:])
-
-
-class PooledImplicitConditional(TorchDistribution):
-    r"""One direction's conditional of the pooled implicit prior, one event over the batch:
+class PooledImplicitConditional(TiltedConditional):
+    r"""One direction's conditional of the pooled implicit prior, one event over the batch
+    (:class:`~rpm.priors.implicit.TiltedConditional`):
     :math:`P(v_{1:N} | a_{1:N}) = \prod_i Q_\text{pool}(v_i)\, e^{f(a_i, v_i)} / \hat Z(a_i)`,
     for anchors :math:`a_{1:N}` (the latents of one view) and partners :math:`v_{1:N}` (the
     other view's).
@@ -280,68 +269,20 @@ class PooledImplicitConditional(TorchDistribution):
     :param block_size: stream the normaliser in blocks; ``None`` decides by size.
     """
 
-    arg_constraints: dict = {}
-    has_rsample = False
-
     def __init__(self, anchor: torch.Tensor, pool: MixtureMarginal, energy: Energy,
                  block_size: int | None = None, validate_args=None):
-        num_components, dim = pool.loc.shape
-        if (not isinstance(anchor, torch.Tensor) or anchor.dim() < 2
-                or anchor.shape[-2:] != (num_components // 2, dim)):
-            shape = tuple(anchor.shape) if isinstance(anchor, torch.Tensor) else type(anchor)
-            raise ValueError(
-                f"the pooled conditional of a batch of {num_components // 2} pairs takes "
-                f"anchors of shape (..., {num_components // 2}, {dim}), got {shape}"
-            )
-        self.anchor = anchor
-        self.pool = pool
-        self.energy = energy
         self.block_size = block_size
-        super().__init__(anchor.shape[:-2], anchor.shape[-2:], validate_args=validate_args)
+        super().__init__(anchor, pool, energy, pool.loc.shape[0] // 2, validate_args=validate_args)
 
-    @property
-    def support(self) -> constraints.Constraint:
-        """The 2N pooled atoms (event_dim 2, discrete) or real (N, D) matrices."""
-        if self.pool.is_discrete:
-            return Atoms(self.pool.loc, event_dim=2)
-        return constraints.independent(constraints.real, 2)
+    def tilt(self, anchor: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        r""":math:`f(a_i, v_i) - \log \frac{1}{2N - 1} \sum_{m \ne i} e^{f(a_i, u_m)}`
+        (:func:`pooled_log_ratios`, the direction from the anchors)."""
+        forward, _ = pooled_log_ratios(self.energy, anchor, value, "forward", self.block_size)
+        return forward
 
-    def expand(self, batch_shape, _instance=None):
-        batch_shape = torch.Size(batch_shape)
-        new = self._get_checked_instance(PooledImplicitConditional, _instance)
-        new.pool, new.energy, new.block_size = self.pool, self.energy, self.block_size
-        new.anchor = self.anchor.expand(batch_shape + self.event_shape)
-        super(PooledImplicitConditional, new).__init__(batch_shape, self.event_shape,
-                                                       validate_args=False)
-        new._validate_args = self._validate_args
-        return new
-
-    def _log_prob_batch(self, anchor: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        tilt, _ = pooled_log_ratios(self.energy, anchor, value, "forward", self.block_size)
-        return (self.pool.log_prob(value) + tilt).sum()
-
-    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        if self._validate_args:
-            if value.dim() < 2 or value.shape[-2:] != self.event_shape:
-                raise ValueError(
-                    "the pooled conditional is evaluated at a whole batch of partners, shape "
-                    f"(..., {self.event_shape[0]}, {self.event_shape[1]}); got "
-                    f"{tuple(value.shape)}"
-                )
-            self._validate_sample(value)
-        return _over_leading_dims(self._log_prob_batch, self.anchor, value)
-
-    def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
-        shape = self._extended_shape(sample_shape)     # sample_shape + batch_shape + (N, D)
-        anchors = self.anchor.expand(shape).reshape((-1,) + self.event_shape)
-        proposal = self.pool.expand((2 * self.event_shape[0] - 1,))
-        with torch.no_grad():
-            draws = []
-            for anchor in anchors:
-                candidates = proposal.sample()                                # (2N - 1, D)
-                index = Categorical(logits=self.energy(anchor, candidates)).sample()  # (N,)
-                draws.append(candidates[index])
-            return torch.stack(draws).reshape(shape)
+    def candidates(self) -> torch.Tensor:
+        """2N - 1 draws from :math:`Q_\text{pool}`, shape (2N - 1, D)."""
+        return self.marginal.expand((2 * self.event_shape[0] - 1,)).sample()
 
 
 class PooledImplicitPrior(Prior):
@@ -422,11 +363,11 @@ class PooledImplicitPrior(Prior):
         else:
             z = pyro.sample("z", pool.to_event(1))
             z2 = pyro.sample("z2", pool.to_event(1))
-            tilts = _over_leading_dims(
-                lambda a, b: torch.stack([r.sum() for r in pooled_log_ratios(self.energy, a, b)]),
-                z, z2)                                                        # (..., 2)
-            pyro.factor("z_to_z2", 0.5 * tilts[..., 0])
-            pyro.factor("z2_to_z", 0.5 * tilts[..., 1])
+            # Each direction's log P(partners | anchors) - log Q_pool(partners), weight 1/2.
+            forward = PooledImplicitConditional(z, pool, self.energy).log_tilt(z2)
+            backward = PooledImplicitConditional(z2, pool, self.energy).log_tilt(z)
+            pyro.factor("z_to_z2", 0.5 * forward)
+            pyro.factor("z2_to_z", 0.5 * backward)
         return z, z2
 
     def likelihood_marginals(
