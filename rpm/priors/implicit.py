@@ -46,12 +46,6 @@ __all__ = [
     "implicit_log_ratio",
 ]
 
-def _stream_by_size(z: torch.Tensor, num_candidates: int) -> bool:
-    """Whether the normaliser of ``z`` against ``num_candidates`` rows is streamed by default
-    (the package's dispatch policy, :func:`rpm.ops.dispatch.use_streaming`)."""
-    return use_streaming(z.shape[0], num_candidates, z.device)
-
-
 def implicit_log_ratio(energy_matrix: torch.Tensor) -> torch.Tensor:
     r"""Per-pair :math:`\log P(z_i, z'_i) - \log Q(z_i) - \log Q(z'_i)` under the implicit prior.
 
@@ -110,9 +104,9 @@ def energy_log_normalizer(
 
     (Eq. 23-25 of Aitchison & Ganev, without the :math:`-\log M`). For energies that are a
     matrix product (:func:`energy_logit_factors`) it is streamed in blocks with O((N + M) D)
-    memory when ``block_size`` is given or the matrix has more than ``2**22`` entries (``2**18``
-    on the CPU, where the blocked form is also faster); otherwise (and always for other
-    energies) it is ``torch.logsumexp(energy(z, z2), -1)``.
+    memory when ``block_size`` is given or the (N, M) matrix is large
+    (:func:`~rpm.ops.dispatch.use_streaming`); otherwise (and always for other energies) it is
+    ``torch.logsumexp(energy(z, z2), -1)``.
 
     :param energy: the energy f.
     :param torch.Tensor z: first-view latents, shape (N, D).
@@ -132,7 +126,7 @@ def _streaming_factors(energy: Energy, z: torch.Tensor, z2: torch.Tensor,
                        block_size: int | None):
     """The matrix-product factors of the energy when the normaliser is to be streamed (a
     ``block_size`` given, or a large matrix), else None (dense)."""
-    if block_size is None and not _stream_by_size(z, z2.shape[0]):
+    if not use_streaming(z.shape[0], z2.shape[0], z.device, block_size):
         return None
     return energy_logit_factors(energy, z, z2)
 
@@ -341,8 +335,8 @@ class ImplicitPrior(Prior):
         super().__init__()
         if not isinstance(energy, torch.nn.Module) or not callable(energy):
             raise TypeError(
-                "ImplicitPrior needs an energy module mapping (z (N, D), z2 (M, D)) to an (N, M) "
-                f"matrix, e.g. rpm.priors.RBFEnergy(); got {type(energy).__name__}"
+                f"{type(self).__name__} needs an energy module mapping (z (N, D), z2 (M, D)) to "
+                f"an (N, M) matrix, e.g. rpm.priors.RBFEnergy(); got {type(energy).__name__}"
             )
         self.energy = energy
 

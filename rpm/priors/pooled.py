@@ -79,8 +79,13 @@ from rpm.distributed import all_gather_with_grad, global_rank, is_distributed
 from rpm.marginals import MixtureMarginal, recognition_components
 from rpm.ops.dispatch import default_block_size, ieee_float32_matmul, use_streaming
 from rpm.ops.logsumexp import streaming_matmul_logsumexp
-from rpm.priors.base import Energy, Prior
-from rpm.priors.implicit import TiltedConditional, energy_logit_factors, energy_paired
+from rpm.priors.base import Energy
+from rpm.priors.implicit import (
+    ImplicitPrior,
+    TiltedConditional,
+    energy_logit_factors,
+    energy_paired,
+)
 
 __all__ = [
     "PooledImplicitConditional",
@@ -285,7 +290,7 @@ class PooledImplicitConditional(TiltedConditional):
         return self.marginal.expand((2 * self.event_shape[0] - 1,)).sample()
 
 
-class PooledImplicitPrior(Prior):
+class PooledImplicitPrior(ImplicitPrior):
     r"""The pooled implicit prior, whose RPM ELBO is SimCLR's NT-Xent (module docstring).
 
     .. math::
@@ -316,37 +321,24 @@ class PooledImplicitPrior(Prior):
     ELBO's per-pair terms after the analytic cancellation, so :class:`~rpm.RPMELBO` never
     evaluates a mixture.
 
+    It is the uniform-implicit prior on the pooled marginal, a subclass of
+    :class:`~rpm.priors.ImplicitPrior`: the energy, the latent dimension
+    (:attr:`~rpm.priors.ImplicitPrior.dim`), Delta encoders accepted and
+    :attr:`~rpm.priors.ImplicitPrior.joint_over_batch` are the implicit prior's; the marginal,
+    the candidates of the normaliser and the likelihood marginals are the pooled ones.
+
     :param energy: f(z, z'), e.g. :class:`~rpm.priors.CosineEnergy` (kappa = 1/tau for
         SimCLR).
     :param str direction: ``"both"`` (NT-Xent, default), ``"forward"`` or ``"backward"``.
     """
 
-    #: P(z'|z) is a density relative to the pooled recognition marginal, so deterministic
-    #: (Delta) encoders are fine.
-    accepts_delta_recognition = True
-
-    #: The conditional is normalised over the batch's own pooled latents, so the pairs are
-    #: coupled: ``"z"`` and ``"z2"`` are whole-batch events, declared outside the plate.
-    joint_over_batch = True
-
-    @property
-    def dim(self) -> int | None:
-        """The energy's latent dimension (None for an energy built for any)."""
-        return self.energy.dim if isinstance(self.energy, Energy) else None
-
     def __init__(self, energy: Energy, direction: str = "both"):
-        super().__init__()
-        if not isinstance(energy, torch.nn.Module) or not callable(energy):
-            raise TypeError(
-                "PooledImplicitPrior needs an energy module mapping (z (N, D), z2 (M, D)) to an "
-                f"(N, M) matrix, e.g. rpm.priors.CosineEnergy(); got {type(energy).__name__}"
-            )
+        super().__init__(energy)
         if direction not in _DIRECTIONS:
             raise ValueError(
                 f"direction must be one of {_DIRECTIONS} (both: NT-Xent; forward: view 1 -> 2 "
                 f"only; backward: view 2 -> 1 only), got {direction!r}"
             )
-        self.energy = energy
         self.direction = direction
 
     def forward(self, q: TorchDistribution, q2: TorchDistribution):
