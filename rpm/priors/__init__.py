@@ -4,8 +4,8 @@ r"""Priors P(z, z') over the latents of a pair (Eq. 9 and 21-22 of Aitchison & G
 A prior is a :class:`Prior`: inside the model's plate over the N pairs it declares the sample
 sites ``"z"`` and ``"z2"`` and returns their values; q and q2 are the batch's recognition
 distributions (the implicit prior uses them, explicit priors ignore them). Its other hooks (the
-analytic log-ratio, whether Delta encoders are allowed, the latent dimension) and those of an
-:class:`Energy` are documented in :mod:`rpm.priors.base`.
+analytic log-ratio, whether Delta encoders are allowed, the latent dimension, the marginals the
+likelihood divides by) and those of an :class:`Energy` are documented in :mod:`rpm.priors.base`.
 """
 
 from rpm.priors.base import Energy, Prior
