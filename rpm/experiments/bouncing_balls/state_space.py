@@ -16,7 +16,10 @@ frame-independent) recognition noise :math:`\sigma`. The guide is the structured
 (:class:`~rpm.priors.StateSpacePosterior`): the chain conditioned on the recognition means as
 Gaussian pseudo-observations, sampled by forward filtering and backward sampling, so the
 latents of a window are inferred together (``guide="recognition"`` is the ablation). The
-marginals are pooled over the frames of the batch: one shared encoder on a stationary video.
+marginals are per view (the mixture over the t-th frames of the batch's windows), the
+:class:`~rpm.SequenceRPM` default: pooling them over all frames (the video is stationary and
+the encoder shared, so it is allowed) gave a lower position R^2 (seed 0, 150 steps: 0.981
+pooled against 0.986 per view).
 
 **Window length.** T = 8 (``--window``): a velocity needs 2 frames and a change of velocity 3, so the prior
 only acts on windows of 3 or more, and its dynamics are identified better the more transitions
@@ -85,8 +88,7 @@ def build_state_space_model(args: argparse.Namespace, in_channels: int, num_ball
         process_noise=displacement_noise(dim, args.noise_scale, args.ball_diameter / 2),
         observation_noise=args.noise_scale,
     )
-    return rpm.SequenceRPM(rpm.GaussianRecognition(encoder), prior, pooled_marginal=True,
-                           guide=guide)
+    return rpm.SequenceRPM(rpm.GaussianRecognition(encoder), prior, guide=guide)
 
 
 def displacement_noise(dim: int, position: float, velocity: float) -> torch.Tensor:
