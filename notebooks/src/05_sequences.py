@@ -211,12 +211,13 @@ for guide, model in models.items():
           f"(last position {dynamics.baseline_forecast_error_px:.2f} px)")
 
 # %% [markdown]
-# With the full-size settings (seed 0) the structured guide gives position $R^2 \approx 0.98$,
-# velocity $R^2 \approx 0.85$ and forecasts about 0.7 of the last-position baseline, while the
-# recognition guide, fitting the prior to independently drawn noisy latents, lets the dynamics and
-# then the encoder drift (velocity and forecast worse than the baseline): the structured guide
-# is what makes the prior's knowledge of motion usable. The smoothed velocities of the
-# structured model against the truth:
+# At full size (`rpm bouncing-balls --prior state-space`, seeds 0, 1, 2; benchmarks/README.md)
+# the structured guide gives position $R^2$ 0.988, velocity $R^2$ 0.90 and one-step forecasts
+# 0.77 of the last-position baseline. With the recognition guide (seed 0) the positions are as
+# good but the dynamics are worthless, velocity $R^2$ -0.07 and forecasts 1.4 times *worse*
+# than the last position: fitted to independently drawn noisy latents, the prior's knowledge
+# of motion is lost; the structured guide is what makes it usable. The smoothed velocities of
+# the structured model against the truth:
 
 # %%
 positions, dynamics = scores["structured"]

@@ -48,9 +48,9 @@ rbf 0.985 +- 0.000, bilinear 0.70 +- 0.06, cosine 0.77 +- 0.14, dynamics 0.991 +
 untrained encoder 0.71 +- 0.12 (the centres of mass of random feature maps of frames with one
 colour per ball are already partly linear in the positions). The bilinear critic of plain
 InfoNCE does not learn the positions (Fig. 1BC of the paper); the RBF prior and the explicit
-dynamics prior do. The state-space prior over windows of 8 frames: position R^2 0.983 +- 0.003,
-velocity R^2 0.88 +- 0.02 from its smoothed states, and one-step forecasts 0.75 of the
-last-position baseline (3.76 px against 5.00 px).
+dynamics prior do. The state-space prior over windows of 8 frames: position R^2 0.988 +- 0.002,
+velocity R^2 0.90 +- 0.02 from its smoothed states, and one-step forecasts 0.77 of the
+last-position baseline (3.82 px against 5.00 px).
 
 Output folder (``--out``, default ``runs/bouncing-balls``; the run-folder contract of
 :mod:`rpm.experiments.common`): ``config.json``, ``results.json`` (with the environment),
