@@ -21,7 +21,7 @@ def unit(v):
 
 
 def formula(energy, a, b):
-    """f(a, b) for one pair, straight from the table in SPEC section 3."""
+    """f(a, b) for one pair, straight from the table of energies in ``docs/theory.md#energies``."""
     if isinstance(energy, BilinearEnergy):
         return a @ energy.weight @ b
     if isinstance(energy, CosineEnergy):
