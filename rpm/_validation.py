@@ -24,6 +24,7 @@ __all__ = [
     "check_nonnegative",
     "check_positive",
     "check_positive_int",
+    "check_positive_int_or_none",
     "check_probability",
     "check_real",
 ]
@@ -52,8 +53,33 @@ def check_int(name: str, value: Any, minimum: int | None = None,
 
 
 def check_positive_int(name: str, value: Any) -> int:
-    """``value`` as an ``int`` after checking it is an integer >= 1 (a size or a count)."""
-    return check_int(name, value, minimum=1)
+    """``value`` as an ``int`` after checking it is an integer >= 1 (a size or a count).
+
+    :raises TypeError: if ``value`` is not an integer.
+    :raises ValueError: if it is < 1 (the message says "a positive integer (>= 1)", the
+        command line's wording).
+    """
+    value = check_int(name, value)
+    if value < 1:
+        raise ValueError(f"{name} must be a positive integer (>= 1), got {value}")
+    return value
+
+
+def check_positive_int_or_none(name: str, value: Any) -> int | None:
+    """``None``, or ``value`` as an ``int`` after checking it is an integer >= 1 (an optional
+    size: a block size, a round count, where ``None`` means "choose automatically").
+
+    :raises TypeError: if ``value`` is neither ``None`` nor an integer.
+    :raises ValueError: if it is < 1.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int or None, got {_describe(value)}")
+    value = int(value)
+    if value < 1:
+        raise ValueError(f"{name} must be a positive integer (>= 1) or None, got {value}")
+    return value
 
 
 def _as_real(name: str, value: Any) -> float:

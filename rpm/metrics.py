@@ -28,6 +28,8 @@ from typing import NamedTuple
 import torch
 from scipy.optimize import linear_sum_assignment
 
+from rpm._validation import check_int
+
 __all__ = ["MatchedCorrelation", "mcc", "mcc_per_dimension", "r2", "r2_per_dimension"]
 
 
@@ -75,8 +77,8 @@ def r2_per_dimension(z_true: torch.Tensor, z_hat: torch.Tensor, train_fraction: 
         if not 0.0 < train_fraction < 1.0:
             raise ValueError(f"train_fraction must lie in (0, 1), got {train_fraction!r}")
         num_train = int(round(train_fraction * n_samples))
-    elif isinstance(num_train, bool) or not isinstance(num_train, int):
-        raise TypeError(f"num_train must be an int or None, got {type(num_train).__name__}")
+    else:
+        num_train = check_int("num_train", num_train)
     if num_train < m + 2 or n_samples - num_train < 2:
         raise ValueError(f"too few samples for an affine fit of {m} regressors: need at least "
                          f"{m + 2} training and 2 test samples, got {num_train} and "

@@ -14,6 +14,7 @@ from rpm._validation import (
     check_nonnegative,
     check_positive,
     check_positive_int,
+    check_positive_int_or_none,
     check_probability,
     check_real,
 )
@@ -85,3 +86,21 @@ def test_check_bool_and_check_choice():
         check_choice("space", "ball", ("sphere", "box"))
     with pytest.raises(ValueError, match="space must be one of"):
         check_choice("space", ["box"], ("sphere", "box"))
+
+
+def test_check_positive_int_says_positive_integer():
+    with pytest.raises(ValueError, match=r"^dim must be a positive integer \(>= 1\), got 0$"):
+        check_positive_int("dim", 0)
+    with pytest.raises(TypeError, match="^dim must be an int, got float 2.5$"):
+        check_positive_int("dim", 2.5)
+
+
+def test_check_positive_int_or_none():
+    assert check_positive_int_or_none("block", None) is None
+    value = check_positive_int_or_none("block", np.int32(4))
+    assert value == 4 and type(value) is int
+    with pytest.raises(ValueError, match=r"^block must be a positive integer \(>= 1\) or None, got 0$"):
+        check_positive_int_or_none("block", 0)
+    for bad in (True, 2.0, "4"):
+        with pytest.raises(TypeError, match="^block must be an int or None, got"):
+            check_positive_int_or_none("block", bad)

@@ -58,6 +58,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from rpm._validation import check_int, check_positive
+
 __all__ = ["BouncingBalls", "generate_bouncing_balls", "render_balls"]
 
 
@@ -72,20 +74,6 @@ class BouncingBalls(NamedTuple):
 
     frames: torch.Tensor
     centres: torch.Tensor
-
-
-def _check_positive(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value}")
-
-
-def _check_count(name: str, value: int, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
 def render_balls(
@@ -115,8 +103,8 @@ def render_balls(
         raise ValueError(
             f"centres must have shape (T, num_balls, 2), got {tuple(centres.shape)}"
         )
-    _check_count("image_size", image_size, 1)
-    _check_positive("ball_diameter", ball_diameter)
+    image_size = check_int("image_size", image_size, minimum=1)
+    ball_diameter = check_positive("ball_diameter", ball_diameter)
     grid = torch.arange(image_size, dtype=centres.dtype, device=centres.device) + 0.5  # (S,)
     dx = grid.view(1, 1, 1, -1) - centres[..., 0, None, None]  # (T, K, 1, S)
     dy = grid.view(1, 1, -1, 1) - centres[..., 1, None, None]  # (T, K, S, 1)
@@ -210,13 +198,13 @@ def generate_bouncing_balls(
     :raises RuntimeError: when no valid frame is found in ``max_tries`` attempts (the balls
         are boxed in by the walls and each other); try another seed or fewer/smaller balls.
     """
-    _check_count("num_frames", num_frames, 1)
-    _check_count("image_size", image_size, 1)
-    _check_count("num_balls", num_balls, 1)
-    _check_count("max_tries", max_tries, 1)
-    _check_count("seed", seed, 0)
-    _check_positive("ball_diameter", ball_diameter)
-    _check_positive("angle_noise", angle_noise)
+    num_frames = check_int("num_frames", num_frames, minimum=1)
+    image_size = check_int("image_size", image_size, minimum=1)
+    num_balls = check_int("num_balls", num_balls, minimum=1)
+    max_tries = check_int("max_tries", max_tries, minimum=1)
+    seed = check_int("seed", seed, minimum=0)
+    ball_diameter = check_positive("ball_diameter", ball_diameter)
+    angle_noise = check_positive("angle_noise", angle_noise)
     if angle_noise > math.pi:
         raise ValueError(f"angle_noise must be in (0, pi], got {angle_noise}")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:

@@ -41,6 +41,7 @@ from pyro.poutine.scale_messenger import ScaleMessenger
 from pyro.poutine.seed_messenger import SeedMessenger
 from pyro.poutine.trace_messenger import TraceMessenger
 
+from rpm._validation import check_bool, check_positive_int, check_positive_int_or_none
 from rpm.models.base import RPMBase
 
 __all__ = ["RPMELBO", "rpm_log_ratio"]
@@ -173,16 +174,9 @@ class RPMELBO(ELBO):
 
     def __init__(self, num_particles: int = 1, global_batch: bool = False,
                  block_size: int | None = None):
-        if isinstance(num_particles, bool) or not isinstance(num_particles, int) or (
-            num_particles < 1
-        ):
-            raise ValueError(f"num_particles must be a positive integer, got {num_particles!r}")
-        if not isinstance(global_batch, bool):
-            raise TypeError(f"global_batch must be True or False, got {global_batch!r}")
-        if block_size is not None and (
-            isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1
-        ):
-            raise ValueError(f"block_size must be a positive integer or None, got {block_size!r}")
+        num_particles = check_positive_int("num_particles", num_particles)
+        global_batch = check_bool("global_batch", global_batch)
+        block_size = check_positive_int_or_none("block_size", block_size)
         super().__init__(num_particles=num_particles)
         self.global_batch = global_batch
         self.block_size = block_size

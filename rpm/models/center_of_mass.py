@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from rpm._validation import check_bool, check_nonnegative
+
 __all__ = ["CenterOfMass"]
 
 
@@ -47,12 +49,8 @@ class CenterOfMass(nn.Module):
 
     def __init__(self, normalized: bool = False, eps: float = 1e-6) -> None:
         super().__init__()
-        if not isinstance(normalized, bool):
-            raise TypeError(f"normalized must be a bool, got {type(normalized).__name__}")
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-            raise ValueError(f"eps must be a number >= 0, got {eps!r}")
-        self.normalized = normalized
-        self.eps = float(eps)
+        self.normalized = check_bool("normalized", normalized)
+        self.eps = check_nonnegative("eps", eps)
 
     def coordinates(self, size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """Coordinates of the pixel centres along an axis of ``size`` pixels. Shape: (size,)."""

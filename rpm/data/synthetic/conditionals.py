@@ -34,12 +34,8 @@ from __future__ import annotations
 
 import torch
 
-from rpm.data.synthetic._checks import (
-    check_choice,
-    check_generator,
-    check_space_dim,
-    positive_float,
-)
+from rpm._validation import check_choice, check_positive
+from rpm.data.synthetic._checks import check_generator, check_space_dim
 from rpm.data.synthetic.noise import FactorisedNoise
 from rpm.data.synthetic.spaces import (
     BoxTruncation,
@@ -101,7 +97,7 @@ class Conditional:
                 raise ValueError(f"the 'vmf' conditional lives on the sphere; got space={space!r}"
                                  " (use space='sphere' or another conditional)")
             self.param: float | None = (DEFAULT_KAPPA if param is None
-                                        else positive_float("conditional_param (kappa)", param))
+                                        else check_positive("conditional_param (kappa)", param))
             self._vmf = VonMisesFisherSampler(self.param, dim)
             return
         if kind == "anisotropic":
@@ -122,10 +118,10 @@ class Conditional:
             self._noise = FactorisedNoise("normal", lam.rsqrt(), device=self.device, dtype=dtype)
         else:
             self.param = (DEFAULT_SCALE if param is None
-                          else positive_float("conditional_param (scale)", param))
+                          else check_positive("conditional_param (scale)", param))
             if kind == "gennorm":
                 self.beta = (DEFAULT_GENNORM_BETA if beta is None
-                             else positive_float("gennorm_beta", beta))
+                             else check_positive("gennorm_beta", beta))
             self._noise = FactorisedNoise(kind, self.param, self.beta, device=self.device,
                                           dtype=dtype)
         if space == "box":

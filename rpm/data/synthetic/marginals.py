@@ -20,13 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from rpm.data.synthetic._checks import (
-    check_batch_size,
-    check_choice,
-    check_generator,
-    check_space_dim,
-    positive_float,
-)
+from rpm._validation import check_choice, check_positive, check_positive_int
+from rpm.data.synthetic._checks import check_generator, check_space_dim
 from rpm.data.synthetic.noise import FactorisedNoise
 from rpm.data.synthetic.spaces import (
     BoxTruncation,
@@ -68,7 +63,7 @@ class Marginal:
                                  "normalisable; use space='box' or a 'normal'/'laplace' marginal")
             self.param: float | None = None
             return
-        self.param = 1.0 if param is None else positive_float("marginal_param", param)
+        self.param = 1.0 if param is None else check_positive("marginal_param", param)
         self._noise = FactorisedNoise(kind, self.param, device=self.device, dtype=dtype)
         if space == "box":
             self._box = BoxTruncation(self._noise)
@@ -85,7 +80,7 @@ class Marginal:
         :returns: latents in the space. Shape: ``(B, n)``.
         :rtype: torch.Tensor
         """
-        check_batch_size(batch_size)
+        check_positive_int("batch_size", batch_size)
         check_generator(generator, self.device)
         shape = (batch_size, self.dim)
         kw = {"device": self.device, "dtype": self.dtype}

@@ -33,6 +33,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from rpm._validation import check_positive_int
+
 __all__ = ["InvertibleMLP"]
 
 
@@ -59,9 +61,8 @@ class InvertibleMLP(nn.Module):
                  max_condition_number: float = 5.0, bias_std: float = 0.1,
                  dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
-        for name, value, low in (("dim", dim, 1), ("num_layers", num_layers, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        dim = check_positive_int("dim", dim)
+        num_layers = check_positive_int("num_layers", num_layers)
         if not 0.0 < negative_slope <= 1.0:
             raise ValueError(f"negative_slope must lie in (0, 1] for g to be invertible, got "
                              f"{negative_slope!r}")

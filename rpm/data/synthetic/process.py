@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rpm._validation import check_positive_int
 from rpm.data.synthetic.conditionals import Conditional
 from rpm.data.synthetic.marginals import Marginal
 
@@ -39,8 +40,7 @@ def parse_concentrations(text: str, dim: int) -> torch.Tensor:
     if not isinstance(text, str):
         raise TypeError(f"concentrations must be given as a string like '5,25', got "
                         f"{type(text).__name__}")
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-        raise ValueError(f"dim must be a positive integer, got {dim!r}")
+    dim = check_positive_int("dim", dim)
     parts = [p.strip() for p in text.split(",")]
     try:
         values = [float(p) for p in parts]

@@ -25,6 +25,7 @@ import math
 
 import torch
 
+from rpm._validation import check_positive_int_or_none
 from rpm.data.synthetic.noise import FactorisedNoise
 from rpm.data.synthetic.rejection import first_accepted, oversampling_factor
 
@@ -101,10 +102,7 @@ class BoxTruncation:
 
     def __init__(self, noise: FactorisedNoise, max_rounds: int = 1000,
                  first_round: int | None = None) -> None:
-        if first_round is not None and (isinstance(first_round, bool)
-                                        or not isinstance(first_round, int) or first_round < 1):
-            raise ValueError(f"first_round must be a positive integer or None, got "
-                             f"{first_round!r}")
+        first_round = check_positive_int_or_none("first_round", first_round)
         self.noise = noise
         self.max_rounds = max_rounds
         self.first_round = first_round

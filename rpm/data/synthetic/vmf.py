@@ -53,6 +53,7 @@ import numpy as np
 import torch
 from scipy import integrate, special
 
+from rpm._validation import check_int, check_positive
 from rpm.data.synthetic.rejection import first_accepted, oversampling_factor
 from rpm.data.synthetic.spaces import project_to_sphere
 
@@ -72,12 +73,10 @@ class VonMisesFisherSampler:
     """
 
     def __init__(self, kappa: float, dim: int) -> None:
-        if isinstance(kappa, bool) or not isinstance(kappa, (int, float)):
-            raise TypeError(f"kappa must be a float, got {type(kappa).__name__}")
-        if not (math.isfinite(kappa) and kappa > 0):
-            raise ValueError(f"vMF concentration kappa must be finite and > 0, got {kappa!r}")
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 2:
-            raise ValueError(f"vMF needs an ambient dimension dim >= 2 (an integer), got {dim!r}")
+        kappa = check_positive("kappa (the vMF concentration)", kappa)
+        dim = check_int("dim", dim)
+        if dim < 2:
+            raise ValueError(f"vMF needs an ambient dimension dim >= 2, got {dim}")
         self.kappa = float(kappa)
         self.dim = dim
         m = dim - 1
