@@ -38,6 +38,19 @@ def test_colours_are_fixed_per_name_and_distinct():
     assert len(set(first.values())) == 4
 
 
+def _assert_labels_clear(fig, ax, tops, lines):
+    """Each value label sits above its bar's top, and the untrained line does not cross it."""
+    labels = list(ax.texts)
+    assert len(labels) == len(tops)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    for text, top, line in zip(labels, tops, lines, strict=True):
+        box = text.get_window_extent(renderer)
+        x = text.get_position()[0]
+        assert box.y0 > ax.transData.transform((x, top))[1]
+        line_y = ax.transData.transform((x, line))[1]
+        assert not box.y0 - 1 <= line_y <= box.y1 + 1
+
+
 def test_bouncing_comparison_colours_baseline_labels_and_dpi(tmp_path):
     results = {"rbf": _result(0.985, 0.9), "bilinear": _result(0.62, 2.9),
                "dynamics": _result(0.99, 0.7)}  # bilinear just above / below the baseline
@@ -50,26 +63,19 @@ def test_bouncing_comparison_colours_baseline_labels_and_dpi(tmp_path):
         baselines = [segment[0][1] for collection in ax.collections
                      for segment in collection.get_segments()]
         assert baselines == pytest.approx([result[key] for result in results.values()])
-        # each value label sits above its bar, and the untrained line does not cross it
-        labels = list(ax.texts)
-        assert len(labels) == len(results)
-        renderer = FigureCanvasAgg(fig).get_renderer()
-        for text, result in zip(labels, results.values(), strict=True):
-            value = result["r2" if ax is left else "pixel_error"]
-            box = text.get_window_extent(renderer)
-            x, line_y = ax.transData.transform((text.get_position()[0], result[key]))
-            assert box.y0 > ax.transData.transform((x, value))[1]
-            assert not box.y0 - 1 <= line_y <= box.y1 + 1
+        values = [result["r2" if ax is left else "pixel_error"] for result in results.values()]
+        _assert_labels_clear(fig, ax, values, [result[key] for result in results.values()])
     height, width = matplotlib.image.imread(path).shape[:2]
     assert (width, height) == (round(fig.get_figwidth() * DPI), round(fig.get_figheight() * DPI))
 
 
 def test_bouncing_comparison_error_bars_are_the_seed_std(tmp_path):
     untrained = (0.55, 0.6, 0.8)  # one initial encoder per seed, shared by the priors
-    seeds = {"rbf": [_result(0.98, 1.0, u) for u in untrained[:1]]
-             + [_result(0.99, 0.8, untrained[1]), _result(0.97, 1.1, untrained[2])],
-             "bilinear": [_result(0.5, 4.0, untrained[0]), _result(0.7, 3.0, untrained[1]),
-                          _result(0.9, 2.5, untrained[2])]}
+    untrained_error = (2.0, 3.0, 4.0)
+    errors = {"rbf": (1.0, 0.8, 1.1), "bilinear": (2.5, 2.7, 2.9)}  # bilinear: just under 3.0
+    r2s = {"rbf": (0.98, 0.99, 0.97), "bilinear": (0.5, 0.7, 0.9)}
+    seeds = {name: [_result(r2s[name][i], errors[name][i], untrained[i], untrained_error[i])
+                    for i in range(3)] for name in r2s}
     fig = plot_comparison(tmp_path / "comparison.png", seeds)
     left = fig.axes[0]
     (container,) = [c for c in left.containers if isinstance(c, BarContainer)]
@@ -86,6 +92,10 @@ def test_bouncing_comparison_error_bars_are_the_seed_std(tmp_path):
     low, high = band.get_bbox().y0, band.get_bbox().y1
     mean, std = np.mean(untrained), np.std(untrained, ddof=1)
     assert (low, high) == pytest.approx((mean - std, mean + std))
+    # labels clear of the untrained line, with the bars' error bars on top of the bars
+    right = fig.axes[1]
+    tops = [np.mean(errors[name]) + np.std(errors[name], ddof=1) for name in seeds]
+    _assert_labels_clear(fig, right, tops, [np.mean(untrained_error)] * len(seeds))
 
 
 def test_bouncing_trajectories_legend_and_frame_count(tmp_path):

@@ -98,12 +98,12 @@ def plot_comparison(path: str | os.PathLike,
             label_at.append((top, base))
         span = max(max(top for top, _ in label_at),
                    *(base[0] + base[1] for _, base in label_at if base is not None), 1e-9)
-        # a value label sits just above its bar, or above the untrained line where the line
-        # would run through it
+        # a value label sits just above its bar (and its error bar), or above the untrained
+        # line (and the line's own error bar) where the line would run through it
         for x, value, (top, base) in zip(positions, means, label_at, strict=True):
             y = top + 0.02 * span
-            if base is not None and y - 0.03 * span <= base[0] + base[1] <= y + 0.1 * span:
-                y = base[0] + base[1] + 0.02 * span
+            if base is not None and y - 0.03 * span <= base[0] <= y + 0.1 * span:
+                y = base[0] + (0.0 if shared else base[1]) + 0.02 * span
             ax.text(x, y, fmt.format(value), ha="center", va="bottom", fontsize=8)
         low = min(0.0, *(value - spread for value, spread in zip(means, spreads, strict=True)),
                   *(base[0] for base in baseline if base is not None))
