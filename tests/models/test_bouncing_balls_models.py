@@ -1,4 +1,5 @@
-"""Tests of the bouncing-balls encoder and its centre-of-mass layer (Appendix D, Fig. 2)."""
+"""Tests of the bouncing-balls encoders (Appendix D, Fig. 2); their centre-of-mass read-out is
+tested in tests/models/test_center_of_mass.py."""
 
 import pytest
 import torch
@@ -6,67 +7,6 @@ import torch
 from rpm.data.bouncing_balls import generate_bouncing_balls
 from rpm.models.bouncing_balls import BallEncoder, GaussianBallEncoder
 from rpm.models.center_of_mass import CenterOfMass
-
-
-def _center_of_mass_loop(maps: torch.Tensor, normalized: bool) -> torch.Tensor:
-    """The centre of mass written pixel by pixel from its definition. (N, K, H, W) -> (N, 2K)."""
-    n, k, h, w = maps.shape
-    out = torch.zeros(n, 2 * k, dtype=maps.dtype)
-    for a in range(n):
-        for b in range(k):
-            mass = sx = sy = 0.0
-            for i in range(h):
-                for j in range(w):
-                    x, y = j + 0.5, i + 0.5
-                    if normalized:
-                        x, y = 2 * x / w - 1, 2 * y / h - 1
-                    mass += maps[a, b, i, j].item()
-                    sx += maps[a, b, i, j].item() * x
-                    sy += maps[a, b, i, j].item() * y
-            out[a, 2 * b], out[a, 2 * b + 1] = sx / mass, sy / mass
-    return out
-
-
-def test_center_of_mass_of_two_pixels_by_hand():
-    maps = torch.zeros(1, 2, 4, 5, dtype=torch.float64)
-    maps[0, 0, 0, 0] = 1.0  # pixel centre (x, y) = (0.5, 0.5)
-    maps[0, 0, 2, 3] = 3.0  # pixel centre (x, y) = (3.5, 2.5)
-    maps[0, 1, 3, 1] = 2.0  # a single pixel: its own centre (1.5, 3.5)
-    # map 0: x = (0.5 + 3 * 3.5) / 4 = 2.75, y = (0.5 + 3 * 2.5) / 4 = 2.0
-    expected = torch.tensor([[2.75, 2.0, 1.5, 3.5]], dtype=torch.float64)
-    torch.testing.assert_close(CenterOfMass(eps=0.0)(maps), expected)
-    # normalised: x -> 2 x / W - 1 (W = 5), y -> 2 y / H - 1 (H = 4)
-    normalized = torch.tensor([[0.1, 0.0, -0.4, 0.75]], dtype=torch.float64)
-    torch.testing.assert_close(CenterOfMass(normalized=True, eps=0.0)(maps), normalized)
-
-
-@pytest.mark.parametrize("normalized", [False, True])
-def test_center_of_mass_matches_a_pixel_loop(normalized):
-    maps = torch.rand(3, 2, 5, 7, dtype=torch.float64)
-    layer = CenterOfMass(normalized=normalized, eps=0.0)
-    torch.testing.assert_close(layer(maps), _center_of_mass_loop(maps, normalized))
-
-
-def test_center_of_mass_of_a_zero_map_is_finite_and_gradients_are_exact():
-    assert torch.equal(CenterOfMass()(torch.zeros(2, 3, 4, 4)), torch.zeros(2, 6))
-    maps = torch.rand(2, 2, 4, 3, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(CenterOfMass(eps=1e-3), (maps,))
-
-
-def test_center_of_mass_of_rendered_balls_is_their_true_centre():
-    video = generate_bouncing_balls(num_frames=40, seed=2, dtype=torch.float64)
-    recovered = CenterOfMass(eps=0.0)(video.frames)  # (T, 6) = (x1, y1, x2, y2, x3, y3)
-    # rendering discretisation error is below 0.04 px (see tests/data/test_bouncing_balls.py)
-    torch.testing.assert_close(recovered, video.centres.flatten(1), rtol=0, atol=0.06)
-
-
-def test_center_of_mass_rejects_bad_input():
-    with pytest.raises(ValueError, match=r"\(N, K, H, W\)"):
-        CenterOfMass()(torch.rand(3, 4, 4))
-    with pytest.raises(ValueError, match="eps"):
-        CenterOfMass(eps=-1.0)
-    with pytest.raises(TypeError, match="normalized"):
-        CenterOfMass(normalized=1)
 
 
 @pytest.mark.parametrize("normalized", [False, True])
