@@ -16,9 +16,9 @@ import mpmath
 import numpy as np
 import pytest
 import torch
-from scipy import special, stats
+from scipy import integrate, special, stats
 
-from rpm.data.synthetic import VonMisesFisherSampler
+from rpm.data.synthetic import VonMisesFisherSampler, sample_vmf
 
 ALPHA = 1e-3
 
@@ -92,3 +92,70 @@ def test_sample_rejects_wrong_inputs():
         sampler.sample(torch.ones(4, 2))
     with pytest.raises(TypeError, match="floating"):
         sampler.sample(torch.ones(4, 3, dtype=torch.long))
+
+
+# ------------------------------------------------------------------ sample_vmf and the Wood sampler
+
+
+@pytest.mark.parametrize("p, kappa", [(2, 3.0), (3, 1.0), (10, 1.0), (10, 50.0), (5, 1000.0)])
+def test_vmf_mean_resultant_length(p, kappa):
+    # E[mu^T x] = A_p(kappa) = I_{p/2}(kappa) / I_{p/2-1}(kappa)
+    n = 60000
+    mu = torch.nn.functional.normalize(torch.randn(n, p, generator=gen(5),
+                                                   dtype=torch.float64), dim=1)
+    x = sample_vmf(mu, kappa, gen())
+    torch.testing.assert_close(x.norm(dim=1), torch.ones(n, dtype=torch.float64))
+    w = (mu * x).sum(1)
+    expected = special.ive(p / 2, kappa) / special.ive(p / 2 - 1, kappa)
+    assert abs(float(w.mean()) - expected) < 5 * float(w.std()) / math.sqrt(n)
+
+
+@pytest.mark.parametrize("p, kappa", [(10, 1.0), (4, 20.0)])
+def test_vmf_against_scipy(p, kappa):
+    mu = np.zeros(p)
+    mu[1] = 1.0
+    ref = stats.vonmises_fisher(mu, kappa).rvs(4000, random_state=np.random.default_rng(0))
+    x = sample_vmf(torch.tensor(mu).expand(4000, p).contiguous(), kappa, gen()).numpy()
+    assert stats.ks_2samp(x @ mu, ref @ mu).pvalue > ALPHA
+    assert stats.ks_2samp(x[:, 0], ref[:, 0]).pvalue > ALPHA   # a tangent coordinate
+
+
+def test_vmf_tangent_part_is_isotropic():
+    p, kappa, n = 4, 5.0, 40000
+    mu = torch.tensor([0.0, 0.6, 0.0, 0.8], dtype=torch.float64)
+    x = sample_vmf(mu.expand(n, p).contiguous(), kappa, gen())
+    w = x @ mu
+    t = x - w[:, None] * mu                                     # tangent part
+    cov = t.T @ t / n
+    expected = (1 - float((w**2).mean())) / (p - 1) * (torch.eye(p, dtype=torch.float64)
+                                                        - torch.outer(mu, mu))
+    assert float(t.mean(0).abs().max()) < 5 / math.sqrt(n)
+    assert float((cov - expected).abs().max()) < 5 / math.sqrt(n)
+
+
+@pytest.mark.parametrize("p, kappa", [(2, 3.0), (3, 10.0), (10, 1.0), (10, 50.0), (5, 1000.0)])
+def test_wood_proposal_and_acceptance_give_the_vmf_cosine_law(p, kappa):
+    # Deterministic check of Wood's constants: the accepted proposals have density
+    # Beta(z) e^{t(z)} / a, so E[W] = int Beta(z) e^t (1 - omega(z)) dz / a = A_p(kappa).
+    sampler = VonMisesFisherSampler(kappa, p)
+    half = (p - 1) / 2
+
+    def weight(z):
+        return stats.beta.pdf(z, half, half) * math.exp(sampler._log_accept_bound(
+            sampler._omega(np.float64(z))))
+
+    accept = integrate.quad(weight, 0, 1, limit=200)[0]
+    mean_w = integrate.quad(lambda z: weight(z) * (1 - sampler._omega(np.float64(z))), 0, 1,
+                            limit=200)[0] / accept
+    expected = special.ive(p / 2, kappa) / special.ive(p / 2 - 1, kappa)
+    assert abs(mean_w - expected) < 1e-6
+    assert abs(accept - sampler.acceptance) < 1e-6
+
+
+def test_vmf_acceptance_probability_matches_monte_carlo():
+    for p, kappa in [(3, 10.0), (10, 100.0)]:
+        sampler = VonMisesFisherSampler(kappa, p)
+        z = torch.distributions.Beta((p - 1) / 2, (p - 1) / 2).sample((200000,)).double()
+        t = sampler._log_accept_bound(sampler._omega(z))
+        assert float(t.max()) <= 1e-9                      # Wood's bound: t <= 0
+        assert abs(float(t.exp().mean()) - sampler.acceptance) < 0.01
