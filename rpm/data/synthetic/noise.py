@@ -47,6 +47,8 @@ import math
 import torch
 from torch.distributions import Laplace, Normal
 
+from rpm._validation import check_positive
+
 __all__ = ["NOISE_KINDS", "FactorisedNoise"]
 
 NOISE_KINDS = ("normal", "laplace", "gennorm")
@@ -80,8 +82,8 @@ class FactorisedNoise:
         if (kind == "gennorm") != (beta is not None):
             raise ValueError(f"beta must be given exactly for 'gennorm' noise; got kind={kind!r}, "
                              f"beta={beta!r}")
-        if beta is not None and not (math.isfinite(beta) and beta > 0):
-            raise ValueError(f"gennorm beta must be a finite positive number, got {beta!r}")
+        if beta is not None:
+            beta = check_positive("gennorm beta", beta)
         if isinstance(scale, torch.Tensor):
             if scale.ndim != 1 or not bool(torch.isfinite(scale).all() and (scale > 0).all()):
                 raise ValueError("a tensor scale must be 1-D, finite and positive; got "
@@ -90,8 +92,7 @@ class FactorisedNoise:
             self.scale: float | torch.Tensor = scale.detach().to(device, dtype)
             self._scale_device64: float | torch.Tensor = scale.detach().to(device, torch.float64)
         else:
-            if not (math.isfinite(scale) and scale > 0):
-                raise ValueError(f"noise scale must be a finite positive number, got {scale!r}")
+            scale = check_positive("noise scale", scale)
             self._scale_float64 = torch.tensor([float(scale)], dtype=torch.float64)
             self.scale = float(scale)
             self._scale_device64 = float(scale)

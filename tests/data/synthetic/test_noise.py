@@ -71,14 +71,20 @@ def test_sample_interval_is_the_law_truncated_to_the_interval(kind):
     ({"kind": "cauchy", "scale": 1.0}, "noise kind must be one of"),
     ({"kind": "gennorm", "scale": 1.0}, "beta must be given exactly for 'gennorm'"),
     ({"kind": "normal", "scale": 1.0, "beta": 2.0}, "beta must be given exactly for 'gennorm'"),
-    ({"kind": "gennorm", "scale": 1.0, "beta": 0.0}, "beta must be a finite positive number"),
-    ({"kind": "normal", "scale": 0.0}, "noise scale must be a finite positive number"),
+    ({"kind": "gennorm", "scale": 1.0, "beta": 0.0}, r"gennorm beta must be > 0.0, got 0.0"),
+    ({"kind": "normal", "scale": 0.0}, r"noise scale must be > 0.0, got 0.0"),
+    ({"kind": "normal", "scale": float("inf")}, "noise scale must be a finite number, got inf"),
     ({"kind": "normal", "scale": torch.tensor([1.0, -1.0])}, "finite and positive"),
     ({"kind": "normal", "scale": torch.ones(2, 2)}, "1-D"),
 ])
 def test_bad_configurations_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         FactorisedNoise(**kwargs)
+
+
+def test_a_scale_that_is_not_a_number_is_a_type_error():
+    with pytest.raises(TypeError, match="noise scale must be a number, got str '1'"):
+        FactorisedNoise("normal", "1")
 
 
 def test_sample_interval_needs_an_invertible_kind():
