@@ -52,3 +52,13 @@ def test_theory_page_anchors_cited_in_the_repository_exist():
     assert "implicit-prior" in anchors and "elbo" in anchors
     missing = {anchor: str(where) for anchor, where in cited.items() if anchor not in anchors}
     assert not missing, f"links to headings docs/theory.md does not have: {missing}"
+
+
+def test_docs_and_code_cite_the_theory_page_not_an_internal_spec():
+    internal = re.compile(r"\b" + "SP" + r"EC\b(,| section| \d)")  # not spelled out in this file
+    offenders = []
+    for path in [*ROOT.glob("rpm/**/*.py"), *ROOT.glob("tests/**/*.py"), *ROOT.glob("benchmarks/*"),
+                 *ROOT.glob("notebooks/src/*.py"), *ROOT.glob("*.md"), *ROOT.glob("docs/*.md")]:
+        if path.is_file() and internal.search(path.read_text(errors="ignore")):
+            offenders.append(str(path.relative_to(ROOT)))
+    assert not offenders, f"cite docs/theory.md or the paper's equations instead: {offenders}"
