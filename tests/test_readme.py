@@ -1,5 +1,6 @@
 """The README's Python example runs as written and shows the ELBO = -InfoNCE + log N identity;
-the README names the test command that .ci/run calls."""
+the README names the test command that .ci/run calls; the links into docs/theory.md land on its
+headings, and the theory page, not an internal file, is what the code cites."""
 
 import pathlib
 import re
