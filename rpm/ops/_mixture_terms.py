@@ -44,8 +44,9 @@ is materially worse than the direct form:
 3. the magnitude exceeds ``REFINE_GAIN`` times :math:`q_{mn}` (otherwise float32 cannot do
    materially better: the direct form has the same bound of q).
 
-Condition 3 is what keeps overlapping mixtures (every pair near its row maximum, magnitude
-about q) free of per-pair work; anchors keep far tight clusters free of it.
+Condition 3 is what keeps overlapping mixtures (most pairs near their row maximum, magnitude
+about q) free of per-pair work; anchors keep the rounding bound of far tight clusters small, so
+that condition 1 does not admit every pair of a cluster.
 """
 
 from __future__ import annotations
