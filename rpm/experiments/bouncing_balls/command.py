@@ -395,7 +395,8 @@ def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train
         if sequence:
             dynamics = evaluate_dynamics(model, frames, centres, num_train)
             metrics.update(velocity_r2=dynamics.velocity_r2,
-                           forecast_error_px=dynamics.forecast_error_px)
+                           forecast_error_px=dynamics.forecast_error_px,
+                           smoothed_r2=dynamics.smoothed_r2)
         return metrics
 
     trainer = Trainer(
@@ -424,6 +425,8 @@ def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train
             "velocity_r2": dynamics.velocity_r2,
             "forecast_error_px": dynamics.forecast_error_px,
             "baseline_forecast_error_px": dynamics.baseline_forecast_error_px,
+            "smoothed_r2": dynamics.smoothed_r2,
+            "smoothed_pixel_error": dynamics.smoothed_pixel_error,
             "_forecast": dynamics.forecast,
         }
     return {

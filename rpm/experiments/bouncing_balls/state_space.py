@@ -98,12 +98,12 @@ def displacement_noise(dim: int, position: float, velocity: float) -> torch.Tens
     .. math::
 
         u_{t+1} = u_t + \epsilon_t, \quad p_{t+1} = p_t + u_t + \epsilon_t + \eta_t, \qquad
-        Q = egin{pmatrix} (\sigma_p^2 + \sigma_v^2) I & \sigma_v^2 I \
+        Q = \begin{pmatrix} (\sigma_p^2 + \sigma_v^2) I & \sigma_v^2 I \\
                             \sigma_v^2 I & \sigma_v^2 I \end{pmatrix},
 
     with :math:`\epsilon_t \sim \mathcal{N}(0, \sigma_v^2 I)` and
     :math:`\eta_t \sim \mathcal{N}(0, \sigma_p^2 I)`. With
-    :math:`A = egin{pmatrix} I & I \ 0 & I\end{pmatrix}` this describes the same
+    :math:`A = \begin{pmatrix} I & I \\ 0 & I\end{pmatrix}` this describes the same
     observations as independent position and velocity noise, whose velocity is the displacement
     *out of* frame t; the likelihood cannot tell the two apart, so the start decides which one
     the smoothed states hold, and the velocity read-out :math:`v_t = c_t - c_{t-1}` needs this
@@ -131,11 +131,14 @@ def window_batch(frames: torch.Tensor, starts: torch.Tensor, length: int) -> tor
 
 
 class DynamicsEvaluation(NamedTuple):
-    """Scores of the learned dynamics on the held-out frames (module docstring).
+    r"""Scores of the learned dynamics on the held-out frames (module docstring).
 
     :ivar float velocity_r2: held-out R^2 of the velocities read from the smoothed states.
     :ivar float forecast_error_px: one-step forecast error per ball, pixels.
     :ivar float baseline_forecast_error_px: the last true position as the forecast, pixels.
+    :ivar float smoothed_r2: held-out position R^2 of the affine decoder fitted on the smoothed
+        latents :math:`C\,E[s_t | \mu_{1:F}]` instead of the recognition means.
+    :ivar float smoothed_pixel_error: its mean decoding error per ball, pixels.
     :ivar torch.Tensor forecast: forecast centres of the held-out frames, (T_test, K, 2).
     :ivar torch.Tensor velocity: decoded velocities of the held-out frames, (T_test, K, 2).
     """
@@ -145,6 +148,8 @@ class DynamicsEvaluation(NamedTuple):
     baseline_forecast_error_px: float
     forecast: torch.Tensor
     velocity: torch.Tensor
+    smoothed_r2: float
+    smoothed_pixel_error: float
 
 
 @torch.no_grad()
@@ -184,10 +189,18 @@ def evaluate_dynamics(model: rpm.SequenceRPM, frames: torch.Tensor, centres: tor
     forecast = (design @ position)[num_train:].reshape(-1, centres.shape[1], 2)
     truth = targets[num_train:].reshape(forecast.shape)
     previous = targets[num_train - 1:-1].reshape(forecast.shape)
+
+    latent = smoothed @ params["observation_matrix"].T  # (F, 2K): C E[s_t | mu_{1:F}]
+    smoothed_r2 = r2_per_dimension(targets, latent, num_train=num_train).mean()
+    coef = fit_linear_decoder(latent[:num_train], targets[:num_train])
+    design = torch.cat([latent, torch.ones(len(latent), 1, dtype=torch.float64)], 1)
+    smoothed_error = ((design @ coef)[num_train:].reshape(truth.shape) - truth).norm(dim=-1).mean()
     return DynamicsEvaluation(
         velocity_r2=velocity_r2.item(),
         forecast_error_px=(forecast - truth).norm(dim=-1).mean().item(),
         baseline_forecast_error_px=(previous - truth).norm(dim=-1).mean().item(),
         forecast=forecast,
         velocity=decoded_velocity.reshape(-1, centres.shape[1], 2),
+        smoothed_r2=smoothed_r2.item(),
+        smoothed_pixel_error=smoothed_error.item(),
     )

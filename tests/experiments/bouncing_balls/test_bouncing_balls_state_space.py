@@ -100,3 +100,48 @@ def test_tiny_run_writes_the_dynamics_scores(tmp_path):
     assert result["prior_parameters"]["window"] == 4
     assert np.asarray(result["prior_parameters"]["transition_matrix"]).shape == (12, 12)
     assert (tmp_path / "forecast.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_smoothed_position_scores_against_dense_gaussian_conditioning():
+    """The smoothed read-out C E[s_t | mu_{1:F}] equals the posterior mean of the joint Gaussian
+    of all states and recognition means (conditioned densely, numpy float64); its R^2 and pixel
+    error are those of the affine decoder fitted on the training frames."""
+    torch.set_default_dtype(torch.float64)
+    num_frames, num_train = 36, 28
+    video = generate_bouncing_balls(num_frames, seed=2, dtype=torch.float64)
+    noisy = video.centres + 0.8 * torch.randn(video.centres.shape,
+                                              generator=torch.Generator().manual_seed(0))
+    model = build_state_space_model(ARGS, 3, 3)
+    model.recognition.net.encoder = Oracle(noisy)
+    frames = torch.arange(float(num_frames)).reshape(num_frames, 1, 1, 1)
+    scores = evaluate_dynamics(model, frames, video.centres, num_train)
+
+    prior = model.prior
+    m1, S1, A, Q, C, R = (t.detach().numpy() for t in (
+        prior.init_loc, prior.init_scale_tril, prior.transition_matrix,
+        prior.transition_scale_tril, prior.observation_matrix, prior.observation_scale_tril))
+    sigma = model.recognition.net.log_scale.exp().detach().numpy()
+    H, D, F = A.shape[0], C.shape[0], num_frames
+    # s = mean + L (s_1 noise, w_1, ..., w_{F-1}): s_t = A^{t-1} s_1 + sum_{u<t} A^{t-1-u} w_u
+    mean = np.concatenate([np.linalg.matrix_power(A, t) @ m1 for t in range(F)])
+    L = np.zeros((F * H, F * H))
+    for t in range(F):
+        for u in range(t + 1):
+            L[t * H:(t + 1) * H, u * H:(u + 1) * H] = np.linalg.matrix_power(A, t - u) @ (
+                S1 if u == 0 else Q)
+    cov_s = L @ L.T
+    big_c = np.kron(np.eye(F), C)
+    noise = np.kron(np.eye(F), R @ R.T + np.diag(sigma ** 2))
+    mu = noisy.flatten(1).numpy().reshape(-1)
+    gain = cov_s @ big_c.T @ np.linalg.inv(big_c @ cov_s @ big_c.T + noise)
+    latent = (big_c @ (mean + gain @ (mu - big_c @ mean))).reshape(F, D)
+
+    targets = video.centres.flatten(1).numpy()
+    design = np.concatenate([latent, np.ones((F, 1))], 1)
+    coef = np.linalg.lstsq(design[:num_train], targets[:num_train], rcond=None)[0]
+    residual = targets[num_train:] - design[num_train:] @ coef
+    test = targets[num_train:]
+    r2 = 1 - (residual ** 2).sum(0) / ((test - test.mean(0)) ** 2).sum(0)
+    error = np.linalg.norm(residual.reshape(-1, 3, 2), axis=-1).mean()
+    assert scores.smoothed_r2 == pytest.approx(r2.mean(), rel=1e-8)
+    assert scores.smoothed_pixel_error == pytest.approx(error, rel=1e-8)
