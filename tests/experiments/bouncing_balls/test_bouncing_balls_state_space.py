@@ -22,7 +22,7 @@ from rpm.priors import GaussianStateSpace
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-ARGS = argparse.Namespace(hidden_channels=4, noise_scale=0.3, ball_diameter=5.0, image_size=32)
+ARGS = argparse.Namespace(hidden_channels=4, state_space_noise=0.3, ball_diameter=5.0, image_size=32)
 
 
 class Oracle(torch.nn.Module):
