@@ -31,10 +31,12 @@ windows of 8 frames a step sees 128 frames, as the pair priors' 128 pairs do.
 **Recognition noise.** :math:`\sigma` = 0.15 (``--state-space-noise``, also the start of the
 observation noise R and of the position noise). The encoder's means do not move in pixels but
 on a shrunk copy of the balls' paths (the centre of mass of a map with a non-zero background):
-their standard deviation over the frames is about 0.8 per coordinate, so 0.3, the dynamics
-prior's noise, would blur each latent by about a third of its spread; 0.15 keeps the factors
-sharp against that spread (held-out position R^2 0.992 against 0.988 with 0.3, over seeds 0, 1,
-2, with better velocities and forecasts too; benchmarks/README.md).
+their standard deviation over the frames is about 0.5-0.9 per coordinate, so 0.3, the dynamics
+prior's noise, would blur each latent by about a third of its spread or more; 0.15 keeps the
+factors sharper against that spread (held-out position R^2 0.992 against 0.988 with 0.3, over
+seeds 0, 1, 2, with better velocities and forecasts too; benchmarks/README.md). Trained much past
+the default 150 steps, the learned A and C drift away from constant velocity whatever the noise
+(benchmarks/README.md).
 
 **Evaluation** on the held-out frames (the last ``--test-frames``), with the encoder in
 evaluation mode and :math:`\mu_t` its means over the whole video:
