@@ -40,17 +40,13 @@ Defaults: 32 x 32 frames, ball diameter 5 px, 16 hidden channels, 5 x 5 kernels,
 1e-2 for 30 epochs (150 steps), which trains the RBF prior about as far as the prototype's 60
 epochs at 3e-3 in half the time. The dynamics prior's recognition noise is 0.3 px. Training
 runs on one CPU thread (``--threads``): on a busy 2-core machine two threads spend most of
-their time waiting for each other (the default run took 3.9 min on one thread and 14.7 min on
-two, with a load average of 5-10), and the results do not depend on the thread count.
+their time waiting for each other, and the results do not depend on the thread count.
 
-Measured with the defaults, seeds 0, 1, 2 (held-out R^2, mean +- std; benchmarks/README.md):
-rbf 0.985 +- 0.000, bilinear 0.70 +- 0.06, cosine 0.77 +- 0.14, dynamics 0.991 +- 0.001, the
-untrained encoder 0.71 +- 0.12 (the centres of mass of random feature maps of frames with one
-colour per ball are already partly linear in the positions). The bilinear critic of plain
-InfoNCE does not learn the positions (Fig. 1BC of the paper); the RBF prior and the explicit
-dynamics prior do. The state-space prior over windows of 8 frames (recognition noise 0.15 px):
-position R^2 0.992 +- 0.001, velocity R^2 0.92 +- 0.02 from its smoothed states, and one-step
-forecasts 0.74 of the last-position baseline (3.70 px against 5.00 px).
+What the defaults give: the bilinear critic of plain InfoNCE does not learn the positions
+(Fig. 1BC of the paper), the RBF prior and the explicit dynamics prior do, and the state-space
+prior over windows of 8 frames (recognition noise 0.15 px) also recovers the velocities from
+its smoothed states and forecasts one step ahead better than the last position. The measured
+scores over seeds, and the run times, are in ``benchmarks/README.md``.
 
 Output folder (``--out``, default ``runs/bouncing-balls``; the run-folder contract of
 :mod:`rpm.experiments.common`): ``config.json``, ``results.json`` (with the environment),

@@ -44,12 +44,10 @@ Adam is fused on CUDA, and ``--compile`` compiles the encoder. The defaults (n =
 the sphere, vMF(1) pairs, 3000 steps of 256 pairs, width 128, one CPU thread) show the result
 in a minute or two on a CPU: the encoder recovers the latents (test :math:`R^2` about 0.99)
 where the mixed observations themselves explain about 0.8. The published setting, n = 10
-(``--dim 10``), needs some 6e7 pairs: ``--dim 10 --batch-size 1024 --lr 2e-3 --steps 64000``
-reached :math:`R^2` 0.992 in 38 minutes on one
-CPU core (0.95 after 17.5-25 minutes, 0.99 after 31; 48 000 steps: 0.989 +- 0.002).
-AnInfoNCE (``--dim 10 --conditional anisotropic --compare-energies cosine,anisotropic
---energy-lr 0.1``) needs 10 000 steps of 256 pairs. Timings and the other
-settings are in ``benchmarks/README.md``.
+(``--dim 10``), needs some 6e7 pairs (``--dim 10 --batch-size 1024 --lr 2e-3 --steps 64000``
+reaches the 0.99 floor on a CPU); AnInfoNCE (``--dim 10 --conditional anisotropic
+--compare-energies cosine,anisotropic --energy-lr 0.1``) needs 10 000 steps of 256 pairs.
+Timings and the other settings are in ``benchmarks/README.md``.
 
 References:
     R. S. Zimmermann, Y. Sharma, S. Schneider, M. Bethge and W. Brendel, "Contrastive learning
