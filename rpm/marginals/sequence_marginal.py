@@ -24,6 +24,7 @@ import torch
 from pyro.distributions import Delta, Independent, Normal, TorchDistribution
 from torch.distributions import constraints
 
+from rpm._validation import check_bool
 from rpm.marginals.mixture_marginal import delta_mixture_log_prob
 from rpm.ops import gaussian_mixture_log_prob
 
@@ -77,8 +78,7 @@ class SequenceMixtureMarginal(TorchDistribution):
 
     def __init__(self, q: TorchDistribution, pooled: bool = False, block_size: int | None = None,
                  validate_args=None):
-        if not isinstance(pooled, bool):
-            raise TypeError(f"pooled must be True or False, got {pooled!r}")
+        check_bool("pooled", pooled)
         self.q = q
         self.loc, self.scale = sequence_components(q)
         self.pooled = pooled

@@ -33,6 +33,7 @@ from pyro import poutine
 from pyro.distributions import Delta, Normal, TorchDistribution
 from pyro.infer.util import is_validation_enabled
 
+from rpm._validation import check_bool, check_positive_int
 from rpm.marginals.mixture_marginal import recognition_components
 from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
 from rpm.models.base import RPMBase, scoped
@@ -109,8 +110,7 @@ class SequenceRPM(RPMBase):
                 "model. Share a recognition model with a plain torch.nn.Module network, or "
                 "build a new one") from None
         self.per_view = per_view
-        if not isinstance(pooled_marginal, bool):
-            raise TypeError(f"pooled_marginal must be True or False, got {pooled_marginal!r}")
+        check_bool("pooled_marginal", pooled_marginal)
         if guide not in _GUIDES:
             raise ValueError(f"guide must be one of {_GUIDES}, got {guide!r}")
         self.pooled_marginal = pooled_marginal
@@ -245,8 +245,7 @@ class SequenceRPM(RPMBase):
             raise NotImplementedError(
                 "SequenceRPM evaluates its marginals over the local batch only; "
                 "global_batch=True is available for the pair rpm.RPM")
-        if isinstance(num_particles, bool) or not isinstance(num_particles, int) or num_particles < 1:
-            raise ValueError(f"num_particles must be a positive integer, got {num_particles!r}")
+        check_positive_int("num_particles", num_particles)
         q = self.recognise(x)
         marginal = self.marginal(q, block_size=block_size)
         guide = self.guide_distribution(q)

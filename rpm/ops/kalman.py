@@ -38,6 +38,8 @@ from typing import NamedTuple
 
 import torch
 
+from rpm._validation import check_positive_int
+
 __all__ = [
     "KalmanFilterResult",
     "KalmanForecast",
@@ -367,8 +369,7 @@ def kalman_forecast(
     :param int steps: k >= 1.
     :return: a :class:`KalmanForecast`.
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    check_positive_int("steps", steps)
     out_dtype = filtered.filtered_loc.dtype
     transition_matrix, transition_scale_tril, observation_matrix, observation_scale_tril = (
         t.to(compute_dtype) for t in (transition_matrix, transition_scale_tril,

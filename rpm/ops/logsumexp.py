@@ -28,6 +28,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
+from rpm._validation import check_positive_int
 from rpm.ops.dispatch import default_block_size, ieee_float32_matmul
 
 __all__ = ["streaming_matmul_logsumexp"]
@@ -143,6 +144,5 @@ def streaming_matmul_logsumexp(
         )
     if block_size is None:
         block_size = default_block_size(left.device)
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive integer or None, got {block_size!r}")
+    check_positive_int("block_size", block_size)
     return _StreamingMatmulLogsumexp.apply(left, right, block_size)

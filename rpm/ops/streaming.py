@@ -49,6 +49,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
+from rpm._validation import check_positive_int
 from rpm.ops._mixture_terms import REFINE_MARGIN, MixtureTerms, check_mixture_arguments
 from rpm.ops.dispatch import default_block_size, ieee_float32_matmul
 from rpm.ops.logsumexp import _block_logsumexp, _block_softmax
@@ -242,6 +243,5 @@ def streaming_gaussian_mixture_log_prob(
     check_mixture_arguments(z, loc, scale, exclude_self)
     if block_size is None:
         block_size = default_block_size(z.device)
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive integer or None, got {block_size!r}")
+    check_positive_int("block_size", block_size)
     return _StreamingGaussianMixture.apply(z, loc, scale, bool(exclude_self), block_size)

@@ -38,6 +38,7 @@ from pyro.distributions import Normal, TorchDistribution
 from pyro.nn import PyroParam
 from torch.distributions import constraints
 
+from rpm._validation import check_positive_int
 from rpm.marginals.sequence_marginal import sequence_components
 from rpm.ops.kalman import (
     KalmanFilterResult,
@@ -98,8 +99,7 @@ class GaussianStateSpace(TorchDistribution):
 
     def __init__(self, init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
                  observation_matrix, observation_scale_tril, duration: int, validate_args=None):
-        if isinstance(duration, bool) or not isinstance(duration, int) or duration < 1:
-            raise ValueError(f"duration must be a positive integer (T), got {duration!r}")
+        check_positive_int("duration", duration)
         hidden_dim = init_loc.shape[-1]
         obs_dim = observation_matrix.shape[-2]
         if observation_matrix.shape[-1] != hidden_dim:
@@ -344,11 +344,9 @@ class StateSpacePrior(SequencePrior):
     def __init__(self, dim: int, state_dim: int | None = None, constant_velocity: bool | None = None,
                  init_loc=0.0, init_scale=1.0, process_noise=0.1, observation_noise=0.1):
         super().__init__()
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"dim must be a positive integer (the latent dimension), got {dim!r}")
+        check_positive_int("dim", dim)
         state_dim = 2 * dim if state_dim is None else state_dim
-        if isinstance(state_dim, bool) or not isinstance(state_dim, int) or state_dim < 1:
-            raise ValueError(f"state_dim must be a positive integer, got {state_dim!r}")
+        check_positive_int("state_dim", state_dim)
         if constant_velocity is None:
             constant_velocity = state_dim == 2 * dim
         if constant_velocity and state_dim != 2 * dim:

@@ -182,7 +182,7 @@ def test_errors():
     z, loc, scale = make_mixture(5, 4, 3)
     with pytest.raises(ValueError, match="block_size"):
         streaming_gaussian_mixture_log_prob(z, loc, scale, block_size=0)
-    with pytest.raises(ValueError, match="block_size"):
+    with pytest.raises(TypeError, match="block_size"):
         streaming_gaussian_mixture_log_prob(z, loc, scale, block_size=2.5)
     with pytest.raises(ValueError, match="exclude_self"):
         streaming_gaussian_mixture_log_prob(z, loc, scale, exclude_self=True)
