@@ -53,6 +53,26 @@ class RPMBase(ScopedModule):
         """
         raise NotImplementedError(f"{type(self).__name__} must implement elbo(*args, ...)")
 
+    def adopt(self, **modules) -> None:
+        """Sets the given modules (recognition models, priors) as attributes of this model.
+
+        :raises ValueError: when Pyro refuses to re-parent one of them: a
+            :class:`~pyro.nn.PyroModule` that already ran inside another PyroModule cannot move
+            to a second model (Pyro's ``AssertionError`` says only that), so the error names
+            the way out.
+        """
+        try:
+            for name, module in modules.items():
+                setattr(self, name, module)
+        except AssertionError as error:  # Pyro's check when re-parenting a used PyroModule
+            raise ValueError(
+                f"a module of this {type(self).__name__} already ran inside another PyroModule "
+                f"and holds a PyroModule of its own ({error}); Pyro cannot move such a module "
+                "to a second model. Share a recognition model between models with a plain "
+                "torch.nn.Module network (rpm.DeltaRecognition(net) and "
+                "rpm.GaussianRecognition(net) do not convert it), or build a new one"
+            ) from None
+
     @contextlib.contextmanager
     def parameter_scope(self) -> Iterator[None]:
         """:func:`rpm.nn.parameter_scope` of this model: the body runs with this model's own

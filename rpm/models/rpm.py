@@ -164,17 +164,7 @@ class RPM(RPMBase):
                 raise TypeError(f"{name} must be callable (x -> distribution), got {module!r}")
         if not callable(prior):
             raise TypeError(f"prior must be callable as prior(q, q2), got {prior!r}")
-        try:
-            self.recognition = recognition
-            self.recognition2 = recognition2
-            self.prior = prior
-        except AssertionError as error:  # Pyro's check when re-parenting a used PyroModule
-            raise ValueError(
-                "a module of this RPM already ran inside another PyroModule and holds a "
-                f"PyroModule of its own ({error}); Pyro cannot move such a module to a second "
-                "model. Share a recognition model between RPMs with a plain torch.nn.Module "
-                "network (rpm.DeltaRecognition(net) does not convert it), or build a new one"
-            ) from None
+        self.adopt(recognition=recognition, recognition2=recognition2, prior=prior)
         if not _accepts_delta(prior):
             for name, module in (("recognition", recognition), ("recognition2", recognition2)):
                 if isinstance(module, DeltaRecognition) and module.is_deterministic:

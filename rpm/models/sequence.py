@@ -100,15 +100,8 @@ class SequenceRPM(RPMBase):
             raise TypeError(
                 "prior must be a sequence prior (rpm.priors.SequencePrior, e.g. StateSpacePrior, "
                 f"MarkovImplicitPrior or MarkovPrior(pair_prior)), got {type(prior).__name__}")
-        try:
-            self.recognition = torch.nn.ModuleList(modules) if per_view else recognition
-            self.prior = prior
-        except AssertionError as error:  # Pyro's check when re-parenting a used PyroModule
-            raise ValueError(
-                "a module of this model already ran inside another PyroModule and holds a "
-                f"PyroModule of its own ({error}); Pyro cannot move such a module to a second "
-                "model. Share a recognition model with a plain torch.nn.Module network, or "
-                "build a new one") from None
+        self.adopt(recognition=torch.nn.ModuleList(modules) if per_view else recognition,
+                   prior=prior)
         self.per_view = per_view
         check_bool("pooled_marginal", pooled_marginal)
         if guide not in _GUIDES:

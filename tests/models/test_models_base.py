@@ -10,7 +10,7 @@ import torch
 from pyro.infer import SVI, Trace_ELBO
 
 import rpm
-from rpm.priors import GaussianRandomWalkPrior, ImplicitPrior, Prior, RBFEnergy
+from rpm.priors import GaussianRandomWalkPrior, ImplicitPrior, MarkovImplicitPrior, Prior, RBFEnergy
 
 N, X_DIM, D, STEPS = 16, 5, 3, 4
 
@@ -159,3 +159,14 @@ def test_explicit_prior_parameters_are_the_modules_own(batches):
     train_svi([model], batches)
     assert prior.step.item() != before
     assert pyro.param("prior.step").item() == prior.step.item()  # as in Pyro's default mode
+
+
+def test_a_pyro_module_that_ran_in_one_model_is_refused_by_a_second_with_the_fix():
+    x = torch.randn(8, 3)
+    recognition = rpm.DeltaRecognition(pyro.nn.PyroModule[torch.nn.Linear](3, 2))
+    first = rpm.RPM(recognition, ImplicitPrior(RBFEnergy()))
+    rpm.RPMELBO().loss(first.model, first.guide, x, x)
+    for build in (lambda: rpm.RPM(recognition, ImplicitPrior(RBFEnergy())),
+                  lambda: rpm.SequenceRPM(recognition, MarkovImplicitPrior(RBFEnergy()))):
+        with pytest.raises(ValueError, match="plain torch.nn.Module network"):
+            build()
