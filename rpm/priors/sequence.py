@@ -96,14 +96,44 @@ class SequencePrior(ScopedModule):
         return None
 
 
-def _check_chain_value(value: torch.Tensor, shape: torch.Size, what: str) -> None:
-    if value.shape != shape:
-        raise ValueError(
-            f"the {what} is evaluated at the whole batch of sequences, shape {tuple(shape)} "
-            f"(N, T, D); got {tuple(value.shape)}")
+class _BatchChain(TorchDistribution):
+    """Base of the chains over a batch of N sequences whose ``log_prob`` and ``sample`` take the
+    whole batch (N, T, D) at once: a value of another shape, an expansion to another batch and
+    a draw are handled here; a subclass implements ``log_prob`` (after :meth:`_check_value`)
+    and :meth:`_sample_batch`."""
+
+    arg_constraints: dict = {}
+    support = constraints.independent(constraints.real, 2)
+    has_rsample = False
+    #: How the errors name the chain.
+    _what = "chain"
+
+    def expand(self, batch_shape, _instance=None):
+        if torch.Size(batch_shape) != self.batch_shape:
+            raise ValueError(
+                f"the {self._what} of {self.batch_shape[0]} sequences cannot be expanded to "
+                f"{tuple(batch_shape)}; use a plate of the number of sequences")
+        return self
+
+    def _check_value(self, value: torch.Tensor) -> None:
+        shape = self.batch_shape + self.event_shape
+        if value.shape != shape:
+            raise ValueError(
+                f"the {self._what} is evaluated at the whole batch of sequences, shape "
+                f"{tuple(shape)} (N, T, D); got {tuple(value.shape)}")
+
+    def _sample_batch(self) -> torch.Tensor:
+        """One draw of the whole batch, shape (N, T, D), without gradients."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _sample_batch()")
+
+    def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
+        num_draws = torch.Size(sample_shape).numel()
+        with torch.no_grad():
+            draws = [self._sample_batch() for _ in range(num_draws)]
+        return torch.stack(draws).reshape(self._extended_shape(sample_shape))
 
 
-class MarkovImplicitChain(TorchDistribution):
+class MarkovImplicitChain(_BatchChain):
     r"""The Markov chain of implicit conditionals over the batch of sequences.
 
     .. math::
@@ -122,42 +152,29 @@ class MarkovImplicitChain(TorchDistribution):
     :param energy: f, mapping (N, D) and (M, D) latents to an (N, M) matrix.
     """
 
-    arg_constraints: dict = {}
-    support = constraints.independent(constraints.real, 2)
-    has_rsample = False
+    _what = "implicit chain"
 
     def __init__(self, marginal: SequenceMixtureMarginal, energy, validate_args=None):
         self.marginal = marginal
         self.energy = energy
         super().__init__(marginal.batch_shape, marginal.event_shape, validate_args=validate_args)
 
-    def expand(self, batch_shape, _instance=None):
-        if torch.Size(batch_shape) != self.batch_shape:
-            raise ValueError(
-                f"the implicit chain of {self.batch_shape[0]} sequences cannot be expanded to "
-                f"{tuple(batch_shape)}; use a plate of the number of sequences")
-        return self
-
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        _check_chain_value(value, self.batch_shape + self.event_shape, "implicit chain")
+        self._check_value(value)
         total = self.marginal.log_prob(value)
         for t in range(value.shape[1] - 1):
             total = total + implicit_log_ratio(self.energy(value[:, t], value[:, t + 1]))
         return total
 
-    def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
-        if sample_shape != torch.Size():
-            draws = [self.sample() for _ in range(int(torch.Size(sample_shape).numel()))]
-            return torch.stack(draws).reshape(self._extended_shape(sample_shape))
-        with torch.no_grad():
-            state = self.marginal.sample()[:, 0]
-            values = [state]
-            for t in range(1, self.event_shape[0]):
-                candidates = self.marginal.sample()[:, t]  # (N, D) draws from Q_t
-                index = Categorical(logits=self.energy(state, candidates)).sample()
-                state = candidates[index]
-                values.append(state)
-            return torch.stack(values, dim=1)
+    def _sample_batch(self) -> torch.Tensor:
+        state = self.marginal.sample()[:, 0]
+        values = [state]
+        for t in range(1, self.event_shape[0]):
+            candidates = self.marginal.sample()[:, t]  # (N, D) draws from Q_t
+            index = Categorical(logits=self.energy(state, candidates)).sample()
+            state = candidates[index]
+            values.append(state)
+        return torch.stack(values, dim=1)
 
 
 class MarkovImplicitPrior(SequencePrior):
@@ -206,7 +223,7 @@ class MarkovImplicitPrior(SequencePrior):
         return total
 
 
-class MarkovChain(TorchDistribution):
+class MarkovChain(_BatchChain):
     r"""A pair prior applied along a chain of T views.
 
     .. math::
@@ -223,9 +240,7 @@ class MarkovChain(TorchDistribution):
     :param q: recognition distributions, batch_shape (N, T), event_shape (D,).
     """
 
-    arg_constraints: dict = {}
-    support = constraints.independent(constraints.real, 2)
-    has_rsample = False
+    _what = "Markov chain"
 
     def __init__(self, pair_prior, q: TorchDistribution, validate_args=None):
         self.pair_prior = pair_prior
@@ -233,13 +248,6 @@ class MarkovChain(TorchDistribution):
         num_sequences, num_views = q.batch_shape
         super().__init__(torch.Size([num_sequences]), torch.Size([num_views]) + q.event_shape,
                          validate_args=validate_args)
-
-    def expand(self, batch_shape, _instance=None):
-        if torch.Size(batch_shape) != self.batch_shape:
-            raise ValueError(
-                f"the Markov chain of {self.batch_shape[0]} sequences cannot be expanded to "
-                f"{tuple(batch_shape)}; use a plate of the number of sequences")
-        return self
 
     def _step(self, t: int, data: dict) -> dict:
         """Runs the pair prior on views (t, t+1) with the sites in ``data`` (each (N, D))
@@ -275,23 +283,19 @@ class MarkovChain(TorchDistribution):
         return result
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        _check_chain_value(value, self.batch_shape + self.event_shape, "Markov chain")
+        self._check_value(value)
         total = 0.0
         for t in range(value.shape[1] - 1):
             step = self._step(t, {"z": value[:, t], "z2": value[:, t + 1]})
             total = total + step["z2"][1] + (step["z"][1] if t == 0 else 0.0)
         return total
 
-    def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
-        if sample_shape != torch.Size():
-            draws = [self.sample() for _ in range(int(torch.Size(sample_shape).numel()))]
-            return torch.stack(draws).reshape(self._extended_shape(sample_shape))
-        with torch.no_grad():
-            step = self._step(0, {})
-            values = [step["z"][0], step["z2"][0]]
-            for t in range(1, self.event_shape[0] - 1):
-                values.append(self._step(t, {"z": values[-1]})["z2"][0])
-            return torch.stack(values, dim=1)
+    def _sample_batch(self) -> torch.Tensor:
+        step = self._step(0, {})
+        values = [step["z"][0], step["z2"][0]]
+        for t in range(1, self.event_shape[0] - 1):
+            values.append(self._step(t, {"z": values[-1]})["z2"][0])
+        return torch.stack(values, dim=1)
 
 
 class MarkovPrior(SequencePrior):

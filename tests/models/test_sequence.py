@@ -24,7 +24,7 @@ from rpm.priors import (
     RBFEnergy,
     StateSpacePrior,
 )
-from rpm.priors.sequence import MarkovImplicitChain, MarkovImplicitPrior, MarkovPrior
+from rpm.priors.sequence import MarkovChain, MarkovImplicitChain, MarkovImplicitPrior, MarkovPrior
 from tests.helpers import GaussianHead
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -279,3 +279,21 @@ def test_bad_input_is_refused():
         model.recognise(torch.randn(1, T, X_DIM))
     with pytest.raises(ValueError, match="latent dimension 3"):
         make(StateSpacePrior(3)).recognise(torch.randn(N, T, X_DIM))
+
+
+def test_the_chains_draw_whole_batches_and_refuse_other_batches_and_shapes():
+    loc, scale = torch.randn(N, T, D), torch.rand(N, T, D) + 0.3
+    q = pyro.distributions.Normal(loc, scale).to_event(1)
+    chains = (MarkovImplicitChain(SequenceMixtureMarginal(q), RBFEnergy()),
+              MarkovChain(LinearDynamicsPrior(D), q))
+    for chain in chains:
+        torch.manual_seed(3)
+        both = chain.sample((2,))
+        torch.manual_seed(3)
+        one_by_one = torch.stack([chain.sample(), chain.sample()])
+        assert both.shape == (2, N, T, D) and torch.equal(both, one_by_one)
+        with pytest.raises(ValueError, match="use a plate of the number of sequences"):
+            chain.expand((N + 1,))
+        assert chain.expand((N,)) is chain
+        with pytest.raises(ValueError, match=rf"whole batch of sequences, shape \({N}, {T}, {D}\)"):
+            chain.log_prob(torch.zeros(N - 1, T, D))
