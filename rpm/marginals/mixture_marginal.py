@@ -6,12 +6,17 @@ mixture
 
 .. math::
 
-    Q(z) \approx \frac{1}{N} \sum_{n=1}^N Q(z | x_n).
+    Q(z) \approx \frac{1}{N} \sum_{n=1}^N Q(z | x_n), \qquad
+    \log Q(z) \approx \operatorname{logsumexp}_n \log Q(z | x_n) - \log N.
 
 For Gaussian recognition it is a Gaussian mixture; for deterministic (Delta) recognition it is
 the empirical distribution on the batch points, a discrete distribution with mass 1/N on each
 point (Appendix A.1), whose log-probability at a batch point is
-:math:`\log(\#\{n : \mu_n = z\} / N)`, consistent with Pyro's ``Delta.log_prob``.
+:math:`\log(\#\{n : \mu_n = z\} / N)`, consistent with Pyro's ``Delta.log_prob``. Those two
+families have fast kernels (:func:`~rpm.ops.gaussian_mixture_log_prob`, streamed in blocks,
+and :func:`delta_mixture_log_prob`). Any other family with batch_shape (N,) and event_shape
+(D,) (a Student-t, ``ProjectedNormal`` on the sphere, a mixture) is evaluated through its own
+``log_prob`` in row blocks (:func:`~rpm.ops.distribution_mixture_log_prob`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import torch
 from pyro.distributions import Delta, Independent, Normal, TorchDistribution
 from torch.distributions import constraints
 
+from rpm.ops.distribution_mixture import distribution_mixture_log_prob
 from rpm.ops.gaussian_mixture import gaussian_mixture_log_prob
 
 __all__ = ["Atoms", "MixtureMarginal", "delta_mixture_log_prob", "recognition_components"]
@@ -71,29 +77,39 @@ def recognition_components(q: TorchDistribution) -> tuple[torch.Tensor, torch.Te
 
     Accepts ``Normal(loc, scale).to_event(1)`` (diagonal Gaussian recognition) and
     ``Delta(v, event_dim=1)`` (deterministic recognition), each with batch_shape (N,) and
-    event_shape (D,).
+    event_shape (D,): the families with fast kernels (the pooled marginal and the sequence
+    marginals need them). :class:`MixtureMarginal` accepts any other family too.
     """
+    components = _fast_components(q)
+    if components is not None:
+        return components
     if isinstance(q, Independent) and isinstance(q.base_dist, Normal):
-        base = q.base_dist
-        if q.reinterpreted_batch_ndims != 1 or base.loc.dim() != 2:
-            raise ValueError(
-                "expected a diagonal Gaussian with batch_shape (N,) and event_shape (D,), got "
-                f"batch_shape {tuple(q.batch_shape)} and event_shape {tuple(q.event_shape)}"
-            )
-        return base.loc, base.scale.expand_as(base.loc)
+        raise ValueError(
+            "expected a diagonal Gaussian with batch_shape (N,) and event_shape (D,), got "
+            f"batch_shape {tuple(q.batch_shape)} and event_shape {tuple(q.event_shape)}"
+        )
     if isinstance(q, Delta):
-        if q.event_dim != 1 or q.v.dim() != 2:
-            raise ValueError(
-                "expected Delta(v, event_dim=1) with v of shape (N, D), got v of shape "
-                f"{tuple(q.v.shape)} and event_dim {q.event_dim}"
-            )
-        return q.v, None
+        raise ValueError(
+            "expected Delta(v, event_dim=1) with v of shape (N, D), got v of shape "
+            f"{tuple(q.v.shape)} and event_dim {q.event_dim}"
+        )
     raise TypeError(
-        "the mixture marginal supports diagonal Gaussian recognition "
+        "this computation supports diagonal Gaussian recognition "
         "(Normal(loc, scale).to_event(1)) and deterministic recognition (Delta(v, event_dim=1)); "
         f"got {type(q).__name__}. Wrap your encoder in rpm.GaussianRecognition or "
         "rpm.DeltaRecognition"
     )
+
+
+def _fast_components(q: TorchDistribution) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(loc, scale) of a diagonal Gaussian, (v, None) of a Delta, each with batch_shape (N,) and
+    event_shape (D,) and parameters of shape (N, D); None for anything else."""
+    if (isinstance(q, Independent) and isinstance(q.base_dist, Normal)
+            and q.reinterpreted_batch_ndims == 1 and q.base_dist.loc.dim() == 2):
+        return q.base_dist.loc, q.base_dist.scale.expand_as(q.base_dist.loc)
+    if isinstance(q, Delta) and q.event_dim == 1 and q.v.dim() == 2:
+        return q.v, None
+    return None
 
 
 class Atoms(constraints.Constraint):
@@ -148,13 +164,19 @@ class MixtureMarginal(TorchDistribution):
     the components the draws are independent, so the batch shape is honest, and ``expand``
     gives any other number of draws (e.g. a leading plate of particles). ``log_prob`` of a
     value of shape (..., D) returns the mixture log-density of each row, shape (...);
-    ``sample`` picks a component uniformly for each draw and samples from it. The support is
-    :math:`\mathbb{R}^D` for Gaussian components and the finite set of the atoms
-    (:class:`Atoms`, discrete) for Delta components, where a value off every atom has
-    log-density :math:`-\infty`.
+    ``sample`` picks a component uniformly for each draw and samples from it.
 
-    :param q: recognition distributions with batch_shape (N,) and event_shape (D,):
-        ``Normal(loc, scale).to_event(1)`` or ``Delta(v, event_dim=1)``.
+    The components may be of any family with batch_shape (N,) and event_shape (D,). Diagonal
+    Gaussians (``Normal(loc, scale).to_event(1)``) and Deltas (``Delta(v, event_dim=1)``) use
+    fast kernels (:attr:`loc` and :attr:`scale` hold their parameters); any other family (a
+    Student-t, ``ProjectedNormal`` on the sphere, a mixture) is evaluated through its own
+    ``log_prob`` in row blocks, :func:`~rpm.ops.distribution_mixture_log_prob` (:attr:`loc`
+    and :attr:`scale` are then None). The support is :math:`\mathbb{R}^D` for Gaussian
+    components, the finite set of the atoms (:class:`Atoms`, discrete) for Delta components,
+    where a value off every atom has log-density :math:`-\infty`, and the components' own
+    support otherwise.
+
+    :param q: recognition distributions with batch_shape (N,) and event_shape (D,).
     :param bool exclude_self: evaluate row n of an (N, D) value without component n.
     """
 
@@ -162,36 +184,55 @@ class MixtureMarginal(TorchDistribution):
     has_rsample = False
 
     def __init__(self, q: TorchDistribution, exclude_self: bool = False, validate_args=None):
+        if len(q.batch_shape) != 1 or len(q.event_shape) != 1:
+            raise ValueError(
+                "the mixture marginal needs recognition distributions with batch_shape (N,) and "
+                f"event_shape (D,), got batch_shape {tuple(q.batch_shape)} and event_shape "
+                f"{tuple(q.event_shape)}; declare the latent dimension an event with "
+                ".to_event(1) (rpm.GaussianRecognition and rpm.DeltaRecognition do)"
+            )
         self.q = q
-        self.loc, self.scale = recognition_components(q)
+        components = _fast_components(q)
+        self.family = "generic" if components is None else (
+            "delta" if components[1] is None else "gaussian")
+        self.loc, self.scale = (None, None) if components is None else components
         self.exclude_self = exclude_self
-        num_components, dim = self.loc.shape
-        super().__init__(
-            torch.Size([num_components]), torch.Size([dim]), validate_args=validate_args
-        )
+        super().__init__(q.batch_shape, q.event_shape, validate_args=validate_args)
+
+    @property
+    def num_components(self) -> int:
+        """N, the number of recognition distributions mixed."""
+        return self.q.batch_shape[0]
 
     @property
     def is_discrete(self) -> bool:
-        """True for the empirical (Delta) mixture, which has no density on R^D."""
-        return self.scale is None
+        """True for the empirical (Delta) mixture, which has no density on R^D (and for
+        components of another family whose support is discrete)."""
+        if self.family == "generic":
+            return self.q.support.is_discrete
+        return self.family == "delta"
 
     @property
     def support(self) -> constraints.Constraint:
-        """:class:`Atoms` of the Delta components (discrete), else ``real_vector``."""
-        return Atoms(self.loc) if self.is_discrete else constraints.real_vector
+        """:class:`Atoms` of the Delta components (discrete), ``real_vector`` for Gaussian
+        components, else the components' own support."""
+        if self.family == "delta":
+            return Atoms(self.loc)
+        return constraints.real_vector if self.family == "gaussian" else self.q.support
 
     def expand(self, batch_shape, _instance=None):
         """The same mixture for ``batch_shape`` independent draws; with ``exclude_self`` the
         last batch dimension must stay N (row n leaves component n out)."""
         batch_shape = torch.Size(batch_shape)
-        num_components = self.loc.shape[0]
+        num_components = self.num_components
         if self.exclude_self and batch_shape[-1:] != (num_components,):
             raise ValueError(
                 f"a mixture marginal with exclude_self pairs row n with component n, so its last "
                 f"batch dimension stays {num_components}; got batch_shape {tuple(batch_shape)}"
             )
         new = self._get_checked_instance(MixtureMarginal, _instance)
-        new.q, new.loc, new.scale, new.exclude_self = self.q, self.loc, self.scale, self.exclude_self
+        new.q, new.loc, new.scale, new.family = self.q, self.loc, self.scale, self.family
+        new.exclude_self = self.exclude_self
         super(MixtureMarginal, new).__init__(batch_shape, self.event_shape, validate_args=False)
         new._validate_args = self._validate_args
         return new
@@ -201,22 +242,35 @@ class MixtureMarginal(TorchDistribution):
             _check_value(value, self.event_shape[0])
         dim = value.shape[-1]
         if self.exclude_self:  # rows (..., N, D): row n against every component but n
-            rows = value.reshape(-1, self.loc.shape[0], dim)
-            result = torch.stack([self._log_prob_rows(block) for block in rows])
+            rows = value.reshape(-1, self.num_components, dim)
+            result = torch.stack([self.log_prob_rows(block) for block in rows])
         else:
-            result = self._log_prob_rows(value.reshape(-1, dim))  # (M,)
+            result = self.log_prob_rows(value.reshape(-1, dim))  # (M,)
         return result.reshape(value.shape[:-1])
 
-    def _log_prob_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """Mixture log-density of each row of ``rows`` (M, D), shape (M,)."""
-        if self.is_discrete:
+    def log_prob_rows(self, rows: torch.Tensor, block_size: int | None = None) -> torch.Tensor:
+        r"""Mixture log-density :math:`\log Q(z_m)` of each row of ``rows`` (Eq. 11).
+
+        :param torch.Tensor rows: shape (M, D) (M = N with ``exclude_self``).
+        :param block_size: for Gaussian components the block edge of the streamed kernel
+            (``None``: by size, :func:`~rpm.ops.gaussian_mixture_log_prob`); for other
+            families but Delta, rows per block (``None``: the largest block of at most 2^22
+            elements, :func:`~rpm.ops.distribution_mixture_log_prob`).
+        :return: shape (M,).
+        """
+        if self.family == "delta":
             return delta_mixture_log_prob(rows, self.loc, self.exclude_self)
-        return gaussian_mixture_log_prob(rows, self.loc, self.scale, self.exclude_self)
+        if self.family == "gaussian":
+            return gaussian_mixture_log_prob(rows, self.loc, self.scale, self.exclude_self,
+                                             block_size=block_size)
+        return distribution_mixture_log_prob(self.q, rows, self.exclude_self, block_size)
 
     def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
-        shape = self._extended_shape(sample_shape)  # sample_shape + (N, D)
-        num_components = self.loc.shape[0]
+        shape = self._extended_shape(sample_shape)  # sample_shape + batch_shape + (D,)
+        num_components = self.num_components
         with torch.no_grad():
+            if self.family == "generic":
+                return _sample_generic(self.q, shape)
             index = torch.randint(
                 num_components, shape[:-1], device=self.loc.device
             )  # sample_shape + (N,)
@@ -224,3 +278,25 @@ class MixtureMarginal(TorchDistribution):
             if self.is_discrete:
                 return loc
             return loc + self.scale[index] * torch.randn_like(loc)
+
+
+def _sample_generic(q: TorchDistribution, shape: torch.Size) -> torch.Tensor:
+    """Draws of the mixture of the components ``q`` (batch_shape (N,)), one per entry of
+    ``shape[:-1]``, each from a uniformly chosen component; shape ``shape``.
+
+    Each draw takes its own sample of its component: the k-th draw that chose component n takes
+    row k of ``q.sample((K,))``, K the largest number of draws of one component (about
+    log(M) / log(log(M)) for M draws of N = M components), so memory is O(K N D), not O(M N D)."""
+    num_components = q.batch_shape[0]
+    num_draws = math.prod(shape[:-1])
+    if num_draws == 0:
+        return q.sample((1,))[:0].reshape(shape)
+    component = torch.randint(num_components, (num_draws,))  # (M,)
+    order = torch.argsort(component, stable=True)
+    counts = torch.bincount(component, minlength=num_components)  # (N,)
+    first = torch.cumsum(counts, 0) - counts  # position of each component's first draw in order
+    rank = torch.empty_like(component)
+    rank[order] = torch.arange(num_draws) - first[component[order]]  # k: earlier draws of n
+    draws = q.sample((int(counts.max()),))  # (K, N, D)
+    index = (rank.to(draws.device), component.to(draws.device))
+    return draws[index].reshape(shape)

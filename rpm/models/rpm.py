@@ -111,6 +111,15 @@ def _marginal_log_prob(
             "a likelihood marginal with exclude_self cannot be evaluated over a global batch or "
             "in blocks; return a MixtureMarginal without exclude_self from likelihood_marginals"
         )
+    if marginal.family == "generic":  # components of another family: their own log_prob
+        if global_batch:
+            family = type(getattr(marginal.q, "base_dist", marginal.q)).__name__
+            raise ValueError(
+                f"a global batch gathers the parameters of Gaussian or Delta recognition; "
+                f"{family} recognition has no such gather: train it without "
+                "global_batch (or use rpm.GaussianRecognition / rpm.DeltaRecognition)"
+            )
+        return marginal.log_prob_rows(z, block_size=block_size)
     loc, scale = marginal.loc, marginal.scale  # (K, D), (K, D) or None
     if global_batch:
         if scale is None:

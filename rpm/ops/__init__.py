@@ -1,5 +1,6 @@
 r"""Numerical kernels of the package, apart from the distributions that use them (as
-:mod:`pyro.ops`): the minibatch-mixture log-density, dense and streamed in blocks, the streamed
+:mod:`pyro.ops`): the minibatch-mixture log-density, dense and streamed in blocks (for any
+other family of recognition distributions, in row blocks over its ``log_prob``), the streamed
 log-sum-exp of a matrix product, weighted squared distances, and the square-root Kalman
 filter, smoother and backward sampler of linear-Gaussian state-space models."""
 
@@ -8,6 +9,10 @@ from rpm.ops.distances import (
     expansion_rounding_bound,
     squared_distance_factors,
     squared_distances,
+)
+from rpm.ops.distribution_mixture import (
+    distribution_mixture_block_rows,
+    distribution_mixture_log_prob,
 )
 from rpm.ops.gaussian_mixture import dense_gaussian_mixture_log_prob, gaussian_mixture_log_prob
 from rpm.ops.kalman import backward_sample, kalman_filter, kalman_forecast, rts_smoother
@@ -19,6 +24,8 @@ __all__ = [
     "check_mixture_arguments",
     "default_block_size",
     "dense_gaussian_mixture_log_prob",
+    "distribution_mixture_block_rows",
+    "distribution_mixture_log_prob",
     "expansion_rounding_bound",
     "gaussian_mixture_log_prob",
     "ieee_float32_matmul",

@@ -198,10 +198,11 @@ class TiltedConditional(TorchDistribution):
 
     @property
     def support(self) -> constraints.Constraint:
-        """The atoms of M (event_dim 2, discrete) or real (N, D) matrices."""
-        if self.marginal.is_discrete:
+        """The atoms of M (event_dim 2, discrete) for Delta recognition, else N rows each in
+        the support of M (real (N, D) matrices for Gaussian recognition)."""
+        if self.marginal.family == "delta":
             return Atoms(self.marginal.loc, event_dim=2)
-        return constraints.independent(constraints.real, 2)
+        return constraints.independent(self.marginal.support, 1)
 
     def expand(self, batch_shape, _instance=None):
         batch_shape = torch.Size(batch_shape)

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from pyro.distributions import Delta, Normal
+from pyro.distributions import Delta, Normal, constraints
 
 from rpm import MixtureMarginal
 from rpm.marginals import delta_mixture_log_prob
@@ -63,7 +63,7 @@ def test_delta_sampling_picks_atoms_uniformly():
 
 
 def test_rejects_unsupported_and_bad_values():
-    with pytest.raises(TypeError, match="GaussianRecognition"):
+    with pytest.raises(ValueError, match=r"batch_shape \(3, 2\) and event_shape \(\).*to_event\(1\)"):
         MixtureMarginal(torch.distributions.Laplace(torch.zeros(3, 2), 1.0))
     marginal = MixtureMarginal(Normal(torch.zeros(3, 2), 1.0).to_event(1), validate_args=True)
     with pytest.raises(ValueError, match=r"\(\.\.\., 2\)"):
@@ -114,3 +114,55 @@ def test_expand_with_exclude_self_keeps_rows_paired_with_components():
     torch.testing.assert_close(expanded.log_prob(value), expected, rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="last batch dimension stays 4"):
         marginal.expand((3,))
+
+
+def test_student_t_components_take_the_generic_path_and_match_torch_mixture():
+    """Any family with batch_shape (N,), event_shape (D,): against MixtureSameFamily."""
+    from pyro.distributions import StudentT
+    n, d = 6, 2
+    loc = torch.randn(n, d, dtype=torch.float64)
+    scale = torch.rand(n, d, dtype=torch.float64) + 0.3
+    q = StudentT(2.5, loc, scale).to_event(1)
+    marginal = MixtureMarginal(q)
+    assert marginal.family == "generic" and marginal.loc is None and not marginal.is_discrete
+    assert marginal.batch_shape == (n,) and marginal.event_shape == (d,)
+    reference = torch.distributions.MixtureSameFamily(
+        torch.distributions.Categorical(logits=torch.zeros(n, dtype=torch.float64)),
+        torch.distributions.Independent(torch.distributions.StudentT(2.5, loc, scale), 1),
+    )
+    z = torch.randn(3, 5, d, dtype=torch.float64)
+    torch.testing.assert_close(marginal.log_prob(z), reference.log_prob(z), rtol=0, atol=1e-12)
+    value = torch.randn(4, n, d, dtype=torch.float64)
+    torch.testing.assert_close(marginal.expand((4, n)).log_prob(value), reference.log_prob(value),
+                               rtol=0, atol=1e-12)
+    loo = MixtureMarginal(q, exclude_self=True).log_prob(loc)
+    expected = torch.stack([
+        torch.logsumexp(torch.stack([q.base_dist.log_prob(loc[m])[j].sum()
+                                     for j in range(n) if j != m]), 0) - math.log(n - 1)
+        for m in range(n)])
+    torch.testing.assert_close(loo, expected, rtol=0, atol=1e-12)
+
+
+def test_generic_sampling_picks_components_uniformly_with_fresh_draws():
+    """Well separated Student-t components (scale 1e-3 around 0, 10, 20, 30): the component of
+    each draw is read off its location; 4 x 20000 draws, SE of a frequency 0.0015. Every draw
+    is its own sample (no two equal), so the mixture's draws are independent."""
+    from pyro.distributions import StudentT
+    centres = torch.arange(4.0, dtype=torch.float64)[:, None] * 10 * torch.ones(1, 2)
+    marginal = MixtureMarginal(StudentT(5.0, centres, 1e-3).to_event(1))
+    draws = marginal.sample((20000,))
+    assert draws.shape == (20000, 4, 2)
+    index = (draws[..., 0] / 10).round().long().reshape(-1)
+    frequency = torch.bincount(index, minlength=4).double() / index.numel()
+    assert (frequency - 0.25).abs().max() < 0.01
+    assert torch.unique(draws.reshape(-1, 2)[:, 0]).numel() == index.numel()
+    assert marginal.expand((7,)).sample((3,)).shape == (3, 7, 2)
+
+
+def test_sphere_components_keep_their_support():
+    from pyro.distributions import ProjectedNormal
+    marginal = MixtureMarginal(ProjectedNormal(torch.randn(5, 3)))
+    assert marginal.support is constraints.sphere
+    draws = marginal.sample((100,))
+    torch.testing.assert_close(draws.norm(dim=-1), torch.ones(100, 5))
+    assert torch.isfinite(marginal.log_prob(draws)).all()
