@@ -1,8 +1,9 @@
 r"""Numerical kernels of the package, apart from the distributions that use them (as
 :mod:`pyro.ops`): the minibatch-mixture log-density, dense and streamed in blocks (for any
 other family of recognition distributions, in row blocks over its ``log_prob``), the streamed
-log-sum-exp of a matrix product, weighted squared distances, and the square-root Kalman
-filter, smoother and backward sampler of linear-Gaussian state-space models."""
+log-sum-exp of a matrix product and the underflow-safe dense one, weighted squared distances,
+and the square-root Kalman filter, smoother and backward sampler of linear-Gaussian state-space
+models."""
 
 from rpm.ops.dispatch import default_block_size, ieee_float32_matmul, use_streaming
 from rpm.ops.distances import (
@@ -16,7 +17,7 @@ from rpm.ops.distribution_mixture import (
 )
 from rpm.ops.gaussian_mixture import dense_gaussian_mixture_log_prob, gaussian_mixture_log_prob
 from rpm.ops.kalman import backward_sample, kalman_filter, kalman_forecast, rts_smoother
-from rpm.ops.logsumexp import streaming_matmul_logsumexp
+from rpm.ops.logsumexp import exp_floor, safe_logsumexp, streaming_matmul_logsumexp
 from rpm.ops.streaming import check_mixture_arguments, streaming_gaussian_mixture_log_prob
 
 __all__ = [
@@ -26,12 +27,14 @@ __all__ = [
     "dense_gaussian_mixture_log_prob",
     "distribution_mixture_block_rows",
     "distribution_mixture_log_prob",
+    "exp_floor",
     "expansion_rounding_bound",
     "gaussian_mixture_log_prob",
     "ieee_float32_matmul",
     "kalman_filter",
     "kalman_forecast",
     "rts_smoother",
+    "safe_logsumexp",
     "squared_distance_factors",
     "squared_distances",
     "streaming_gaussian_mixture_log_prob",

@@ -30,12 +30,10 @@ import torch
 
 from rpm.ops._mixture_terms import REFINE_MARGIN, MixtureTerms, check_mixture_arguments
 from rpm.ops.dispatch import ieee_float32_matmul, use_streaming
+from rpm.ops.logsumexp import safe_logsumexp
 from rpm.ops.streaming import streaming_gaussian_mixture_log_prob
 
 __all__ = ["gaussian_mixture_log_prob"]
-
-# Log-weights further below the row maximum than this are raised to it (see the end).
-_SUBNORMAL_GUARD = 80.0
 
 
 def dense_gaussian_mixture_log_prob(
@@ -76,13 +74,10 @@ def dense_gaussian_mixture_log_prob(
     if refined is not None:
         rows, cols = refined
         log_components = log_components.index_put((rows, cols), terms.exact(points, rows, cols))
-    # Terms far below the row maximum weigh < e^-80 each (relative to it); raising them to that
-    # floor changes nothing measurable but keeps exp() out of the subnormal range, which is an
-    # order of magnitude slower on CPUs. Excluded pairs stay at -inf.
-    row_max = log_components.detach().amax(-1, keepdim=True)  # (M, 1), finite
-    floored = torch.maximum(log_components, row_max - _SUBNORMAL_GUARD)
-    log_components = torch.where(torch.isneginf(log_components), log_components, floored)
-    lse = torch.logsumexp(log_components, dim=-1) - math.log(num_components)
+    # safe_logsumexp raises terms more than ~86 nats (float32) below the row maximum to the
+    # underflow floor: the sum is unchanged in the dtype and exp() stays out of the subnormal
+    # range, which is ~30-60x slower on CPUs. Excluded pairs (-inf) get zero weight and gradient.
+    lse = safe_logsumexp(log_components, dim=-1) - math.log(num_components)
     return terms.unpermute_rows(lse)
 
 

@@ -33,8 +33,9 @@ difference form too. The normalisers :math:`\ell_n` are summed in float64.
 
 Speed. Each row block visits its diagonal column block first (when the points were drawn from
 the components, it holds the row maxima, so the online threshold is tight at once); exponents
-are clamped at the smallest normal float (subnormal ``exp`` is ~10x slower on CPUs; the change
-is below 1e-37 of a row's sum); TF32 is off for every product
+are raised to :func:`~rpm.ops.logsumexp.exp_floor` below the block's row maximum (subnormal
+``exp`` is ~30-60x slower on CPUs; the sum is unchanged in the dtype, see
+:mod:`rpm.ops.logsumexp`); TF32 is off for every product
 (:func:`~rpm.ops.dispatch.ieee_float32_matmul`).
 
 Compilation. The block computation is plain tensor algebra; the Python loops over blocks, the

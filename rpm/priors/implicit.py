@@ -33,7 +33,7 @@ from torch.distributions import constraints
 from rpm.marginals import MixtureMarginal
 from rpm.marginals.mixture_marginal import Atoms
 from rpm.ops.dispatch import use_streaming
-from rpm.ops.logsumexp import streaming_matmul_logsumexp
+from rpm.ops.logsumexp import safe_logsumexp, streaming_matmul_logsumexp
 from rpm.priors.base import Energy, Prior
 
 __all__ = [
@@ -59,7 +59,7 @@ def implicit_log_ratio(energy_matrix: torch.Tensor) -> torch.Tensor:
     num_pairs = energy_matrix.shape[-1]
     return (
         torch.diagonal(energy_matrix)
-        - torch.logsumexp(energy_matrix, dim=-1)
+        - safe_logsumexp(energy_matrix, dim=-1)
         + math.log(num_pairs)
     )
 
@@ -106,7 +106,7 @@ def energy_log_normalizer(
     matrix product (:func:`energy_logit_factors`) it is streamed in blocks with O((N + M) D)
     memory when ``block_size`` is given or the (N, M) matrix is large
     (:func:`~rpm.ops.dispatch.use_streaming`); otherwise (and always for other energies) it is
-    ``torch.logsumexp(energy(z, z2), -1)``.
+    the log-sum-exp of ``energy(z, z2)`` over its rows (:func:`~rpm.ops.safe_logsumexp`).
 
     :param energy: the energy f.
     :param torch.Tensor z: first-view latents, shape (N, D).
@@ -118,7 +118,7 @@ def energy_log_normalizer(
     """
     factors = _streaming_factors(energy, z, z2, block_size)
     if factors is None:
-        return torch.logsumexp(energy(z, z2), dim=-1)
+        return safe_logsumexp(energy(z, z2), dim=-1)
     return _streamed_log_normalizer(factors, block_size)
 
 
@@ -376,6 +376,6 @@ class ImplicitPrior(Prior):
             # Dense: one N x N matrix gives both the positives and the normaliser.
             return implicit_log_ratio(self.energy(z, z2))
         positive = energy_paired(self.energy, z, z2)
-        normalizer = (torch.logsumexp(self.energy(z, candidates), dim=-1) if factors is None
+        normalizer = (safe_logsumexp(self.energy(z, candidates), dim=-1) if factors is None
                       else _streamed_log_normalizer(factors, block_size))
         return positive - normalizer + math.log(candidates.shape[0])

@@ -78,7 +78,7 @@ from pyro.distributions import Delta, Independent, Normal, TorchDistribution
 from rpm.distributed import all_gather_with_grad, global_rank, is_distributed
 from rpm.marginals import MixtureMarginal, recognition_components
 from rpm.ops.dispatch import default_block_size, ieee_float32_matmul, use_streaming
-from rpm.ops.logsumexp import streaming_matmul_logsumexp
+from rpm.ops.logsumexp import safe_logsumexp, streaming_matmul_logsumexp
 from rpm.priors.base import Energy
 from rpm.priors.implicit import (
     ImplicitPrior,
@@ -155,7 +155,7 @@ def pooled_log_normalizer(
         logits = energy(u[start:stop], u)                                    # (stop - start, M)
         own = torch.arange(start, stop, device=u.device)
         mask = own[:, None] == torch.arange(num, device=u.device)[None, :]
-        return torch.logsumexp(logits.masked_fill(mask, -math.inf), dim=-1)
+        return safe_logsumexp(logits.masked_fill(mask, -math.inf), dim=-1)
     left, right, row_offset = factors
     size = default_block_size(u.device) if block_size is None else block_size
     blocks = []
@@ -164,12 +164,12 @@ def pooled_log_normalizer(
         with ieee_float32_matmul():
             own = left[r0:r1] @ right[r0:r1].T                               # (b, b)
         eye = torch.eye(r1 - r0, dtype=torch.bool, device=u.device)
-        parts = [torch.logsumexp(own.masked_fill(eye, -math.inf), dim=-1)]
+        parts = [safe_logsumexp(own.masked_fill(eye, -math.inf), dim=-1)]
         if r0 > 0:
             parts.append(streaming_matmul_logsumexp(left[r0:r1], right[:r0], size))
         if r1 < num:
             parts.append(streaming_matmul_logsumexp(left[r0:r1], right[r1:], size))
-        lse = torch.logsumexp(torch.stack(parts), dim=0)
+        lse = safe_logsumexp(torch.stack(parts), dim=0)
         blocks.append(lse if row_offset is None else lse + row_offset[r0:r1])
     return torch.cat(blocks)
 
