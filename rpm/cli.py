@@ -7,12 +7,25 @@ An experiment module registers itself by being listed in :data:`SUBCOMMANDS`; it
 * ``run(args) -> int``: runs the experiment and returns the exit status.
 
 ``main`` turns the predictable failures into one-line messages and exit statuses instead of
-tracebacks: :class:`~rpm.experiments.common.ConfigurationError` gives 2 (like an argparse
-error), :class:`~rpm.training.trainer.NonFiniteLossError` gives 1, and
-:class:`~rpm.training.trainer.TrainingInterrupted` gives 128 + the signal number (130 for
-Ctrl-C, 143 for SIGTERM) with the hint to rerun with ``--resume``. It records on the parsed
-arguments which flags were written on the command line (``args.given_flags``), so that
-``--resume`` takes the others from the run's saved configuration.
+tracebacks:
+
+* exit 2 (like an argparse error): :class:`~rpm.experiments.common.ConfigurationError` (a bad
+  flag or folder), :class:`~rpm.training.run_folder.RunFolderError` (a folder held by another
+  process, made by another command, or with an edited configuration),
+  :class:`~rpm.training.checkpoint.CheckpointError` (a truncated, empty, damaged or unsafe
+  checkpoint) and :class:`OSError` (a folder that cannot be written, e.g. made read-only during
+  the run);
+* exit 1: :class:`~rpm.training.trainer.NonFiniteLossError`;
+* exit 128 + the signal number (130 for Ctrl-C, 143 for SIGTERM):
+  :class:`~rpm.training.trainer.TrainingInterrupted`, with the hint to rerun with ``--resume``;
+  a Ctrl-C outside training (start-up, evaluation, figures) exits 130 too, with one line. The
+  message starts on a new line when stderr is a terminal (which has echoed ``^C``).
+
+Every parser takes no abbreviations (``--epoch`` is not ``--epochs``) and reads a negative
+number such as ``-1e-3`` as a value (so that ``--lr -1e-3`` gets the range error of ``--lr``).
+``main`` records on the parsed arguments which flags were written on the command line
+(``args.given_flags``), so that ``--resume`` takes the others from the run's saved
+configuration, and the command line itself (``args.command_line``), kept in the run's record.
 
 Building the parser imports neither torch nor Pyro nor matplotlib (an experiment module
 imports them inside ``run``), so that ``rpm --help`` answers at once.
@@ -25,13 +38,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
+import shlex
 import sys
 from collections.abc import Iterable, Sequence
 from types import ModuleType
 
-from rpm.experiments.common import GIVEN_FLAGS, ConfigurationError
+from rpm.experiments.common import COMMAND_LINE, GIVEN_FLAGS, ConfigurationError
 
-__all__ = ["EXIT_FAILURE", "EXIT_USAGE", "SUBCOMMANDS", "build_parser", "main"]
+__all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USAGE", "SUBCOMMANDS", "build_parser", "main"]
 
 #: Modules of the experiments, one sub-command each.
 SUBCOMMANDS: tuple[str, ...] = (
@@ -63,12 +78,30 @@ def build_parser(modules: Iterable[str | ModuleType] | None = None) -> argparse.
     parser = argparse.ArgumentParser(
         prog="rpm",
         description="Recognition parameterised models: run the experiments of the papers.",
+        allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"rpm {__version__}")
     subparsers = parser.add_subparsers(title="experiments", dest="command", metavar="COMMAND")
     for module in SUBCOMMANDS if modules is None else modules:
         _load(module).add_parser(subparsers)
+    _habits(parser)
     return parser
+
+
+#: What argparse takes for a negative number (so a value, not a flag): with an exponent,
+#: ``inf`` and ``nan`` too, which argparse's own pattern leaves out (``-1e-3``).
+_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$",
+                              re.IGNORECASE)
+
+
+def _habits(parser: argparse.ArgumentParser) -> None:
+    """No abbreviations and negative numbers as values, in the parser and every sub-parser."""
+    parser.allow_abbrev = False
+    parser._negative_number_matcher = _NEGATIVE_NUMBER
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                _habits(subparser)
 
 
 def _suppress_defaults(parser: argparse.ArgumentParser) -> None:
@@ -108,26 +141,57 @@ def main(
     if run is None:
         raise RuntimeError(f"sub-command {args.command!r} did not set func=run in add_parser")
     setattr(args, GIVEN_FLAGS, _given_flags(build_parser(modules), argv))
+    setattr(args, COMMAND_LINE, shlex.join(["rpm", *argv]))
     prog = f"rpm {args.command}"
     rank = int(os.environ.get("RANK", "0"))  # set by torchrun
     if rank:
         prog = f"{prog} (process {rank})"
-    # Imported only now: the trainer brings torch with it.
-    from rpm.training.trainer import NonFiniteLossError, TrainingInterrupted
-
+    try:
+        # Imported only now: the trainer brings torch with it.
+        from rpm.training.checkpoint import CheckpointError
+        from rpm.training.run_folder import RunFolderError
+        from rpm.training.trainer import NonFiniteLossError, TrainingInterrupted
+    except KeyboardInterrupt:
+        _say(f"{prog}: interrupted (Ctrl-C) during start-up; nothing was written",
+             after_signal=True)
+        return EXIT_INTERRUPTED
     try:
         return int(run(args))
-    except ConfigurationError as err:
-        print(f"{prog}: error: {err}", file=sys.stderr)
+    except (ConfigurationError, RunFolderError, CheckpointError) as err:
+        _say(f"{prog}: error: {_one_line(err)}")
+        return EXIT_USAGE
+    except OSError as err:
+        where = f" {err.filename}" if err.filename else ""
+        _say(f"{prog}: error: cannot write or read{where} ({err.strerror or err}); fix the "
+             "folder's permissions or free space, then rerun with --resume to continue from the "
+             "last checkpoint")
         return EXIT_USAGE
     except NonFiniteLossError as err:
-        print(f"{prog}: {err}", file=sys.stderr)
+        _say(f"{prog}: {_one_line(err)}")
         return EXIT_FAILURE
     except TrainingInterrupted as err:
         if not rank:  # every process of a torchrun stops at the same step: say it once
-            print(
-                f"{prog}: interrupted at step {err.step}; checkpoint saved to "
-                f"{err.checkpoint_path}; rerun with --resume to continue",
-                file=sys.stderr,
-            )
+            _say(f"{prog}: interrupted at step {err.step}; checkpoint saved to "
+                 f"{err.checkpoint_path}; rerun with --resume to continue", after_signal=True)
         return 128 + int(err.signal_number)
+    except KeyboardInterrupt:
+        _say(f"{prog}: interrupted (Ctrl-C) outside training; the checkpoints already saved "
+             "are intact: rerun with --resume to continue", after_signal=True)
+        return EXIT_INTERRUPTED
+
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())
+
+
+def _say(message: str, after_signal: bool = False) -> None:
+    """Print a message on stderr on a line of its own (after the terminal's ``^C`` echo)."""
+    stream = sys.stderr
+    try:
+        terminal = stream.isatty()
+    except (AttributeError, ValueError):
+        terminal = False
+    print(("\n" if after_signal and terminal else "") + message, file=stream, flush=True)

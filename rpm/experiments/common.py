@@ -5,25 +5,39 @@ record of ``results.json``.
 The run folder (``--out DIR``) of every experiment::
 
     DIR/
-      .rpm-run           marks an rpm run folder (--overwrite deletes only such folders)
-      config.json        the flags of the run, written when it starts; --resume reads it
-      results.json       scores, the configuration and the environment, written at the end
+      .rpm-lock          held (flock) by the process writing DIR; a second one is refused
+      .rpm-run           the run record: the command that made DIR, a copy of config.json
+                         and its SHA-256, the segments (fresh start, each --resume) with
+                         their command lines and wall times (rpm.training.run_folder);
+                         --overwrite deletes only folders that have it (or only rpm's files)
+      config.json        the flags of the run, written when it starts; --resume reads it and
+                         refuses it if it differs from the record's copy
+      results.json       scores, the configuration, the environment and the provenance (the
+                         original command, every segment, their total wall time)
       *.png              figures
       NAME/              one folder per trained model (a prior, an energy):
-        checkpoint.pt    the training state (rpm.training.checkpoint), weights-only loadable
+        checkpoint.pt    the training state (rpm.training.checkpoint), weights-only loadable,
+        checkpoint.pt.sha256   its SHA-256 (and the previous one's), checked on load,
+        checkpoint.pt.prev     the previous checkpoint, used when the latest is damaged
         history.json     losses and held-out scores by step
 
-An experiment's ``run(args)`` starts with::
+An experiment's ``run(args)`` is::
 
-    with torch_threads(args.threads):
-        out = open_run(args, may_grow=("steps",))   # fresh, --overwrite or --resume
+    with torch_threads(args.threads), open_run(args, may_grow=("steps",),
+                                               validate=check_flags) as run:
         device = resolve_device(args.device)
         ...
         seed_everything(args.seed)                     # before building each model
         ... derived_seed(args.seed, "train", chunk) ...  # every other random stream
+        write_json_atomic(run.path / "results.json", {..., **run.provenance()})
 
-Errors the user can fix by changing the command line raise :class:`ConfigurationError`, which
-the ``rpm`` command prints as a one-line message with exit status 2, like an argparse error.
+:func:`open_run` validates every flag (``validate``) before it creates or changes anything, so
+that a refused command leaves no folder behind; on ``--resume`` it checks the recorded command
+and configuration first, then validates the flags in force, and only then writes.
+
+Errors the user can fix by changing the command line raise :class:`ConfigurationError` (and the
+run folder's own :class:`~rpm.training.run_folder.RunFolderError`), which the ``rpm`` command
+prints as a one-line message with exit status 2, like an argparse error.
 
 This module does not import torch at import time, so that ``rpm --help`` stays fast.
 """
@@ -40,21 +54,36 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from rpm._validation import check_choice, check_int
+from rpm.training.run_folder import (
+    LOCK_NAME,
+    RECORD_NAME,
+    RunFolderError,
+    RunLock,
+    config_digest,
+    new_record,
+    read_record,
+    verify_config,
+    write_record,
+)
 
 __all__ = [
+    "COMMAND_LINE",
     "CONFIG_NAME",
     "ConfigurationError",
     "GIVEN_FLAGS",
     "RUN_MARKER",
+    "Run",
     "SEED_PURPOSES",
     "add_common_arguments",
     "contrastive_batch_size",
     "derived_seed",
+    "cpu_threads",
     "device_name",
     "environment",
     "nonnegative_float",
@@ -73,20 +102,25 @@ __all__ = [
     "write_json_atomic",
 ]
 
-#: Hidden file that marks a folder as an rpm run folder (written by :func:`prepare_run_dir`).
-RUN_MARKER = ".rpm-run"
+#: Hidden file that marks a folder as an rpm run folder: the run record
+#: (:mod:`rpm.training.run_folder`, written by :func:`prepare_run_dir`).
+RUN_MARKER = RECORD_NAME
 #: The run's configuration file.
 CONFIG_NAME = "config.json"
 #: Files an rpm run writes, recognised in a folder (or a model's subfolder) without the marker.
-_RUN_FILES = frozenset({"checkpoint.pt", "history.json", CONFIG_NAME, "results.json"})
+_RUN_FILES = frozenset({"checkpoint.pt", "checkpoint.pt.prev", "checkpoint.pt.sha256",
+                        "history.json", CONFIG_NAME, "results.json", LOCK_NAME})
 _RUN_TEMPORARY = re.compile(
-    r"^\.(checkpoint\.pt|history\.json|config\.json|results\.json)\..*\.tmp$"
+    r"^\.(checkpoint\.pt|history\.json|config\.json|results\.json|rpm-run)\..*\.tmp$"
 )
 #: Attribute of the parsed arguments holding the names of the flags written on the command
 #: line (set by :func:`rpm.cli.main`); on resume the others are read from ``config.json``.
 GIVEN_FLAGS = "given_flags"
+#: Attribute of the parsed arguments holding the command line as written (set by
+#: :func:`rpm.cli.main`), recorded in the run's segments.
+COMMAND_LINE = "command_line"
 #: Arguments that are not part of a run's configuration.
-_NOT_CONFIG = frozenset({"func", "command", GIVEN_FLAGS})
+_NOT_CONFIG = frozenset({"func", "command", GIVEN_FLAGS, COMMAND_LINE})
 #: Flags that may differ from the saved configuration when a run is resumed: they change
 #: where and how fast it runs and what it shows, never what it computes.
 _RESUMABLE_FLAGS = frozenset(
@@ -179,6 +213,24 @@ def probability(text: str) -> float:
     return value
 
 
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def cpu_threads(text: str) -> int:
+    """argparse ``type=``: a number of CPU threads, 0 (torch's default) to the number of cores
+    this process may use (more only makes the threads wait for each other)."""
+    value = nonnegative_int(text)
+    cores = _cpu_count()
+    if value > cores:
+        raise argparse.ArgumentTypeError(
+            f"expected at most {cores}, the CPU cores this process may use, got {text!r}")
+    return value
+
+
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
@@ -195,19 +247,24 @@ def add_common_arguments(
     default_out: str | None = None,
     default_seed: int = 0,
     default_checkpoint_every: int = 1000,
+    grow_flag: str | None = None,
 ) -> None:
     """Add the flags every experiment shares.
 
     ``--out DIR`` (required unless ``default_out`` is given), ``--resume`` / ``--overwrite``
     (mutually exclusive), ``--checkpoint-every STEPS`` (>= 0, 0 = only at the end),
     ``--seed INT``, ``--device {auto,cpu,cuda,cuda:N}``, ``--threads N`` and ``--no-progress``
-    (sets ``args.progress = False``).
+    (sets ``args.progress = False``). The parser takes no abbreviations (``allow_abbrev``
+    is turned off: ``--epoch 3`` is an error, not ``--epochs 3``).
 
     :param argparse.ArgumentParser parser: the experiment's sub-command parser.
     :param str default_out: default run folder; ``None`` makes ``--out`` required.
     :param int default_seed: default of ``--seed``.
     :param int default_checkpoint_every: default of ``--checkpoint-every``.
+    :param str grow_flag: the flag that may grow on ``--resume`` to extend a run (e.g.
+        ``"--epochs"``), named in the help of ``--resume``.
     """
+    parser.allow_abbrev = False
     group = parser.add_argument_group("run")
     group.add_argument(
         "--out",
@@ -221,7 +278,8 @@ def add_common_arguments(
     exclusive.add_argument(
         "--resume", action="store_true",
         help="continue the run in --out from its checkpoints with the flags saved in its "
-        "config.json (other flags are not needed; --steps or --epochs may grow to extend it)",
+        "config.json (other flags are not needed"
+        + (f"; {grow_flag} may grow to extend it)" if grow_flag else ")"),
     )
     exclusive.add_argument(
         "--overwrite", action="store_true", help="delete the previous run in --out and start afresh"
@@ -249,8 +307,9 @@ def add_common_arguments(
         "torchrun each process takes cuda:LOCAL_RANK",
     )
     group.add_argument(
-        "--threads", type=nonnegative_int, default=1,
-        help="CPU threads of torch; 0: torch's default, one per core. One thread is the "
+        "--threads", type=cpu_threads, default=1,
+        help=f"CPU threads of torch, at most the {_cpu_count()} cores; 0: torch's default, one "
+        "per core. One thread is the "
         "fastest for these small networks on a busy machine, where threads wait for each "
         "other (default: 1)",
     )
@@ -272,30 +331,39 @@ def _is_ours(entry: Path) -> bool:
 
 def _clear(folder: Path) -> None:
     for entry in folder.iterdir():
+        if entry.name == LOCK_NAME:  # held by this process
+            continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
         else:
             entry.unlink()
 
 
-def _mark(folder: Path) -> None:
-    (folder / RUN_MARKER).write_text("rpm run folder: rpm --overwrite may delete its content\n")
+def _user_error(err: OSError, what: str) -> ConfigurationError:
+    return ConfigurationError(f"{what} ({err.strerror or err}): choose a writable --out")
 
 
-def prepare_run_dir(out: str | os.PathLike, resume: bool = False, overwrite: bool = False) -> Path:
+def prepare_run_dir(out: str | os.PathLike, resume: bool = False, overwrite: bool = False,
+                    command: str | None = None) -> Path:
     """Check and prepare the run folder ``out`` (module docstring).
 
-    * fresh run (neither flag): ``out`` must not exist or be empty; it is created;
-    * ``resume``: ``out/config.json`` must exist (the run started);
+    * fresh run (neither flag): ``out`` must not exist or be empty; it is created and gets a
+      new run record for ``command``;
+    * ``resume``: ``out`` must hold a run record of this rpm (and, when ``command`` is given,
+      of the same command) and ``config.json``;
     * ``overwrite``: the previous run's content is deleted, but only if ``out`` is a run folder
       (it holds the :data:`RUN_MARKER` written here, or only files and model subfolders of
       files an rpm run writes); any other non-empty folder is refused, never deleted.
 
+    Call it holding the folder's lock (:func:`open_run` does).
+
     :param path-like out: the run folder.
     :param bool resume: continue a previous run.
     :param bool overwrite: start afresh, deleting the previous run.
+    :param str command: the experiment (``bouncing-balls``, ``identifiability``).
     :returns: the folder, as a :class:`~pathlib.Path`.
     :raises ConfigurationError: on any of the conflicts above, naming the flag to use.
+    :raises RunFolderError: if the folder was made by another command or an older rpm.
     """
     out = Path(out)
     if resume and overwrite:
@@ -303,38 +371,66 @@ def prepare_run_dir(out: str | os.PathLike, resume: bool = False, overwrite: boo
     if out.exists() and not out.is_dir():
         raise ConfigurationError(f"--out {out} is a file, not a folder: choose another --out")
     if resume:
-        if not (out / CONFIG_NAME).is_file():
+        if not (out / CONFIG_NAME).exists() and not (out / RUN_MARKER).exists():
             raise ConfigurationError(
                 f"--resume: there is no run to resume in {out} (no {CONFIG_NAME}); start a fresh "
-                "run without --resume (add --overwrite if the folder holds a failed run)"
-            )
+                "run without --resume"
+                + (" (add --overwrite if the folder holds a failed run)" if _is_run_folder(out)
+                   else ""))
         if (out / "checkpoint.pt").is_file():
             raise ConfigurationError(
                 f"--resume: {out} was written by an older rpm (its checkpoint.pt is not in a "
                 "model's subfolder) and cannot be continued; start afresh with --overwrite"
             )
+        record = read_record(out)
+        if record is None:
+            raise RunFolderError(
+                f"--resume: {out} has no run record ({RUN_MARKER}): it was not made by this rpm "
+                "and cannot be continued safely; start afresh with --overwrite")
+        if command is not None and record.get("command") not in (None, command):
+            raise RunFolderError(
+                f"--resume: {out} is a run of `rpm {record['command']}`, not of `rpm {command}`; "
+                f"continue it with `rpm {record['command']} --resume --out {out}`")
+        if not (out / CONFIG_NAME).is_file():
+            raise RunFolderError(f"--resume: {out / CONFIG_NAME} is missing or not a file: the "
+                                 "run cannot be resumed; start afresh with --overwrite")
         return out
-    entries = sorted(e for e in out.iterdir() if e.name != RUN_MARKER) if out.is_dir() else []
+    entries = (sorted(e for e in out.iterdir() if e.name not in (RUN_MARKER, LOCK_NAME))
+               if out.is_dir() else [])
     if entries and not overwrite:
+        shown = f"{', '.join(e.name for e in entries[:4])}{', ...' if len(entries) > 4 else ''}"
+        if not _is_run_folder(out):
+            raise ConfigurationError(
+                f"--out {out} is not empty ({shown}) and is not an rpm run folder: choose "
+                "another --out (rpm never deletes folders it did not write)")
         raise ConfigurationError(
-            f"--out {out} already holds a run ({', '.join(e.name for e in entries[:4])}"
-            f"{', ...' if len(entries) > 4 else ''}): pass --resume to continue it or "
+            f"--out {out} already holds a run ({shown}): pass --resume to continue it or "
             "--overwrite to delete it and start afresh"
         )
-    if entries:
-        if not (out / RUN_MARKER).is_file():
-            foreign = [e.name for e in entries if not _is_ours(e)]
-            if foreign:
-                raise ConfigurationError(
-                    f"refusing to --overwrite {out}: it is not an rpm run folder (no "
-                    f"{RUN_MARKER} marker) and holds files rpm did not write "
-                    f"({', '.join(foreign[:4])}{', ...' if len(foreign) > 4 else ''}); "
-                    "choose another --out or delete the folder yourself"
-                )
-        _clear(out)
-    out.mkdir(parents=True, exist_ok=True)
-    _mark(out)
+    if entries and not _is_run_folder(out):
+        foreign = [e.name for e in entries if not _is_ours(e)]
+        raise ConfigurationError(
+            f"refusing to --overwrite {out}: it is not an rpm run folder (no "
+            f"{RUN_MARKER} marker) and holds files rpm did not write "
+            f"({', '.join(foreign[:4])}{', ...' if len(foreign) > 4 else ''}); "
+            "choose another --out or delete the folder yourself"
+        )
+    try:
+        if entries:
+            _clear(out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_record(out, new_record(command))
+    except OSError as err:
+        raise _user_error(err, f"cannot write the run folder {out}") from None
     return out
+
+
+def _is_run_folder(out: Path) -> bool:
+    """``out`` has the run marker, or holds only files (and model subfolders) rpm writes."""
+    if (out / RUN_MARKER).is_file():
+        return True
+    entries = [e for e in out.iterdir()] if out.is_dir() else []
+    return all(_is_ours(e) for e in entries)
 
 
 def _flag(key: str) -> str:
@@ -356,38 +452,10 @@ def _config_of(args: argparse.Namespace) -> dict:
     return config
 
 
-def save_run_config(
-    out: str | os.PathLike,
-    args: argparse.Namespace,
-    resume: bool = False,
-    may_change: Iterable[str] = (),
-    may_grow: Iterable[str] = (),
-) -> dict:
-    """Record the command-line configuration in ``out/config.json``; on resume, read it back.
-
-    On resume, every flag not written on the command line (``args.given_flags``, set by the
-    ``rpm`` command; when absent every flag counts as written) takes its saved value, in
-    ``args`` too, so that ``rpm EXPERIMENT --resume --out DIR`` needs no other flag. A written
-    flag must equal the saved value, except ``out``, ``resume``, ``overwrite``, ``device``,
-    ``checkpoint_every``, ``threads``, ``progress`` and those in ``may_change``, which may
-    differ, and those in ``may_grow`` (e.g. ``steps``), which may grow to extend the run. The
-    file is then rewritten with the values in force.
-
-    :param path-like out: the run folder.
-    :param argparse.Namespace args: the parsed arguments (``func``, ``command``,
-        ``given_flags`` and other non-JSON values are skipped); updated in place on resume.
-    :param bool resume: read the saved configuration instead of starting one.
-    :param may_change: further argument names allowed to differ on resume.
-    :param may_grow: numeric argument names allowed to grow (not shrink) on resume.
-    :returns: the configuration in force, as a dict.
-    :raises ConfigurationError: if a resumed run's written flags differ from the saved ones.
-    """
-    path = Path(out) / CONFIG_NAME
+def _resumed_config(path: Path, args: argparse.Namespace, saved: dict,
+                    may_change: Iterable[str], may_grow: Iterable[str]) -> dict:
+    """The configuration in force on resume (``args`` updated in place), without writing."""
     config = _config_of(args)
-    if not (resume and path.is_file()):
-        write_json_atomic(path, config)
-        return config
-    saved = json.loads(path.read_text())
     given = getattr(args, GIVEN_FLAGS, None)
     free = _RESUMABLE_FLAGS | set(may_change)
     grow = set(may_grow)
@@ -412,7 +480,76 @@ def save_run_config(
             + "; ".join(changed)
             + f" (saved in {path}); drop these flags to use the saved values"
         )
-    write_json_atomic(path, config)
+    missing = sorted(set(config) - set(saved) - {"out", "resume", "overwrite"})
+    if missing:
+        raise RunFolderError(
+            f"{path} lacks the flags {', '.join(_flag(key) for key in missing)} of this command: "
+            "it was edited or written by another rpm; start afresh with --overwrite")
+    return config
+
+
+def _write_config(out: Path, config: dict) -> None:
+    record = read_record(out)
+    if record is not None:
+        record["previous_config"] = record.get("config")
+        record["config"] = config
+        record["config_sha256"] = config_digest(config)
+        write_record(out, record)
+    write_json_atomic(out / CONFIG_NAME, config)
+
+
+def _saved_config(out: Path) -> dict:
+    record = read_record(out)
+    if record is not None:
+        return verify_config(out, record, CONFIG_NAME)
+    path = out / CONFIG_NAME
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise RunFolderError(f"cannot read {path} ({err}): restore it or start afresh with "
+                             "--overwrite") from None
+    if not isinstance(saved, dict):
+        raise RunFolderError(f"{path} holds a {type(saved).__name__}, not the run's "
+                             "configuration: restore it or start afresh with --overwrite")
+    return saved
+
+
+def save_run_config(
+    out: str | os.PathLike,
+    args: argparse.Namespace,
+    resume: bool = False,
+    may_change: Iterable[str] = (),
+    may_grow: Iterable[str] = (),
+) -> dict:
+    """Record the command-line configuration in ``out/config.json`` (and its copy and SHA-256 in
+    the run record); on resume, read it back.
+
+    On resume, ``config.json`` is first checked against the run record's copy (an edited or
+    incomplete file is refused, naming the keys). Every flag not written on the command line
+    (``args.given_flags``, set by the ``rpm`` command; when absent every flag counts as
+    written) takes its saved value, in ``args`` too, so that ``rpm EXPERIMENT --resume --out
+    DIR`` needs no other flag. A written flag must equal the saved value, except ``out``,
+    ``resume``, ``overwrite``, ``device``, ``checkpoint_every``, ``threads``, ``progress`` and
+    those in ``may_change``, which may differ, and those in ``may_grow`` (e.g. ``steps``), which
+    may grow to extend the run. The file is then rewritten with the values in force.
+
+    :param path-like out: the run folder.
+    :param argparse.Namespace args: the parsed arguments (``func``, ``command``,
+        ``given_flags`` and other non-JSON values are skipped); updated in place on resume.
+    :param bool resume: read the saved configuration instead of starting one.
+    :param may_change: further argument names allowed to differ on resume.
+    :param may_grow: numeric argument names allowed to grow (not shrink) on resume.
+    :returns: the configuration in force, as a dict.
+    :raises ConfigurationError: if a resumed run's written flags differ from the saved ones.
+    :raises RunFolderError: if ``config.json`` is malformed, incomplete or edited.
+    """
+    out = Path(out)
+    path = out / CONFIG_NAME
+    if not (resume and path.exists()):
+        config = _config_of(args)
+    else:
+        config = _resumed_config(path, args, _saved_config(out), may_change, may_grow)
+    _write_config(out, config)
     return config
 
 
@@ -431,17 +568,146 @@ def read_run_config(args: argparse.Namespace) -> dict:
     return saved
 
 
-def open_run(args: argparse.Namespace, may_change: Iterable[str] = (),
-             may_grow: Iterable[str] = ()) -> Path:
-    """Prepare the run folder of ``args`` (``out``, ``resume``, ``overwrite``) with
-    :func:`prepare_run_dir` and its configuration with :func:`save_run_config` (on resume,
-    ``args`` takes the saved values of the flags not written on the command line).
+class Run:
+    """An open run folder (yielded by :func:`open_run`): its path and its provenance.
 
-    :returns: the run folder.
+    :ivar Path path: the run folder.
+    :ivar dict record: the run record (:mod:`rpm.training.run_folder`).
     """
-    out = prepare_run_dir(args.out, resume=args.resume, overwrite=args.overwrite)
-    save_run_config(out, args, resume=args.resume, may_change=may_change, may_grow=may_grow)
-    return out
+
+    def __init__(self, path: Path, record: dict, segment: int) -> None:
+        self.path = path
+        self.record = record
+        self._segment = segment
+        self._started = time.perf_counter()
+
+    def elapsed(self) -> float:
+        """Seconds since this segment started."""
+        return time.perf_counter() - self._started
+
+    def provenance(self) -> dict:
+        """What ``results.json`` records about how the run was made: ``command``, the command
+        line that started it; ``segments``, one per process that wrote the folder (the fresh
+        start and every ``--resume``) with its command line, start time, wall time (seconds;
+        ``None`` for a process that was killed before it could say) and end; ``wall_time``,
+        the sum of the segments' wall times, this one's up to now."""
+        segments = [dict(segment) for segment in self.record["segments"]]
+        segments[self._segment]["wall_time"] = self.elapsed()
+        return {
+            "command": segments[0]["command"],
+            "segments": segments,
+            "wall_time": sum(s["wall_time"] for s in segments if s["wall_time"] is not None),
+        }
+
+    def _finish(self, end: str) -> None:
+        segment = self.record["segments"][self._segment]
+        segment.update(wall_time=self.elapsed(), end=end)
+        try:
+            record = read_record(self.path) or self.record
+            record["segments"] = self.record["segments"]
+            write_record(self.path, record)
+        except (OSError, RunFolderError):
+            pass  # the folder became unwritable: the error that ends the run says so
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    written = getattr(args, COMMAND_LINE, None)
+    return written or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+
+
+@contextlib.contextmanager
+def open_run(args: argparse.Namespace, may_change: Iterable[str] = (),
+             may_grow: Iterable[str] = (),
+             validate: Callable[[argparse.Namespace], Any] | None = None) -> Iterator[Run]:
+    """Open the run folder of ``args`` (``out``, ``resume``, ``overwrite``) for the length of
+    the block: check the flags, lock the folder, prepare it, record the configuration and this
+    segment; yields a :class:`Run`.
+
+    The order makes every refusal leave the folder as it was: a fresh run or ``--overwrite``
+    calls ``validate(args)`` before creating or touching ``--out``; ``--resume`` takes the lock,
+    checks the recorded command (another experiment's run is refused) and the integrity of
+    ``config.json`` (:func:`~rpm.training.run_folder.verify_config`), gives ``args`` the saved
+    flags, calls ``validate(args)``, and only then writes. The lock (:class:`~rpm.training.
+    run_folder.RunLock`) refuses a second process on the same folder, naming the holder, and is
+    released at the end of the block (or by the operating system when the process dies). At
+    the end the segment's wall time and how it ended (``finished``, ``interrupted``,
+    ``failed``) are recorded.
+
+    :param may_change: further flags allowed to change on resume (:func:`save_run_config`).
+    :param may_grow: flags allowed to grow on resume.
+    :param validate: checks the flags (raises :class:`ConfigurationError`); it may fill
+        ``args``.
+    :raises ConfigurationError: on a bad flag or folder (one line, exit 2 from ``rpm``).
+    :raises RunFolderError: if the folder is held, of another command, or edited.
+    """
+    command = getattr(args, "command", None)
+    out = Path(args.out)
+    if args.resume and args.overwrite:
+        raise ConfigurationError("--resume and --overwrite exclude each other: choose one")
+    if out.exists() and not out.is_dir():
+        raise ConfigurationError(f"--out {out} is a file, not a folder: choose another --out")
+    if not args.resume and validate is not None:
+        validate(args)
+    created = not out.exists()
+    if args.resume and created:
+        prepare_run_dir(out, resume=True)  # raises: nothing to resume
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise _user_error(err, f"cannot create --out {out}") from None
+    lock = RunLock(out, _command_line(args))
+    try:
+        lock.acquire()
+    except RunFolderError:
+        if created:
+            _remove_if_empty(out)
+        raise
+    run = None
+    try:
+        try:
+            prepare_run_dir(out, resume=args.resume, overwrite=args.overwrite, command=command)
+            if args.resume:
+                config = _resumed_config(out / CONFIG_NAME, args, _saved_config(out), may_change,
+                                         may_grow)
+                if validate is not None:
+                    validate(args)
+            else:
+                config = _config_of(args)
+            _write_config(out, config)
+            record = read_record(out)
+            for segment in record["segments"]:
+                if segment.get("end") == "running":  # its process died without a word
+                    segment["end"] = "killed"
+            record["segments"].append({"command": _command_line(args),
+                                       "start": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+                                       "wall_time": None, "end": "running"})
+            write_record(out, record)
+        except OSError as err:
+            raise _user_error(err, f"cannot write the run folder {out}") from None
+        except (ConfigurationError, RunFolderError):
+            if created:
+                lock.release()
+                shutil.rmtree(out, ignore_errors=True)
+            raise
+        run = Run(out, record, len(record["segments"]) - 1)
+        yield run
+    except BaseException as err:
+        if run is not None:
+            interrupted = isinstance(err, KeyboardInterrupt) or type(err).__name__ == \
+                "TrainingInterrupted"
+            run._finish("interrupted" if interrupted else f"failed ({type(err).__name__})")
+        raise
+    else:
+        run._finish("finished")
+    finally:
+        lock.release()
+
+
+def _remove_if_empty(out: Path) -> None:
+    try:
+        out.rmdir()
+    except OSError:
+        pass
 
 
 # --------------------------------------------------------------------------- device, threads

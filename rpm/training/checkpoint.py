@@ -16,15 +16,27 @@ Atomicity: the file is written to a temporary file in the destination folder, fl
 and Windows. A process killed at any moment therefore leaves either the previous checkpoint or
 the new one, never a truncated file (at worst a stray ``.NAME.*.tmp`` file, which
 :func:`remove_stale_temporaries` deletes).
+
+Integrity: every checkpoint's SHA-256 is recorded in a manifest next to it,
+``NAME.sha256`` (JSON), and checked by :func:`load_checkpoint`: a damaged file (flipped bytes
+that still unpickle) is refused, never loaded. The previous checkpoint is kept as
+``NAME.prev`` (a hard link, or a copy). A save announces the new digest in the manifest before
+the checkpoint replaces the old one and commits it afterwards, so that a process killed at any
+moment leaves files whose digests the manifest accepts. :func:`load_latest_checkpoint` falls
+back to the previous checkpoint, with a message, when the latest is damaged or missing.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import os
 import pickle
 import random
 import re
 import secrets
+import shutil
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -37,7 +49,9 @@ __all__ = [
     "CheckpointError",
     "atomic_write",
     "capture_rng_state",
+    "checkpoint_expected",
     "load_checkpoint",
+    "load_latest_checkpoint",
     "remove_stale_temporaries",
     "restore_rng_state",
     "save_checkpoint",
@@ -151,8 +165,71 @@ def _check_safe(obj: Any, where: str) -> None:
     )
 
 
+# --------------------------------------------------------------------------- integrity
+_MANIFEST_FORMAT = "rpm-checkpoint-sha256"
+
+
+def _manifest_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _previous_path(path: Path) -> Path:
+    return path.with_name(path.name + ".prev")
+
+
+def _read_manifest(path: Path) -> dict | None:
+    manifest = _manifest_path(path)
+    if not manifest.exists():
+        return None
+    try:
+        data = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        data = None
+    if not (isinstance(data, dict) and data.get("format") == _MANIFEST_FORMAT):
+        raise CheckpointError(f"the checksum manifest {manifest} is damaged, so the checkpoint "
+                              "cannot be verified: start the run afresh with --overwrite")
+    return data
+
+
+def _write_manifest(path: Path, current: Any, previous: Any, pending: Any) -> None:
+    text = json.dumps({"format": _MANIFEST_FORMAT, "current": current, "previous": previous,
+                       "pending": pending}).encode()
+    atomic_write(_manifest_path(path), lambda f: f.write(text))
+
+
+def _accepted(manifest: dict) -> dict[str, int]:
+    """digest -> step of every checkpoint the manifest accepts."""
+    accepted = {}
+    for key in ("current", "previous", "pending"):
+        entry = manifest.get(key)
+        if isinstance(entry, list) and len(entry) == 2:
+            accepted[str(entry[0])] = entry[1]
+    return accepted
+
+
+def _keep_previous(path: Path) -> None:
+    # NAME.prev becomes the current checkpoint (another name for the same file), atomically.
+    previous = _previous_path(path)
+    tmp = path.parent / f"{_temporary_prefix(previous)}{secrets.token_hex(8)}.tmp"
+    try:
+        os.link(path, tmp)
+    except OSError:
+        shutil.copyfile(path, tmp)
+    os.replace(tmp, previous)
+
+
+def checkpoint_expected(path: str | os.PathLike) -> bool:
+    """Whether a checkpoint was ever committed at ``path`` (its manifest says so), so that a
+    missing file means it was deleted rather than never written."""
+    path = Path(path)
+    manifest = _read_manifest(path)
+    return manifest is not None and (manifest.get("current") is not None
+                                     or manifest.get("previous") is not None)
+
+
 def save_checkpoint(path: str | os.PathLike, state: dict) -> Path:
-    """Save a training state atomically with :func:`torch.save`.
+    """Save a training state atomically with :func:`torch.save`, with its SHA-256 in the
+    manifest ``NAME.sha256`` and the previous checkpoint kept as ``NAME.prev``.
 
     The state is wrapped with a format tag so that :func:`load_checkpoint` can tell an rpm
     checkpoint from any other file.
@@ -168,28 +245,62 @@ def save_checkpoint(path: str | os.PathLike, state: dict) -> Path:
         raise TypeError(f"save_checkpoint expects the state as a dict, got {type(state).__name__}")
     _check_safe(state, "state")
     payload = {"format": _FORMAT, "version": _VERSION, "state": state}
-    return atomic_write(path, lambda f: torch.save(payload, f))
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    data = buffer.getvalue()
+    new = [hashlib.sha256(data).hexdigest(), state.get("step")]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        manifest = _read_manifest(path)
+    except CheckpointError:
+        manifest = None  # a damaged manifest is replaced: this checkpoint is good
+    current = None if manifest is None else manifest.get("current")
+    previous = None if manifest is None else manifest.get("previous")
+    # 1. announce the new digest; 2. keep the current file as NAME.prev; 3. replace it;
+    # 4. commit. Killed between any two, every file on disk has an accepted digest.
+    _write_manifest(path, current, previous, new)
+    if path.is_file() and current is not None:
+        _keep_previous(path)
+        previous = current
+    atomic_write(path, lambda f: f.write(data))
+    _write_manifest(path, new, previous, None)
+    return path
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: Any = None) -> dict:
+def load_checkpoint(path: str | os.PathLike, map_location: Any = None, verify: bool = True
+                    ) -> dict:
     """Load a state saved by :func:`save_checkpoint`, with ``torch.load(...,
     weights_only=True)``: the file is never unpickled as arbitrary Python objects, so a
-    checkpoint from someone else cannot run code.
+    checkpoint from someone else cannot run code. Its SHA-256 is then checked against the
+    manifest written with it.
 
     :param path-like path: the checkpoint file.
     :param map_location: passed to :func:`torch.load`, e.g. ``"cpu"`` to load a GPU run's
         tensors on the CPU.
+    :param bool verify: check the SHA-256 against the manifest ``NAME.sha256``.
     :returns: the saved state dict.
     :raises FileNotFoundError: if there is no file at ``path``.
     :raises CheckpointError: if the file carries a pickled object (any type other than
-        tensors, numbers, strings, lists, tuples and dicts), is truncated or corrupt, or is
-        not an rpm checkpoint.
+        tensors, numbers, strings, lists, tuples and dicts), is truncated, empty, a folder,
+        corrupt, not an rpm checkpoint, or (``verify``) has no manifest or another digest.
     """
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a folder, not a checkpoint file: move it away (or "
+                              "start the run afresh with --overwrite)")
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}: the file does not exist")
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
+        data = path.read_bytes()
+    except OSError as err:
+        raise CheckpointError(f"cannot read checkpoint {path} ({err.strerror})") from None
+    if not data:
+        raise CheckpointError(f"checkpoint {path} is empty (0 bytes): the file is truncated; "
+                              "delete it, or start the run afresh with --overwrite")
+    try:
+        # weights_only: parsing an untrusted file runs no code, so it comes before the digest
+        payload = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
         if "weights only" not in str(err).lower():
             raise CheckpointError(
@@ -218,7 +329,62 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = None) -> dict:
             f"{path} has checkpoint format version {payload.get('version')!r}, this rpm reads "
             f"version {_VERSION}; start the run afresh with --overwrite"
         )
+    if verify:
+        _verify(path, data)
     return payload["state"]
+
+
+def _verify(path: Path, data: bytes) -> None:
+    shown = path
+    if path.name.endswith(".prev"):  # the previous checkpoint shares the manifest of the latest
+        path = path.with_name(path.name[: -len(".prev")])
+    manifest = _read_manifest(path)
+    if manifest is None:
+        raise CheckpointError(
+            f"checkpoint {shown} has no checksum manifest ({_manifest_path(path).name}), so it "
+            "cannot be verified: it was not written by this rpm's save_checkpoint (or the "
+            "manifest was deleted); start the run afresh with --overwrite")
+    digest = hashlib.sha256(data).hexdigest()
+    if digest not in _accepted(manifest):
+        raise CheckpointError(
+            f"checkpoint {shown} is damaged: its SHA-256 ({digest[:12]}...) is not the one "
+            f"recorded when it was written ({_manifest_path(path).name}); it is not loaded. "
+            "Restore it from a copy, or start the run afresh with --overwrite")
+
+
+def load_latest_checkpoint(path: str | os.PathLike,
+                           map_location: Any = None) -> tuple[dict, Path, str | None]:
+    """Load the checkpoint at ``path``, verified; if it is damaged or missing although its
+    manifest records it, fall back to the previous one (``NAME.prev``) when that one verifies.
+
+    :returns: ``(state, the file loaded, a message when the previous one was used)``.
+    :raises FileNotFoundError: if no checkpoint was ever written at ``path``.
+    :raises CheckpointError: if neither the checkpoint nor the previous one can be used.
+    """
+    path = Path(path)
+    previous = _previous_path(path)
+    if not path.exists() and not checkpoint_expected(path):
+        raise FileNotFoundError(f"no checkpoint at {path}: the file does not exist")
+    try:
+        return load_checkpoint(path, map_location), path, None
+    except (CheckpointError, FileNotFoundError) as err:
+        problem = err
+    if previous.is_file():
+        try:
+            state = load_checkpoint(previous, map_location)
+        except CheckpointError:
+            pass
+        else:
+            what = "missing" if isinstance(problem, FileNotFoundError) else "damaged"
+            return state, previous, (
+                f"the checkpoint {path} is {what}; continuing from the previous checkpoint "
+                f"{previous.name} (step {state.get('step')})")
+    if isinstance(problem, FileNotFoundError):
+        raise CheckpointError(
+            f"the checkpoint {path} is missing although its manifest records that it was "
+            "written (and no verified previous checkpoint exists): restore it, or start the "
+            "run afresh with --overwrite") from None
+    raise problem
 
 
 def _encode_numpy_state(state: Any) -> Any:

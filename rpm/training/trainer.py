@@ -21,9 +21,11 @@ import contextlib
 import copy
 import json
 import logging
+import math
 import numbers
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -39,7 +41,8 @@ from rpm.training.checkpoint import (
     Generator,
     atomic_write,
     capture_rng_state,
-    load_checkpoint,
+    checkpoint_expected,
+    load_latest_checkpoint,
     remove_stale_temporaries,
     restore_rng_state,
     save_checkpoint,
@@ -101,6 +104,42 @@ class TrainingInterrupted(Exception):
         self.signal_number = signal_number
 
 
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+class _LineProgress:
+    """The progress display when stderr is not a terminal (a log file, a pipe): one line at
+    every 10% of the steps, instead of a bar redrawn with carriage returns."""
+
+    def __init__(self, total: int, initial: int, description: str, every: float = 0.1) -> None:
+        self.total, self.n, self.description = total, initial, description
+        self._stride = max(1, math.ceil(every * total))
+        self._next = (initial // self._stride + 1) * self._stride
+        self._postfix: dict[str, str] = {}
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.n >= self._next or self.n == self.total:
+            while self._next <= self.n:
+                self._next += self._stride
+            fields = "".join(f", {key} {value}" for key, value in self._postfix.items())
+            print(f"{self.description}: step {self.n}/{self.total} "
+                  f"({100 * self.n // self.total}%){fields}", file=sys.stderr, flush=True)
+
+    def set_postfix(self, postfix: Mapping[str, str], refresh: bool = False) -> None:
+        self._postfix = dict(postfix)
+
+    def __enter__(self) -> _LineProgress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
 class Trainer:
     r"""Minimise ``loss_fn`` over ``num_steps`` optimiser steps with periodic evaluation and
     atomic, exactly resumable checkpoints.
@@ -153,7 +192,8 @@ class Trainer:
         checking them and appending their mean to the history; >= 1.
     :param dict generators: extra random generators the losses draw from, by name
         (``torch.Generator`` or ``numpy.random.Generator``), saved and restored.
-    :param bool progress: show a tqdm progress bar with the loss and the latest metrics.
+    :param bool progress: show a tqdm progress bar with the loss and the latest metrics; when
+        stderr is not a terminal, one line every 10% of the steps instead.
     :param float grad_clip: if given, clip the global gradient norm to this value (> 0).
     :param str description: label of the progress bar.
     :param bool eval_at_start: also evaluate before the first step (not repeated on resume).
@@ -250,6 +290,7 @@ class Trainer:
         self.distributed = check_bool("distributed", distributed)
         self._main = not self.distributed or rpm_distributed.global_rank() == 0
         self.out_dir = Path(out_dir)
+        self._resume_cache: dict | None = None
         self._reset()
 
     # ----------------------------------------------------------------------------- paths
@@ -340,6 +381,26 @@ class Trainer:
             else {}
         )
 
+    def has_checkpoint(self) -> bool:
+        """Whether ``out_dir`` holds a checkpoint to resume from: the file exists, or its
+        checksum manifest records one (then a missing file is an error of
+        :meth:`resume_state`, never a silent fresh start)."""
+        return self.checkpoint_path.exists() or checkpoint_expected(self.checkpoint_path)
+
+    def resume_state(self) -> dict:
+        """The verified state :meth:`fit` resumes from (loaded once, kept until then): the
+        checkpoint, or the previous one, with a message on stderr, when it is damaged or
+        missing.
+
+        :raises CheckpointError: if no verified checkpoint can be loaded.
+        """
+        if self._resume_cache is None:
+            state, _, note = load_latest_checkpoint(self.checkpoint_path, map_location="cpu")
+            if note and self._main:
+                print(f"{self.description}: {note}", file=sys.stderr, flush=True)
+            self._resume_cache = state
+        return self._resume_cache
+
     # ----------------------------------------------------------------------------- loop
     def fit(self, resume: bool = False) -> dict:
         """Train until ``num_steps``.
@@ -354,12 +415,13 @@ class Trainer:
         remove_stale_temporaries(self.checkpoint_path)
         remove_stale_temporaries(self.history_path)
         if resume:
-            if not self.checkpoint_path.is_file():
+            if not self.has_checkpoint():
                 raise FileNotFoundError(
                     f"cannot resume: no checkpoint at {self.checkpoint_path}; "
                     "start the run without resume"
                 )
-            self.load_state_dict(load_checkpoint(self.checkpoint_path, map_location="cpu"))
+            self.load_state_dict(self.resume_state())
+            self._resume_cache = None
             self._write_history()
             _LOGGER.info("resumed from %s at step %d", self.checkpoint_path, self.step)
         else:
@@ -380,7 +442,6 @@ class Trainer:
                 if self._signal_received is not None and not self.distributed:
                     self._interrupt()
                 self._train_step()
-                bar.update(1)
                 step = self.step
                 final = step == self.num_steps
                 evaluate = self.eval_fn is not None and (
@@ -397,6 +458,7 @@ class Trainer:
                     self._evaluate(bar)
                 if checkpoint:
                     self._save()
+                bar.update(1)  # after the evaluation, so that a line shows its scores
         return self.history
 
     def _train_step(self) -> None:
@@ -581,12 +643,15 @@ class Trainer:
         raise TrainingInterrupted(self.step, self.checkpoint_path, signum)
 
     # ----------------------------------------------------------------------------- helpers
-    def _progress_bar(self) -> tqdm:
+    def _progress_bar(self) -> tqdm | _LineProgress:
+        show = self.progress and self._main
+        if show and not _is_terminal(sys.stderr):
+            return _LineProgress(self.num_steps, self.step, self.description)
         return tqdm(
             total=self.num_steps,
             initial=self.step,
             desc=self.description,
-            disable=not (self.progress and self._main),
+            disable=not show,
             dynamic_ncols=True,
         )
 

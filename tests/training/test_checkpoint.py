@@ -1,7 +1,9 @@
 """Checkpoints: a saved and restored training state continues exactly like the original, and
 a failed write never damages the previous checkpoint."""
 
+import os
 import random
+import stat
 
 import numpy as np
 import pytest
@@ -115,20 +117,45 @@ def test_checkpoint_round_trip_continues_exactly(tmp_path):
 def test_failed_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "checkpoint.pt"
     save_checkpoint(path, {"step": 1, "w": torch.arange(4.0)})
-    real_save = torch.save
-
-    def crash_midway(obj, f, *args, **kwargs):
-        real_save(obj, f)
-        f.truncate(f.tell() // 2)  # a partial file, as a kill during the write leaves
-        raise OSError("disk full")
-
-    monkeypatch.setattr(torch, "save", crash_midway)
-    with pytest.raises(OSError, match="disk full"):
-        save_checkpoint(path, {"step": 2, "w": torch.zeros(4)})
-    monkeypatch.undo()
     state = load_checkpoint(path)
     assert state["step"] == 1 and torch.equal(state["w"], torch.arange(4.0))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "checkpoint.pt.sha256"]
+    # A crash at every fsync of the save (manifest, previous copy, checkpoint, commit): the
+    # file that stays verifies and holds one of the two states, never a damaged one.
+    real_fsync = os.fsync
+    counted = []
+    monkeypatch.setattr(os, "fsync", lambda fd: counted.append(fd) or real_fsync(fd))
+    save_checkpoint(path, {"step": 1, "w": torch.arange(4.0)})
+    monkeypatch.undo()
+    assert len(counted) >= 6
+    seen = set()
+    for crash_at in range(1, len(counted) + 1):
+        calls = []
+
+        def crash(fd, crash_at=crash_at, calls=calls):
+            calls.append(fd)
+            if len(calls) == crash_at:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.ftruncate(fd, os.fstat(fd).st_size // 2)  # a partial file
+                raise OSError("disk full")
+            return real_fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", crash)
+        try:
+            save_checkpoint(path, {"step": 2, "w": torch.zeros(4)})
+        except OSError as err:
+            assert "disk full" in str(err)
+        monkeypatch.undo()
+        state = load_checkpoint(path)  # verified: never a damaged file
+        assert state["step"] in (1, 2)
+        assert torch.equal(state["w"], torch.arange(4.0) if state["step"] == 1 else torch.zeros(4))
+        seen.add(state["step"])
+        remove_stale_temporaries(path)
+        save_checkpoint(path, {"step": 1, "w": torch.arange(4.0)})  # back to the start
+    assert seen == {1, 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint.pt", "checkpoint.pt.prev", "checkpoint.pt.sha256"]
+    assert load_checkpoint(tmp_path / "checkpoint.pt.prev")["step"] in (1, 2)  # verified
 
 
 def test_load_reports_missing_corrupt_and_foreign_files(tmp_path):
@@ -210,4 +237,71 @@ def test_load_refuses_a_checkpoint_carrying_a_pickled_object(tmp_path):
     torch.save({"format": "rpm-checkpoint", "version": 2, "state": {"x": _Payload()}}, path)
     with pytest.raises(CheckpointError, match=r"refusing to load .*pickled Python object "
                                               r"\(.*_Payload\).*--overwrite"):
+        load_checkpoint(path)
+
+
+def _flip_bytes(path, count=64, seed=0):
+    """Flip ``count`` bytes in the middle of the tensor data, where the file still unpickles."""
+    data = bytearray(path.read_bytes())
+    rng = random.Random(seed)
+    start = len(data) // 4
+    for index in rng.sample(range(start, start + len(data) // 4), count):
+        data[index] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_checkpoint_is_refused_never_loaded(tmp_path):
+    """Bytes flipped inside the weights still unpickle (the issue's case: 17 weights changed,
+    --resume exited 0); the SHA-256 recorded at save time refuses the file."""
+    path = tmp_path / "checkpoint.pt"
+    weights = torch.randn(4000)
+    save_checkpoint(path, {"step": 3, "w": weights})
+    _flip_bytes(path)
+    unverified = load_checkpoint(path, verify=False)  # it does unpickle, with other weights
+    assert not torch.equal(unverified["w"], weights)
+    with pytest.raises(CheckpointError, match=r"checkpoint .*checkpoint\.pt is damaged: its "
+                                              r"SHA-256 .* is not the one recorded"):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match="damaged"):  # no previous one to fall back on
+        ckpt.load_latest_checkpoint(path)
+
+
+def test_latest_falls_back_to_the_previous_verified_checkpoint(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, {"step": 1, "w": torch.ones(3)})
+    save_checkpoint(path, {"step": 2, "w": torch.zeros(3)})
+    state, used, note = ckpt.load_latest_checkpoint(path)
+    assert (state["step"], used, note) == (2, path, None)
+    _flip_bytes(path, count=8)
+    state, used, note = ckpt.load_latest_checkpoint(path)
+    assert state["step"] == 1 and used.name == "checkpoint.pt.prev"
+    assert "is damaged; continuing from the previous checkpoint checkpoint.pt.prev (step 1)" in note
+    path.unlink()  # deleted: the manifest says one was written
+    assert ckpt.checkpoint_expected(path)
+    state, _, note = ckpt.load_latest_checkpoint(path)
+    assert state["step"] == 1 and "is missing" in note
+    (tmp_path / "checkpoint.pt.prev").unlink()
+    with pytest.raises(CheckpointError, match="missing although its manifest records"):
+        ckpt.load_latest_checkpoint(path)
+    assert not ckpt.checkpoint_expected(tmp_path / "other.pt")
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        ckpt.load_latest_checkpoint(tmp_path / "other.pt")
+
+
+def test_empty_folder_and_unverifiable_checkpoints_are_one_line_errors(tmp_path):
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"is empty \(0 bytes\)"):
+        load_checkpoint(empty)
+    folder = tmp_path / "folder.pt"
+    folder.mkdir()
+    with pytest.raises(CheckpointError, match="is a folder, not a checkpoint file"):
+        load_checkpoint(folder)
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, {"step": 1})
+    (tmp_path / "checkpoint.pt.sha256").unlink()
+    with pytest.raises(CheckpointError, match="has no checksum manifest"):
+        load_checkpoint(path)
+    (tmp_path / "checkpoint.pt.sha256").write_text("[1, 2]")
+    with pytest.raises(CheckpointError, match="manifest .* is damaged"):
         load_checkpoint(path)

@@ -28,12 +28,11 @@ from rpm.experiments.common import (
     add_common_arguments,
     nonnegative_float,
     nonnegative_int,
+    open_run,
     positive_float,
     positive_int,
-    prepare_run_dir,
     probability,
     resolve_device,
-    save_run_config,
     seed_everything,
     write_json_atomic,
 )
@@ -56,7 +55,7 @@ class ToyRegression(pyro.nn.PyroModule):
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("toy", help="tiny regression used by the trainer tests")
-    add_common_arguments(parser, default_checkpoint_every=20)
+    add_common_arguments(parser, default_checkpoint_every=20, grow_flag="--num-steps")
     parser.add_argument("--num-steps", type=positive_int, default=200)
     parser.add_argument("--lr", type=positive_float, default=0.05)
     parser.add_argument("--eval-every", type=nonnegative_int, default=25)
@@ -68,8 +67,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = prepare_run_dir(args.out, resume=args.resume, overwrite=args.overwrite)
-    save_run_config(out, args, resume=args.resume, may_change=("step_delay",))
+    with open_run(args, may_change=("step_delay",), may_grow=("num_steps",)) as run:
+        return _run(args, run)
+
+
+def _run(args: argparse.Namespace, run) -> int:
+    out = run.path
     device = resolve_device(args.device)
     seed_everything(args.seed)
     pyro.clear_param_store()
@@ -113,8 +116,9 @@ def run(args: argparse.Namespace) -> int:
         progress=args.progress,
         description="toy",
     )
-    history = trainer.fit(resume=args.resume)
-    write_json_atomic(out / "results.json", {"final": history["evaluations"][-1]})
+    history = trainer.fit(resume=args.resume and trainer.has_checkpoint())
+    write_json_atomic(out / "results.json", {"final": history["evaluations"][-1],
+                                             **run.provenance()})
     return 0
 
 

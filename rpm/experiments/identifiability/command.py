@@ -59,13 +59,15 @@ References:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
-import time
 from pathlib import Path
 
 from rpm.experiments.common import (
+    GIVEN_FLAGS,
     ConfigurationError,
+    Run,
     add_common_arguments,
     contrastive_batch_size,
     environment,
@@ -91,6 +93,8 @@ MARGINALS = ("uniform", "normal", "laplace")
 CONDITIONALS = ("vmf", "normal", "laplace", "gennorm", "anisotropic")
 ENERGIES = ("cosine", "anisotropic", "lp", "rbf", "bilinear")
 ENCODER_SPACES = ("sphere", "box", "unbounded")
+#: The energies with a temperature that --learn-temperature learns.
+_TEMPERED = ("cosine", "lp", "rbf")
 
 
 # --------------------------------------------------------------------------- command line
@@ -112,7 +116,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n")[0].replace("``", ""),
     )
     add_common_arguments(parser, default_out="runs/identifiability",
-                         default_checkpoint_every=1000)
+                         default_checkpoint_every=1000, grow_flag="--steps")
     data = parser.add_argument_group("data")
     data.add_argument("--dim", type=positive_int, default=3,
                       help="number n of latents (ambient dimension on the sphere; default: 3; "
@@ -196,6 +200,17 @@ def _resolve(args: argparse.Namespace) -> argparse.Namespace:
         raise ConfigurationError(f"--eval-samples {args.eval_samples} is too few for the affine "
                                  f"R^2 fit of {args.dim} latents; use at least "
                                  f"{2 * args.dim + 4} (e.g. 10000)")
+    tempered = [name for name in energies if name in _TEMPERED]
+    if args.learn_temperature and not tempered:
+        raise ConfigurationError(
+            f"--learn-temperature learns kappa (cosine), tau (lp) or l (rbf), but the energies are "
+            f"{', '.join(energies)}, which have no temperature to learn (anisotropic and bilinear "
+            "learn their Lambda or W anyway): drop --learn-temperature")
+    if "energy_lr" in getattr(args, GIVEN_FLAGS, ()) and all(
+            name in _TEMPERED and not args.learn_temperature for name in energies):
+        raise ConfigurationError(
+            f"--energy-lr is the learning rate of the energy's parameters, but {', '.join(energies)}"
+            " without --learn-temperature have none: drop --energy-lr")
     resolved = argparse.Namespace(**vars(args))
     resolved.energies = energies
     resolved.encoder_space = args.encoder_space or args.space
@@ -220,8 +235,9 @@ def _process(args: argparse.Namespace, device):
                                  f"their parameters): {error}") from None
 
 
-def _table(runs: dict) -> str:
-    lines = ["test set (the progress bar showed the validation set):",
+def _table(runs: dict, progress: bool = False) -> str:
+    lines = ["test set (the progress bar showed the validation set):" if progress else
+             "test set (the evaluations during training used the validation set):",
              f"{'energy':<12} {'R^2':>7} {'MCC':>7} {'identity R^2':>13} {'untrained R^2':>14} "
              f"{'time':>8}"]
     for name, result in runs.items():
@@ -252,29 +268,40 @@ def run(args: argparse.Namespace) -> int:
         return _run(args)
 
 
+def _validate(args: argparse.Namespace) -> None:
+    """Every check of the flags, before the run folder is created or written: the flag
+    combinations (:func:`_resolve`) and the latent process they describe, built on the CPU."""
+    from rpm import distributed
+
+    resolved = _resolve(args)
+    _process(resolved, "cpu")
+    world = distributed.global_world_size()
+    if args.batch_size % world:
+        raise ConfigurationError(
+            f"--batch-size {args.batch_size} is the global batch of the {world} processes: "
+            f"make it a multiple of {world}")
+
+
 def _run(args: argparse.Namespace) -> int:
     from rpm import distributed
 
-    if not args.resume:
-        _resolve(args)  # check the flags before touching the folder
     device = resolve_device(args.device)
-    with distributed.process_group(device):
-        world = distributed.global_world_size()
-        if args.batch_size % world:
-            raise ConfigurationError(
-                f"--batch-size {args.batch_size} is the global batch of the {world} processes: "
-                f"make it a multiple of {world}")
+    with distributed.process_group(device), contextlib.ExitStack() as stack:
+        run = None
         if distributed.is_main_process():
-            out = open_run(args, may_change=("eval_every", "compile"), may_grow=("steps",))
+            run = stack.enter_context(open_run(args, may_change=("eval_every", "compile"),
+                                               may_grow=("steps",), validate=_validate))
         distributed.barrier()  # the run folder and its config.json exist
-        if not distributed.is_main_process():
+        if run is None:
             out = Path(args.out)
             if args.resume:
                 read_run_config(args)
-        return _train_and_report(_resolve(args), out, device)
+        else:
+            out = run.path
+        return _train_and_report(_resolve(args), out, device, run)
 
 
-def _train_and_report(args: argparse.Namespace, out: Path, device) -> int:
+def _train_and_report(args: argparse.Namespace, out: Path, device, run: Run | None) -> int:
     from rpm import distributed
     from rpm.data.synthetic import InvertibleMLP
     from rpm.experiments.common import derived_seed
@@ -286,7 +313,6 @@ def _train_and_report(args: argparse.Namespace, out: Path, device) -> int:
     )
     from rpm.experiments.identifiability.train import train_energy
 
-    started = time.perf_counter()
     process = _process(args, device)
     mixing = InvertibleMLP(args.dim, seed=derived_seed(args.seed, "mixing")).to(device)
     held_out = {part: held_out_set(process, mixing, args.eval_samples, derived_seed(args.seed, part))
@@ -307,11 +333,13 @@ def _train_and_report(args: argparse.Namespace, out: Path, device) -> int:
                           "test": "r2, mcc and the baselines of each run",
                           "samples_each": args.eval_samples},
         "runs": runs,
-        "wall_time": time.perf_counter() - started,
+        **run.provenance(),
     }
     write_json_atomic(out / "results.json", summary)
-    print(_table(runs))
+    print(_table(runs, args.progress))
     for line in _warnings(runs):
         print(line, file=sys.stderr)
-    print(f"results and figures in {out} ({summary['wall_time']:.0f} s)")
+    print(f"results and figures in {out} ({run.elapsed():.0f} s"
+          + (f"; {summary['wall_time']:.0f} s over {len(summary['segments'])} segments)"
+             if len(summary["segments"]) > 1 else ")"))
     return 0

@@ -38,8 +38,7 @@ from rpm.experiments.identifiability.model import (
 from rpm.metrics import mcc, mcc_per_dimension, r2, r2_per_dimension
 from rpm.models.mlp import MLPEncoder
 from rpm.priors import AnisotropicEnergy
-from rpm.training.checkpoint import load_checkpoint
-from rpm.training.trainer import CHECKPOINT_NAME, Trainer
+from rpm.training.trainer import Trainer
 
 __all__ = ["R2_LEVELS", "cosine_schedule", "oracle_concentrations", "train_energy"]
 
@@ -175,9 +174,9 @@ def train_energy(name: str, args: argparse.Namespace, process: LatentProcess,
         log_every=min(100, args.steps), progress=args.progress, description=name,
         eval_at_start=True, eval_label="val", distributed=parallel,
     )
-    resume = args.resume and (out / CHECKPOINT_NAME).is_file()
+    resume = args.resume and trainer.has_checkpoint()  # a deleted checkpoint is an error
     if resume and distributed.is_main_process():
-        step = load_checkpoint(out / CHECKPOINT_NAME)["step"]
+        step = trainer.resume_state()["step"]  # verified (or the previous one, with a message)
         print(f"{name}: finished earlier ({step}/{args.steps} steps), reloaded" if step == args.steps
               else f"{name}: resuming at step {step}/{args.steps}", flush=True)
     history = trainer.fit(resume=resume)
