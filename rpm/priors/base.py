@@ -195,9 +195,24 @@ class Energy(ScopedModule):
     :attr:`dim`                 ``None``: any latent dimension
     ==========================  =============================================================
 
-    A subclass inherits its parent's hooks; one that changes :meth:`forward` must make
-    :meth:`paired` and :meth:`logit_factors` agree with it (or return None from
-    :meth:`logit_factors`).
+    :meth:`forward` is the definition of the energy: the hooks are shortcuts for what it
+    computes, and the ELBO uses a hook only where it describes *this* class's :meth:`forward`
+    (:mod:`rpm.priors.energy_paths`; the rule is decided once per class from its MRO):
+
+    * a hook defined in the same class as :meth:`forward` is trusted;
+    * a hook defined in a subclass of the class that defines :meth:`forward` (a subclass that
+      overrides the factorisation only) is checked against :meth:`forward` on a few rows and
+      columns of the first batch that uses it (once per class): a disagreement raises
+      ValueError;
+    * a hook inherited from above the class that defines :meth:`forward` is ignored: a
+      subclass that overrides :meth:`forward` only (``class ScaledRBF(RBFEnergy)`` with a new
+      ``forward``) gets the generic path, which evaluates :meth:`forward` on tiles of
+      ``block_size`` rows and columns (O(N M / block) memory plus one tile, so large batches
+      still work). To get the factorised fast path back, override :meth:`paired` and
+      :meth:`logit_factors` in the same class as :meth:`forward`.
+
+    :meth:`forward` must be pairwise: entry (i, j) depends on :math:`z_i` and :math:`z'_j`
+    only (no statistics of the batch), since the streamed paths evaluate it on blocks.
     """
 
     #: The latent dimension D the energy was built for (its parameters' size), or None.

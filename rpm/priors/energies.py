@@ -6,7 +6,9 @@ are likely given the first. Each energy is a :class:`~pyro.nn.PyroModule` whose 
 quantities are constrained :class:`~pyro.nn.PyroParam` s, and whose ``forward(z, z2)`` returns
 the full pairwise matrix :math:`F_{ij} = f(z_i, z'_j)` of shape (N, M) in one shot. Each
 implements the hooks of :class:`~rpm.priors.base.Energy` (``paired``, ``logit_factors``), so a
-subclass keeps the streamed normaliser. Hyperparameters given as Python floats are held in
+subclass that keeps its parent's ``forward`` keeps the streamed normaliser; a subclass that
+overrides ``forward`` gets the generic blocked path over its own ``forward`` unless it overrides
+the hooks too (:mod:`rpm.priors.energy_paths`). Hyperparameters given as Python floats are held in
 float64 and cast to the latents' dtype where they are used.
 
 ==============  ===============================================  ==============================

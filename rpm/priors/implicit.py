@@ -35,6 +35,7 @@ from rpm.marginals.mixture_marginal import Atoms
 from rpm.ops.dispatch import use_streaming
 from rpm.ops.logsumexp import safe_logsumexp, streaming_matmul_logsumexp
 from rpm.priors.base import Energy, Prior
+from rpm.priors.energy_paths import blocked_energy_logsumexp, energy_logit_factors, energy_paired
 
 __all__ = [
     "ImplicitConditional",
@@ -64,35 +65,6 @@ def implicit_log_ratio(energy_matrix: torch.Tensor) -> torch.Tensor:
     )
 
 
-def energy_logit_factors(
-    energy, z: torch.Tensor, z2: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
-    r"""The matrix-product factors of an energy, :math:`f(z_i, z'_j) = a_i^\top b_j + c_i`, or
-    None.
-
-    The energy's own :meth:`~rpm.priors.base.Energy.logit_factors` hook for an
-    :class:`~rpm.priors.base.Energy`; None (no factors: the normaliser is dense) for any other
-    module mapping (z, z2) to the (N, M) matrix.
-
-    :param energy: the energy f.
-    :param torch.Tensor z: first-view latents, shape (N, D).
-    :param torch.Tensor z2: second-view latents, shape (M, D).
-    :return: ``(a (N, K), b (M, K), c (N,) or None)``, or None.
-    """
-    if isinstance(energy, Energy):
-        return energy.logit_factors(z, z2)
-    return None
-
-
-def energy_paired(energy, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-    r"""The positives :math:`f(z_i, z'_i)`, shape (N,): the energy's own
-    :meth:`~rpm.priors.base.Energy.paired` hook for an :class:`~rpm.priors.base.Energy`, the
-    diagonal of the full matrix for any other module."""
-    if isinstance(energy, Energy):
-        return energy.paired(z, z2)
-    return torch.diagonal(energy(z, z2))
-
-
 def energy_log_normalizer(
     energy: Energy, z: torch.Tensor, z2: torch.Tensor, block_size: int | None = None
 ) -> torch.Tensor:
@@ -102,11 +74,14 @@ def energy_log_normalizer(
 
         \log \hat Z(z_i) + \log M = \log \sum_{j=1}^M e^{f(z_i, z'_j)}
 
-    (Eq. 23-25 of Aitchison & Ganev, without the :math:`-\log M`). For energies that are a
-    matrix product (:func:`energy_logit_factors`) it is streamed in blocks with O((N + M) D)
-    memory when ``block_size`` is given or the (N, M) matrix is large
-    (:func:`~rpm.ops.dispatch.use_streaming`); otherwise (and always for other energies) it is
-    the log-sum-exp of ``energy(z, z2)`` over its rows (:func:`~rpm.ops.safe_logsumexp`).
+    (Eq. 23-25 of Aitchison & Ganev, without the :math:`-\log M`). Dense, the log-sum-exp of
+    ``energy(z, z2)`` over its rows (:func:`~rpm.ops.safe_logsumexp`), unless ``block_size`` is
+    given or the (N, M) matrix is large (:func:`~rpm.ops.dispatch.use_streaming`); then
+    streamed in blocks: through the energy's matrix-product factors
+    (:func:`energy_logit_factors`, O((N + M) D) memory) when they describe its ``forward``
+    (:mod:`rpm.priors.energy_paths`), else from ``forward`` on tiles
+    (:func:`~rpm.priors.energy_paths.blocked_energy_logsumexp`). Every path computes what the
+    energy's ``forward`` computes.
 
     :param energy: the energy f.
     :param torch.Tensor z: first-view latents, shape (N, D).
@@ -116,19 +91,12 @@ def energy_log_normalizer(
     :return: shape (N,).
     :rtype: torch.Tensor
     """
-    factors = _streaming_factors(energy, z, z2, block_size)
-    if factors is None:
-        return safe_logsumexp(energy(z, z2), dim=-1)
-    return _streamed_log_normalizer(factors, block_size)
-
-
-def _streaming_factors(energy: Energy, z: torch.Tensor, z2: torch.Tensor,
-                       block_size: int | None):
-    """The matrix-product factors of the energy when the normaliser is to be streamed (a
-    ``block_size`` given, or a large matrix), else None (dense)."""
     if not use_streaming(z.shape[0], z2.shape[0], z.device, block_size):
-        return None
-    return energy_logit_factors(energy, z, z2)
+        return safe_logsumexp(energy(z, z2), dim=-1)
+    factors = energy_logit_factors(energy, z, z2)
+    if factors is None:
+        return blocked_energy_logsumexp(energy, z, z2, block_size)[0]
+    return _streamed_log_normalizer(factors, block_size)
 
 
 def _streamed_log_normalizer(factors: tuple, block_size: int | None) -> torch.Tensor:
@@ -371,11 +339,22 @@ class ImplicitPrior(Prior):
         :param block_size: block edge of the streamed normaliser; ``None`` decides by size.
         """
         candidates = z2 if negatives is None else negatives
-        factors = _streaming_factors(self.energy, z, candidates, block_size)
-        if factors is None and negatives is None:
-            # Dense: one N x N matrix gives both the positives and the normaliser.
-            return implicit_log_ratio(self.energy(z, z2))
-        positive = energy_paired(self.energy, z, z2)
-        normalizer = (safe_logsumexp(self.energy(z, candidates), dim=-1) if factors is None
-                      else _streamed_log_normalizer(factors, block_size))
+        if not use_streaming(z.shape[0], candidates.shape[0], z.device, block_size):
+            if negatives is None:
+                # Dense: one N x N matrix gives both the positives and the normaliser.
+                return implicit_log_ratio(self.energy(z, z2))
+            positive = energy_paired(self.energy, z, z2)
+            normalizer = safe_logsumexp(self.energy(z, candidates), dim=-1)
+        else:
+            factors = energy_logit_factors(self.energy, z, candidates)
+            if factors is not None:
+                positive = energy_paired(self.energy, z, z2, block_size)
+                normalizer = _streamed_log_normalizer(factors, block_size)
+            else:
+                # forward on tiles; the positives come from the same tiles for the batch's own z2
+                normalizer, positive = blocked_energy_logsumexp(
+                    self.energy, z, candidates, block_size,
+                    positive_shift=0 if negatives is None else None)
+                if positive is None:
+                    positive = energy_paired(self.energy, z, z2, block_size)
         return positive - normalizer + math.log(candidates.shape[0])

@@ -80,12 +80,8 @@ from rpm.marginals import MixtureMarginal, recognition_components
 from rpm.ops.dispatch import default_block_size, ieee_float32_matmul, use_streaming
 from rpm.ops.logsumexp import safe_logsumexp, streaming_matmul_logsumexp
 from rpm.priors.base import Energy
-from rpm.priors.implicit import (
-    ImplicitPrior,
-    TiltedConditional,
-    energy_logit_factors,
-    energy_paired,
-)
+from rpm.priors.energy_paths import blocked_energy_logsumexp, energy_logit_factors, energy_paired
+from rpm.priors.implicit import ImplicitPrior, TiltedConditional
 
 __all__ = [
     "PooledImplicitConditional",
@@ -132,6 +128,9 @@ def pooled_log_normalizer(
     :meth:`~rpm.priors.base.Energy.logit_factors` hook), each block of anchor rows is streamed
     against the candidates before and after it (:func:`~rpm.ops.streaming_matmul_logsumexp`)
     and its own diagonal block, with the anchors masked, is dense: O(M D) memory plus one block.
+    The factors are used only where they describe the energy's ``forward``
+    (:mod:`rpm.priors.energy_paths`); otherwise ``forward`` itself runs on tiles with the
+    anchors masked (:func:`~rpm.priors.energy_paths.blocked_energy_logsumexp`).
 
     :param energy: the energy f.
     :param torch.Tensor u: the pooled latents, shape (M, D).
@@ -148,14 +147,15 @@ def pooled_log_normalizer(
     if num < 2:
         raise ValueError("the pooled normaliser needs at least 2 latents (each anchor needs one "
                          "candidate other than itself)")
-    factors = None
-    if use_streaming(stop - start, num, u.device, block_size):
-        factors = energy_logit_factors(energy, u, u)
-    if factors is None:
+    if not use_streaming(stop - start, num, u.device, block_size):
         logits = energy(u[start:stop], u)                                    # (stop - start, M)
         own = torch.arange(start, stop, device=u.device)
         mask = own[:, None] == torch.arange(num, device=u.device)[None, :]
         return safe_logsumexp(logits.masked_fill(mask, -math.inf), dim=-1)
+    factors = energy_logit_factors(energy, u, u)
+    if factors is None:
+        # forward on tiles, the anchor's own entry (column start + i of row i) left out
+        return blocked_energy_logsumexp(energy, u[start:stop], u, block_size, mask_shift=start)[0]
     left, right, row_offset = factors
     size = default_block_size(u.device) if block_size is None else block_size
     blocks = []
@@ -217,10 +217,10 @@ def pooled_log_ratios(
     forward = backward = None
     if direction != "backward":
         normalizer = pooled_log_normalizer(energy, u, offset, offset + n, block_size)
-        forward = energy_paired(energy, z, z2) - normalizer + log_candidates
+        forward = energy_paired(energy, z, z2, block_size) - normalizer + log_candidates
     if direction != "forward":
         normalizer = pooled_log_normalizer(energy, u, m + offset, m + offset + n, block_size)
-        backward = energy_paired(energy, z2, z) - normalizer + log_candidates
+        backward = energy_paired(energy, z2, z, block_size) - normalizer + log_candidates
     return forward, backward
 
 

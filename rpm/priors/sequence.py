@@ -193,7 +193,8 @@ class MarkovImplicitPrior(SequencePrior):
         \sum_{t=1}^{T-1} \Big[f(z_t, z_{t+1}) - \log \frac1N \sum_j e^{f(z_t, z_{j,t+1})}\Big],
 
     which :meth:`log_ratio` returns (through the pair prior's own
-    :meth:`~rpm.priors.ImplicitPrior.log_ratio`, streamed for large batches); with T = 2 this is
+    :meth:`~rpm.priors.ImplicitPrior.log_ratio`, streamed for large batches or in blocks of the
+    marginal's ``block_size``, as ``RPMELBO(block_size=...)`` asks); with T = 2 this is
     exactly the pair model's ELBO.
 
     :param energy: f(z, z'), e.g. :class:`~rpm.priors.RBFEnergy`.
@@ -218,8 +219,10 @@ class MarkovImplicitPrior(SequencePrior):
     def log_ratio(self, z: torch.Tensor, q: TorchDistribution,
                   marginal: SequenceMixtureMarginal) -> torch.Tensor:
         total = z.new_zeros(z.shape[0])
+        block_size = getattr(marginal, "block_size", None)  # RPMELBO(block_size=...)
         for t in range(z.shape[1] - 1):
-            total = total + self.pair.log_ratio(z[:, t], z[:, t + 1], view(q, t), view(q, t + 1))
+            total = total + self.pair.log_ratio(z[:, t], z[:, t + 1], view(q, t), view(q, t + 1),
+                                                block_size=block_size)
         return total
 
 
