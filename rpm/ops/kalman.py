@@ -27,8 +27,10 @@ of the parameters (broadcastable to that of the means), and a batch of N sequenc
 model costs N mean updates but a single covariance recursion.
 Pyro's :class:`~pyro.distributions.GaussianHMM` computes the same marginal likelihood in
 precision form (with the initial state one transition before the first observation and
-right-multiplied matrices); the tests check the two against each other and against the dense
-joint Gaussian.
+right-multiplied matrices); given time-varying transitions whose first one has matrix 0 and
+noise :math:`\mathcal{N}(m_1, S_1)` it is this model exactly
+(``docs/theory.md#linear-gaussian-state-space-prior``). The tests check the two against each
+other and against the dense joint Gaussian.
 """
 
 from __future__ import annotations

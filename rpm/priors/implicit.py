@@ -6,12 +6,21 @@ ELBO is InfoNCE.
     P(z) = Q(z), \qquad P(z'|z) = \frac{Q(z')\, e^{f(z, z')}}{Z(z)}, \qquad
     Z(z) = \mathbb{E}_{Q(z')} e^{f(z, z')},
 
-with Q the minibatch-mixture recognition marginal. Both factors are honest distributions on the
-batch: P(z) is the :class:`~rpm.marginals.MixtureMarginal` of the first view's recognition
-distributions, and P(z'|z) is :class:`ImplicitConditional`, the energy-tilted mixture of the
-second view's. Z(z_i) is estimated, as InfoNCE does, over the batch's own second-view latents
-(positive included): :math:`\hat Z(z_i) = \frac1N \sum_j e^{f(z_i, z'_j)}`. With Delta encoders
-P(z'|z) is the categorical softmax over the batch points (Eq. 34), the InfoNCE classifier.
+with Q the minibatch-mixture recognition marginal. P(z) is the
+:class:`~rpm.marginals.MixtureMarginal` of the first view's recognition distributions, a
+normalised distribution. P(z'|z) is :class:`ImplicitConditional`, the energy-tilted mixture of
+the second view's, with Z(z_i) estimated, as InfoNCE does, over the batch's own second-view
+latents (positive included): :math:`\hat Z(z_i) = \frac1N \sum_j e^{f(z_i, z'_j)}`. That makes it
+the InfoNCE surrogate, not a normalised distribution of the batch for finite N: exact at the
+guide's values (the only values an ELBO scores), but its probabilities over its support do not
+sum to one (1.478 in the N = 2 example of ``docs/theory.md#what-the-implicit-conditional-is``).
+Its sampler draws a normalised distribution: with Delta encoders, for each i independently, the
+categorical softmax over the batch points (Eq. 34), the InfoNCE classifier, whose ELBO is the
+one computed here; with stochastic encoders, self-normalised importance sampling of the tilted
+mixture. What each ELBO bounds: ``docs/theory.md#what-each-elbo-bounds`` (with Delta encoders a
+tight ELBO of the batch's empirical distribution; with stochastic encoders an estimate biased
+upwards; in expectation over batches, always the InfoNCE lower bound on :math:`I_Q(z; z')`,
+and at most :math:`\log N`).
 
 In the ELBO (Eq. 15) :math:`\log Q(z)` and :math:`\log Q(z')` cancel and each pair contributes
 
@@ -133,12 +142,19 @@ class TiltedConditional(TorchDistribution):
     latents the normaliser runs over (:meth:`tilt`) and which candidates the sampler picks from
     (:meth:`candidates`).
 
+    ``log_prob`` is a contrastive surrogate (InfoNCE, NT-Xent), not the log-density of a
+    normalised distribution for finite N: :math:`\hat Z` is estimated over the evaluated
+    partners (or the batch's latents), not integrated over the support, so it is exact at the
+    guide's values, which are all an ELBO scores, and its total mass over the support differs
+    from 1 elsewhere (``docs/theory.md#what-the-implicit-conditional-is``). ``sample`` draws a
+    different, normalised distribution: the candidates :math:`c_{1:C}` and, for each i
+    independently, :math:`c_j` with probability :math:`\operatorname{softmax}_j f(a_i, c_j)`
+    (self-normalised importance sampling of the tilted mixture, exact as N grows).
+
     Support: the atoms of M for Delta recognition (discrete,
     :class:`~rpm.marginals.mixture_marginal.Atoms`, off which the log-density is
-    :math:`-\infty`) or :math:`\mathbb{R}^{N \times D}`. ``sample`` draws the candidates
-    :math:`c_{1:C}` and, for each i, picks :math:`c_j` with probability
-    :math:`\operatorname{softmax}_j f(a_i, c_j)` (self-normalised importance sampling of the
-    tilted mixture).
+    :math:`-\infty`), else N rows each in the support of M (:math:`\mathbb{R}^{N \times D}`
+    for Gaussian recognition).
 
     :param torch.Tensor anchor: the anchors :math:`a_{1:N}`, shape (..., N, D).
     :param ~rpm.marginals.MixtureMarginal marginal: M, a mixture of recognition distributions.
@@ -239,11 +255,25 @@ class ImplicitConditional(TiltedConditional):
 
         \sum_i \Big[\log Q(z'_i) + f(z_i, z'_i) - \log \frac1N \sum_j e^{f(z_i, z'_j)}\Big].
 
-    Support: the atoms of the second view's Delta recognition (discrete) or
-    :math:`\mathbb{R}^{N \times D}` for Gaussian recognition; off the atoms the log-density is
-    :math:`-\infty`. ``sample`` draws one candidate from each of the N recognition
-    distributions of the second view, Q(z'|x'_j), and, for each i, picks candidate j with
-    probability :math:`\operatorname{softmax}_j f(z_i, c_j)`.
+    This is the InfoNCE surrogate of the tilted mixture :math:`Q(z') e^{f(z_i, z')} / Z(z_i)`,
+    not a normalised distribution of the batch for finite N: the normaliser runs over the
+    evaluated partners :math:`z'_j`, so at the guide's value (the batch's own z2, all an ELBO
+    scores) it gives the InfoNCE terms, but its probabilities over the support do not sum to
+    one. With Delta recognition, N = 2, anchors (-4.2, 4.8), atoms (0, 1) and the RBF energy
+    with l = 1, they sum to 1.478, and any assignment whose partners are all one atom gets
+    :math:`1/N^N` (1/4) whatever the energy (``docs/theory.md#what-the-implicit-conditional-is``).
+
+    ``sample`` draws one candidate :math:`c_j` from each of the N recognition distributions of
+    the second view, Q(z'|x'_j), and, for each i independently, picks candidate j with
+    probability :math:`\operatorname{softmax}_j f(z_i, c_j)`. With Delta recognition that is
+    the normalised categorical of Eq. 34, whose probability equals ``exp(log_prob)`` exactly at
+    the permutations of the atoms (the guide's value among them) and nowhere else (in the
+    example it draws (0, 0) with probability 0.013 where ``log_prob`` says 0.25); with
+    stochastic recognition it is self-normalised importance sampling of the tilted mixture.
+
+    Support: the atoms of the second view's Delta recognition (discrete) or N rows each in
+    the support of the recognition distributions (:math:`\mathbb{R}^{N \times D}` for Gaussian
+    recognition); off the atoms the log-density is :math:`-\infty`.
 
     :param torch.Tensor z: first-view latents, shape (..., N, D).
     :param q2: second-view recognition distributions, batch_shape (N,), event_shape (D,).
@@ -285,6 +315,11 @@ class ImplicitPrior(Prior):
     two sites as whole-batch events. Its ELBO is InfoNCE with critic f: per pair,
     ELBO = -CrossEntropy + log N (Eq. 23-25): the one-directional, cross-view form that
     info-nce-pytorch computes (SimCLR's NT-Xent is :class:`~rpm.priors.PooledImplicitPrior`).
+    Its site ``"z2"`` is the InfoNCE surrogate (:class:`ImplicitConditional`): exact where the
+    ELBO scores it, not a normalised distribution elsewhere. The ELBO is a tight ELBO of the
+    batch's empirical distribution with Delta encoders, an upward-biased estimate with
+    stochastic ones, and in expectation over batches the InfoNCE lower bound on the mutual
+    information :math:`I_Q(z; z')` (``docs/theory.md#what-each-elbo-bounds``).
 
     :param Energy energy: f(z, z'), e.g. :class:`~rpm.priors.CosineEnergy`.
     """

@@ -49,10 +49,18 @@ loss (and lightly's ``NTXentLoss``). By contrast the one-directional, cross-view
 :class:`~rpm.priors.ImplicitPrior`, whose candidates are the N latents of the other view,
 gives :math:`\mathcal{L}/N = -\text{InfoNCE} + \log N` (what info-nce-pytorch computes).
 
+**What the conditionals are.** As for :class:`~rpm.priors.ImplicitPrior`, each direction's
+conditional is a contrastive surrogate, here NT-Xent's: its normaliser :math:`\hat Z` runs over
+the batch's other pooled latents, so it is exact where the ELBO scores it (the guide's values)
+but not a normalised distribution of the batch for finite N
+(``docs/theory.md#what-the-implicit-conditional-is``). Per pair the ELBO is at most
+:math:`\log(2N - 1)`; rpm claims no evidence bound for it
+(``docs/theory.md#what-each-elbo-bounds``).
+
 **One Pyro model for the average.** The average of the two directions' ELBOs under the same
 guide is the ELBO of the model whose prior log-density is the average of the two directions'
-(the geometric mean of two distributions: a prior of total mass at most 1, unnormalised as
-any model with a ``pyro.factor`` is). Both directions
+(the geometric mean of the two surrogates, unnormalised as any model with a ``pyro.factor``
+is). Both directions
 share the factor :math:`Q_\text{pool}(z)\, Q_\text{pool}(z')`, so
 
 .. math::
@@ -261,11 +269,20 @@ class PooledImplicitConditional(TiltedConditional):
         - \log \frac{1}{2N - 1} \sum_{m \ne i} e^{f(a_i, u_m)}\Big],
         \qquad u = (a_1, \dots, a_N, v_1, \dots, v_N).
 
+    This is NT-Xent's surrogate of the tilted pooled marginal, not a normalised distribution of
+    the batch for finite N: its normaliser runs over the evaluated latents (anchors and
+    partners but the anchor itself), so it is exact at the guide's values, all an ELBO scores,
+    and its total mass over the support differs from 1
+    (``docs/theory.md#what-the-implicit-conditional-is``).
+
     Support: the 2N atoms of Delta recognition (discrete,
     :class:`~rpm.marginals.mixture_marginal.Atoms`) or :math:`\mathbb{R}^{N \times D}`.
-    ``sample`` draws 2N - 1 proposals from :math:`Q_\text{pool}` and, for each i, picks
-    proposal j with probability :math:`\operatorname{softmax}_j f(a_i, c_j)` (self-normalised
-    importance sampling of the tilted pooled marginal).
+    ``sample`` draws 2N - 1 fresh proposals from :math:`Q_\text{pool}` (with Delta
+    recognition, atoms picked uniformly with replacement, the anchor's own atom possible) and,
+    for each i independently, picks proposal j with probability
+    :math:`\operatorname{softmax}_j f(a_i, c_j)`: self-normalised importance sampling of the
+    tilted pooled marginal, exact as N grows, and not the candidate set of ``log_prob``'s
+    normaliser, so the two describe different distributions.
 
     :param torch.Tensor anchor: the anchors :math:`a_{1:N}`, shape (..., N, D).
     :param ~rpm.marginals.MixtureMarginal pool: :math:`Q_\text{pool}`, the mixture of the 2N

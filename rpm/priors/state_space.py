@@ -75,7 +75,10 @@ class GaussianStateSpace(TorchDistribution):
     with reparameterised noise. It is the distribution Pyro's
     :class:`~pyro.distributions.GaussianHMM` describes with the initial state moved one
     transition later, computed in square-root form in float64 so that it stays positive
-    definite for long windows and nearly deterministic dynamics.
+    definite for long windows and nearly deterministic dynamics: the initial distribution
+    :math:`\mathcal{N}(m_1, S_1)` is that of the state of the first view, which
+    ``GaussianHMM`` reproduces with time-varying transitions whose first one has matrix 0 and
+    noise :math:`\mathcal{N}(m_1, S_1)` (``docs/theory.md#linear-gaussian-state-space-prior``).
 
     :param torch.Tensor init_loc: :math:`m_1`, shape (..., H).
     :param torch.Tensor init_scale_tril: Cholesky factor of :math:`S_1`, (..., H, H).
