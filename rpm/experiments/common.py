@@ -580,6 +580,7 @@ class Run:
         self.record = record
         self._segment = segment
         self._started = time.perf_counter()
+        self._reported: float | None = None
 
     def elapsed(self) -> float:
         """Seconds since this segment started."""
@@ -592,7 +593,8 @@ class Run:
         ``None`` for a process that was killed before it could say) and end; ``wall_time``,
         the sum of the segments' wall times, this one's up to now."""
         segments = [dict(segment) for segment in self.record["segments"]]
-        segments[self._segment]["wall_time"] = self.elapsed()
+        self._reported = self.elapsed()  # a finished segment records the same number
+        segments[self._segment]["wall_time"] = self._reported
         return {
             "command": segments[0]["command"],
             "segments": segments,
@@ -601,7 +603,8 @@ class Run:
 
     def _finish(self, end: str) -> None:
         segment = self.record["segments"][self._segment]
-        segment.update(wall_time=self.elapsed(), end=end)
+        finished = end == "finished" and self._reported is not None
+        segment.update(wall_time=self._reported if finished else self.elapsed(), end=end)
         try:
             record = read_record(self.path) or self.record
             record["segments"] = self.record["segments"]
