@@ -1,1 +1,2 @@
-"""Data generators for the experiments: synthetic identifiability data and bouncing balls."""
+"""Data for the experiments: synthetic identifiability data, bouncing balls (generated) and
+scikit-learn's bundled 8x8 digits (:mod:`rpm.data.digits`)."""
