@@ -2,8 +2,8 @@ r"""Numerical kernels of the package, apart from the distributions that use them
 :mod:`pyro.ops`): the minibatch-mixture log-density, dense and streamed in blocks (for any
 other family of recognition distributions, in row blocks over its ``log_prob``), the streamed
 log-sum-exp of a matrix product and the underflow-safe dense one, weighted squared distances,
-and the square-root Kalman filter, smoother and backward sampler of linear-Gaussian state-space
-models."""
+powers of Lp distances in blocks, and the square-root Kalman filter, smoother and backward
+sampler of linear-Gaussian state-space models."""
 
 from rpm.ops.dispatch import default_block_size, ieee_float32_matmul, use_streaming
 from rpm.ops.distances import (
@@ -18,6 +18,7 @@ from rpm.ops.distribution_mixture import (
 from rpm.ops.gaussian_mixture import dense_gaussian_mixture_log_prob, gaussian_mixture_log_prob
 from rpm.ops.kalman import backward_sample, kalman_filter, kalman_forecast, rts_smoother
 from rpm.ops.logsumexp import exp_floor, safe_logsumexp, streaming_matmul_logsumexp
+from rpm.ops.lp_distances import lp_distances, lp_paired_distances
 from rpm.ops.streaming import check_mixture_arguments, streaming_gaussian_mixture_log_prob
 
 __all__ = [
@@ -33,6 +34,8 @@ __all__ = [
     "ieee_float32_matmul",
     "kalman_filter",
     "kalman_forecast",
+    "lp_distances",
+    "lp_paired_distances",
     "rts_smoother",
     "safe_logsumexp",
     "squared_distance_factors",

@@ -25,12 +25,14 @@ neural          :math:`f_\theta(z, z')` (an MLP)                 a learned energ
 
 from __future__ import annotations
 
+import pyro
 import torch
 from pyro.distributions import constraints
 from pyro.nn import PyroModule, PyroParam
 
 from rpm._validation import check_positive_int, check_real
 from rpm.ops.distances import squared_distance_factors, squared_distances
+from rpm.ops.lp_distances import lp_distances, lp_paired_distances
 from rpm.priors.base import Energy, positive_hyperparameter
 
 __all__ = [
@@ -203,40 +205,87 @@ class LpEnergy(Energy):
     Table 2); p = 2 with :math:`\tau = 2 l^2` is the RBF energy, and only then does it have
     matrix-product factors (the expanded squared distance with weights :math:`2/\tau`).
 
-    :param float p: exponent p > 0.
+    Computation. For p other than 2 the matrix is
+    :math:`-\sum_d |\tau^{-1/p} (z_{id} - z'_{jd})|^p` (equal to the formula above; scaling
+    each difference keeps every energy that the dtype can hold representable, whatever
+    :math:`\tau`), through the blocked kernel :func:`~rpm.ops.lp_distances` with its analytic
+    gradient (``torch.cdist`` is slow and, for large p, not finite in its backward pass). At
+    :math:`z_d = z'_d` the gradient is 0 for every p; for p < 1, where :math:`|d|^p` has an
+    infinite slope at 0, that is a choice (see :mod:`rpm.ops.lp_distances`).
+
+    Valid range. p must lie in [0.5, 100]: there the float32 loss and gradients are finite for
+    latents of norm 1e-20 to 1e20 whenever the energies themselves are (a test covers the
+    grid). An energy :math:`\lVert z - z'\rVert_p^p / \tau` beyond the largest number of the
+    dtype (float32: 3.4e38, e.g. p = 100, :math:`\tau = 1` and a coordinate difference above
+    2.4) would be an infinite logit; it raises a ``ValueError`` that names the largest
+    representable difference instead (use a larger :math:`\tau`, latents nearer each other,
+    or float64). The check costs one host synchronisation per call: it runs on the CPU always,
+    on accelerators under Pyro's validation (``pyro.enable_validation``), and never while
+    tracing or compiling.
+
+    :param float p: exponent, :math:`0.5 \le p \le 100`.
     :param float tau: temperature :math:`\tau > 0` (float64 until cast).
     :param bool learn_tau: learn :math:`\tau` (a positive :class:`PyroParam`).
     """
 
+    #: The exponents whose float32 numerics are tested.
+    P_RANGE = (0.5, 100.0)
+
     def __init__(self, p: float = 1.0, tau: float = 1.0, learn_tau: bool = False):
         super().__init__()
         self.p = float(positive_hyperparameter("p", p))
+        low, high = self.P_RANGE
+        if not low <= self.p <= high:
+            raise ValueError(
+                f"LpEnergy needs p in [{low:g}, {high:g}] (the range whose float32 loss and "
+                f"gradients are tested finite), got p={self.p:g}"
+            )
         tau_tensor = positive_hyperparameter("tau", tau)
         if learn_tau:
             self.tau = PyroParam(tau_tensor, constraints.positive)
         else:
             self.register_buffer("tau", tau_tensor)
 
+    def _scale(self, z: torch.Tensor) -> torch.Tensor:
+        """:math:`\tau^{-1/p}` in the latents' dtype (computed in float64)."""
+        return self.tau.double().pow(-1.0 / self.p).to(z.dtype)
+
+    def _check_range(self, distances: torch.Tensor, z: torch.Tensor, z2: torch.Tensor) -> None:
+        """Raises if some energy overflowed the dtype (see the class docstring)."""
+        if torch.jit.is_tracing() or torch.compiler.is_compiling():
+            return
+        if distances.device.type != "cpu" and not pyro.is_validation_enabled():
+            return  # on an accelerator the check synchronises: only under Pyro's validation
+        if not bool(torch.isinf(distances).any()):
+            return
+        with torch.no_grad():
+            spread = torch.maximum(z.amax(0) - z2.amin(0), z2.amax(0) - z.amin(0)).max()
+            limit = (self.tau.double() * torch.finfo(z.dtype).max / z.shape[1]) ** (1.0 / self.p)
+        raise ValueError(
+            f"LpEnergy(p={self.p:g}, tau={float(self.tau):.3g}): |z - z'|_p^p / tau overflows "
+            f"{z.dtype} for some pair (coordinate differences up to {float(spread):.3g}); it "
+            f"holds every energy only while |z_d - z'_d| <= (tau * {torch.finfo(z.dtype).max:.3g}"
+            f" / D)^(1/p) = {float(limit):.3g}: use a larger tau, latents nearer each other, or "
+            "float64"
+        )
+
     def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         self.check_latents(z, z2)
-        tau = self.tau.to(z.dtype)
         if self.p == 2.0:
-            return -squared_distances(z, z2) / tau
-        # torch.cdist computes ||.||_p with a gradient that is defined at 0 for p >= 1.
-        distance = torch.cdist(z, z2, p=self.p)  # (N, M)
-        return -distance.pow(self.p) / tau
+            energy = -squared_distances(z, z2) / self.tau.to(z.dtype)
+            self._check_range(energy, z, z2)
+            return energy
+        scale = self._scale(z)
+        distances = lp_distances(z, z2, self.p, scale)  # (N, M)
+        self._check_range(distances, z, z2)
+        return -distances
 
     def paired(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         self.check_latents(z, z2)
-        tau = self.tau.to(z.dtype)
-        distance = (z - z2).abs()  # (N, D)
-        if self.p < 1.0:
-            # |d|^p has an infinite slope at d = 0 for p < 1: take the zero subgradient there,
-            # as torch.cdist does in forward, instead of inf * 0 = NaN.
-            zero = distance == 0
-            distance = torch.where(zero, torch.ones_like(distance), distance)
-            return -distance.pow(self.p).masked_fill(zero, 0.0).sum(-1) / tau
-        return -distance.pow(self.p).sum(-1) / tau
+        scale = self._scale(z)
+        distances = lp_paired_distances(z, z2, self.p, scale)  # (N,)
+        self._check_range(distances, z, z2)
+        return -distances
 
     def logit_factors(self, z: torch.Tensor, z2: torch.Tensor):
         self.check_latents(z, z2)
