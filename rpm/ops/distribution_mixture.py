@@ -33,6 +33,7 @@ from torch.distributions import Distribution
 from torch.utils.checkpoint import checkpoint
 
 from rpm._validation import check_positive_int_or_none
+from rpm.ops.logsumexp import safe_logsumexp
 
 __all__ = ["distribution_mixture_block_rows", "distribution_mixture_log_prob"]
 
@@ -113,4 +114,4 @@ def _block_logsumexp(q: Distribution, block: torch.Tensor, start: int,
         row = torch.arange(block.shape[0], device=block.device) + start  # (B,)
         column = torch.arange(log_components.shape[-1], device=block.device)  # (N,)
         log_components = log_components.masked_fill(row[:, None] == column, -math.inf)
-    return torch.logsumexp(log_components, dim=-1)
+    return safe_logsumexp(log_components, dim=-1)  # no exp below the underflow threshold

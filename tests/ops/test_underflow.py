@@ -210,3 +210,30 @@ def test_mixture_marginal_sharp(scale_value, kernel):
     assert ((v32 - v64).abs() / scale_v).max() < 1e-5
     for got, want in zip(g32, g64, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * want.abs().max().item())
+
+
+def test_distribution_mixture_marginal_sharp():
+    """The generic (any recognition family) mixture marginal: narrow Student-t components in
+    float32 against float64, and no exp below the floor."""
+    from rpm.ops import distribution_mixture_log_prob
+
+    n, d = 30, 3
+    loc, z = rounded(torch.randn(n, d), torch.randn(n, d))
+    results = {}
+    for dtype in (torch.float64, torch.float32):
+        loc_t = loc.to(dtype).requires_grad_()
+        z_t = z.to(dtype).requires_grad_()
+        q = torch.distributions.Independent(
+            torch.distributions.StudentT(torch.tensor(4.0, dtype=dtype), loc_t,
+                                         torch.full_like(loc_t, 1e-3)), 1)
+        watch = ExpWatch()
+        with watch:
+            value = distribution_mixture_log_prob(q, z_t, exclude_self=True)
+            grads = torch.autograd.grad(value.sum(), (z_t, loc_t))
+        if dtype == torch.float32:
+            assert watch.lowest > underflow(dtype)
+        results[dtype] = (value.double(), [g.double() for g in grads])
+    (v64, g64), (v32, g32) = results[torch.float64], results[torch.float32]
+    assert ((v32 - v64).abs() / v64.abs().clamp_min(1.0)).max() < 1e-5
+    for got, want in zip(g32, g64, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * want.abs().max().item())
