@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-__all__ = ["DPI", "colours_for", "plot_training"]
+__all__ = ["DPI", "centred_suptitle", "colours_for", "plot_training"]
 
 #: Resolution of every experiment figure (dots per inch).
 DPI = 150
@@ -135,6 +135,20 @@ def plot_training(
         for ax in axes[1]:
             ax.set_ylim(low - margin, high + 2 * margin)
     if title:
-        fig.suptitle(title, fontsize=9)
+        centred_suptitle(fig, title, axes.flat)
     fig.savefig(path, dpi=DPI)
     return fig
+
+
+def centred_suptitle(fig: Figure, title: str, axes: Sequence, fontsize: float = 9) -> None:
+    """A figure title centred over the panels ``axes`` rather than over the whole figure, which
+    the axis labels on the left make look off-centre.
+
+    :param Figure fig: a figure with a layout engine.
+    :param str title: the title.
+    :param axes: the panels to centre it over.
+    """
+    fig.draw_without_rendering()  # lays the panels out
+    boxes = [ax.get_position() for ax in axes]
+    centre = (min(box.x0 for box in boxes) + max(box.x1 for box in boxes)) / 2
+    fig.suptitle(title, fontsize=fontsize, x=centre, ha="center")

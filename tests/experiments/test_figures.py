@@ -147,14 +147,27 @@ def _identifiability_run(r2, mcc, dim=4, concentrations=None):
     }
 
 
-def test_identifiability_trajectories_one_panel_with_markers(tmp_path):
+def test_identifiability_scores_one_panel_with_markers_and_both_baselines(tmp_path):
     runs = {"cosine": _identifiability_run([0.7, 0.8, 0.9], [0.6, 0.7, 0.8])}
-    fig = identifiability_plots.plot_trajectories(tmp_path / "trajectories.png", runs)
+    runs["cosine"]["baseline"]["identity"]["mcc"] = 0.61
+    fig = identifiability_plots.plot_scores(tmp_path / "scores.png", runs)
     (ax,) = fig.axes
     data_lines = [line for line in ax.lines if len(line.get_xdata()) == 3]
     assert len(data_lines) == 2 and all(line.get_marker() not in (None, "None", "")
                                         for line in data_lines)
     assert ax.get_xlabel() == "training step"
+    baselines = {line.get_label(): line.get_ydata()[0] for line in ax.lines
+                 if line.get_label().startswith("identity")}
+    assert baselines == {"identity map: $R^2$": 0.66, "identity map: MCC": 0.61}
+
+
+def test_training_title_is_centred_over_the_panels(tmp_path):
+    runs = {"cosine": _identifiability_run([0.7, 0.8, 0.9], [0.6, 0.7, 0.8])}
+    fig = identifiability_plots.plot_training_curves(tmp_path / "training.png", runs)
+    boxes = [ax.get_position() for ax in fig.axes]
+    centre = (min(b.x0 for b in boxes) + max(b.x1 for b in boxes)) / 2
+    assert fig._suptitle.get_position()[0] == pytest.approx(centre, abs=0.02)
+    assert abs(centre - 0.5) > 0.02  # the labels on the left: the figure's centre is not it
 
 
 def test_identifiability_comparison_zooms_r2_and_has_round_log_ticks(tmp_path):
@@ -170,3 +183,31 @@ def test_identifiability_comparison_zooms_r2_and_has_round_log_ticks(tmp_path):
     assert set(ticks) <= {1.0, 2.0, 5.0, 10.0, 20.0, 50.0} and len(ticks) >= 2
     assert [label.get_text() for label in right.get_yticklabels()] != [""] * len(ticks)
     assert right.yaxis.get_minor_locator().tick_values(1, 50) == []
+
+
+def test_forecast_figure_has_a_legend_and_the_results_errors(tmp_path):
+    from rpm.experiments.bouncing_balls.plots import plot_forecasts
+
+    rng = np.random.default_rng(0)
+    centres = torch.tensor(rng.uniform(0, 32, (40, 3, 2)))
+    forecast = centres + torch.tensor(rng.normal(0, 1, (40, 3, 2)))
+    fig = plot_forecasts(tmp_path / "forecast.png", centres, forecast)
+    (ax,) = fig.axes
+    labels = [text.get_text() for text in fig.legends[0].get_texts()]
+    assert labels == ["ball 1", "ball 2", "ball 3", "true path", "forecast", "forecast error"]
+    every = (forecast - centres).norm(dim=-1).mean().item()  # over all 40 frames, not the 15
+    assert "the first 15 of 40 held-out frames" in ax.get_title()
+    assert f"mean error over all 40: {every:.2f} px" in ax.get_title()
+    fig = plot_forecasts(tmp_path / "forecast.png", centres, forecast, error_px=3.58,
+                         baseline_px=4.9)
+    assert "3.58 px (last position as the forecast: 4.90 px)" in fig.axes[0].get_title()
+
+
+def test_comparison_untrained_line_is_dashed_so_a_bar_top_below_it_shows(tmp_path):
+    results = {name: {"r2": r2, "pixel_error": 3.0, "untrained_r2": 0.638,
+                      "untrained_pixel_error": 4.0}
+               for name, r2 in (("rbf", 0.985), ("bilinear", 0.598))}
+    fig = plot_comparison(tmp_path / "comparison.png", results)
+    lines = [c for c in fig.axes[0].collections if c.get_segments()
+             and len(c.get_segments()[0]) == 2]
+    assert lines and all(c.get_linestyle()[0][1] is not None for c in lines)  # dashed

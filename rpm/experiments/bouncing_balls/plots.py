@@ -48,7 +48,8 @@ def _mean_std(runs: Sequence[Mapping], key: str) -> tuple[float, float]:
 def plot_comparison(path: str | os.PathLike,
                     results: Mapping[str, Mapping | Sequence[Mapping]]) -> Figure:
     """Held-out R^2 (left) and pixel error (right) of each prior, one colour per prior in both
-    panels, with the untrained encoder's value as a black bar-wide line on each bar. With several
+    panels, with the untrained encoder's value as a black dashed bar-wide line on each bar (dashed
+    so that the top of a bar just below it shows through). With several
     seeds per prior the bars are the means and the error bars one standard deviation over the
     seeds; the untrained values' standard deviation is a grey band when every prior shares them
     (the same seeds give the same initial encoder), an error bar beside each line otherwise.
@@ -92,7 +93,9 @@ def plot_comparison(path: str | os.PathLike,
         for x, value, spread, base in zip(positions, means, spreads, baseline, strict=True):
             top = max(value, 0.0) + spread
             if base is not None:
-                ax.hlines(base[0], x - 0.36, x + 0.36, color="black", lw=2, zorder=4)
+                # dashed and thin enough for a bar's top just below it to show through
+                ax.hlines(base[0], x - 0.36, x + 0.36, color="black", lw=1.5, zorder=4,
+                          linestyles=(0, (4, 2)))
                 if not shared and max(seeds) > 1 and base[1] > 0:
                     ax.errorbar(x + 0.3, base[0], yerr=base[1], color="black", lw=1, capsize=2)
             label_at.append((top, base))
@@ -119,7 +122,7 @@ def plot_comparison(path: str | os.PathLike,
         if len(untrained) == 1:  # one initialisation for every prior: say its scores
             (r2, error), = untrained
             label += f" ($R^2$ {r2:.3f}, error {error:.2f} px)"
-        panels[0].plot([], [], color="black", lw=2, label=label)
+        panels[0].plot([], [], color="black", lw=1.5, ls=(0, (4, 2)), label=label)
         if max(seeds) > 1:
             panels[0].fill_between([], [], color="0.55", alpha=0.25, lw=0,
                                    label="its standard deviation over seeds")
@@ -276,21 +279,34 @@ def plot_forecasts(
     centres: torch.Tensor,
     forecast: torch.Tensor,
     num_frames: int = 15,
-) -> None:
+    error_px: float | None = None,
+    baseline_px: float | None = None,
+) -> Figure:
     """The state-space prior's one-step forecasts against the true trajectories: each ball's
     true path (solid, dots at the frames) and the forecast of each frame from the frames before
-    it (crosses, joined to the true position they predict), over the first held-out frames.
+    it (crosses, joined by a thin line to the true position they predict), over the first
+    held-out frames; a legend names the balls and the marks.
+
+    The title gives the mean errors over *all* the held-out frames (those of ``results.json``:
+    ``error_px`` and ``baseline_px`` when given, else computed from ``centres`` and ``forecast``,
+    the baseline then from consecutive frames of ``centres``), not over the frames shown.
 
     :param path-like path: the PNG to write.
     :param torch.Tensor centres: true held-out centres in pixels. Shape: (T, K, 2).
     :param torch.Tensor forecast: one-step forecasts of the same frames. Shape: (T, K, 2).
     :param int num_frames: how many held-out frames to show.
+    :param float error_px: mean forecast error over the T frames (``forecast_error_px``).
+    :param float baseline_px: mean error of the last position as the forecast
+        (``baseline_forecast_error_px``).
+    :return: the figure.
     """
-    truth = _numpy(centres)[:num_frames]  # (T', K, 2)
-    guess = _numpy(forecast)[:num_frames]
-    error = np.linalg.norm(guess - truth, axis=-1).mean()
-    baseline = np.linalg.norm(truth[1:] - truth[:-1], axis=-1).mean()
-    fig = Figure(figsize=(4.6, 4.8), layout="constrained")
+    all_truth, all_guess = _numpy(centres), _numpy(forecast)  # (T, K, 2)
+    truth, guess = all_truth[:num_frames], all_guess[:num_frames]  # (T', K, 2)
+    if error_px is None:
+        error_px = float(np.linalg.norm(all_guess - all_truth, axis=-1).mean())
+    if baseline_px is None:
+        baseline_px = float(np.linalg.norm(all_truth[1:] - all_truth[:-1], axis=-1).mean())
+    fig = Figure(figsize=(4.8, 5.4), layout="constrained")
     ax = fig.subplots()
     for ball in range(truth.shape[1]):
         colour = _BALL_COLOURS[ball % len(_BALL_COLOURS)]
@@ -303,7 +319,15 @@ def plot_forecasts(
     ax.invert_yaxis()  # image coordinates: y grows downwards
     ax.set_xlabel("x (pixels)")
     ax.set_ylabel("y (pixels)")
-    ax.set_title(f"state-space prior: one-step forecasts (x) against the true paths\n"
-                 f"{len(truth)} held-out frames; mean error {error:.2f} px, last position "
-                 f"as the forecast {baseline:.2f} px", fontsize=8)
-    fig.savefig(path, dpi=100)
+    handles = [Line2D([], [], color=_BALL_COLOURS[ball % len(_BALL_COLOURS)], lw=2,
+                      label=f"ball {ball + 1}") for ball in range(truth.shape[1])]
+    handles += [Line2D([], [], color="0.3", lw=1.0, marker=".", ms=4, label="true path"),
+                Line2D([], [], color="0.3", lw=0, marker="x", ms=5, label="forecast"),
+                Line2D([], [], color="0.3", lw=0.5, label="forecast error")]
+    fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=7, frameon=False)
+    ax.set_title(f"state-space prior: one-step forecasts, the first {len(truth)} of "
+                 f"{len(all_truth)} held-out frames\nmean error over all {len(all_truth)}: "
+                 f"{error_px:.2f} px (last position as the forecast: {baseline_px:.2f} px)",
+                 fontsize=8)
+    fig.savefig(path, dpi=DPI)
+    return fig

@@ -18,25 +18,24 @@ Gaussian pseudo-observations, sampled by forward filtering and backward sampling
 latents of a window are inferred together (``guide="recognition"`` is the ablation). The
 marginals are per view (the mixture over the t-th frames of the batch's windows), the
 :class:`~rpm.SequenceRPM` default: pooling them over all frames (the video is stationary and
-the encoder shared, so it is allowed) gave a lower position R^2 (seed 0, 150 steps: 0.981
-pooled against 0.986 per view).
+the encoder shared, so it is allowed) gave a lower position R^2 in the measurements of
+``benchmarks/README.md``.
 
 **Window length.** T = 8 (``--window``): a velocity needs 2 frames and a change of velocity 3, so the prior
 only acts on windows of 3 or more, and its dynamics are identified better the more transitions
 a window holds; but balls collide with a wall or each other every few frames (the velocity's
-lag-1 correlation is about 0.54), so beyond a few frames a window adds bounces rather than
+lag-1 correlation is well below 1), so beyond a few frames a window adds bounces rather than
 evidence about A, and the cost of a step grows with T (the filter is sequential in t). With 16
 windows of 8 frames a step sees 128 frames, as the pair priors' 128 pairs do.
 
 **Recognition noise.** :math:`\sigma` = 0.15 (``--state-space-noise``, also the start of the
 observation noise R and of the position noise). The encoder's means do not move in pixels but
 on a shrunk copy of the balls' paths (the centre of mass of a map with a non-zero background):
-their standard deviation over the frames is about 0.5-0.9 per coordinate, so 0.3, the dynamics
-prior's noise, would blur each latent by about a third of its spread or more; 0.15 keeps the
-factors sharper against that spread (held-out position R^2 0.992 against 0.988 with 0.3, over
-seeds 0, 1, 2, with better velocities and forecasts too; benchmarks/README.md). Trained much past
-the default 150 steps, the learned A and C drift away from constant velocity whatever the noise
-(benchmarks/README.md).
+their spread over the frames is below one pixel per coordinate, so 0.3, the dynamics prior's
+noise, would blur each latent by a sizeable fraction of its spread; 0.15 keeps the factors
+sharper against that spread (better positions, velocities and forecasts over three seeds: the
+numbers are in benchmarks/README.md, which also shows that, trained much past the default 150
+steps, the learned A and C drift away from constant velocity whatever the noise).
 
 **Evaluation** on the held-out frames (the last ``--test-frames``), with the encoder in
 evaluation mode and :math:`\mu_t` its means over the whole video:

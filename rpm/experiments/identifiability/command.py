@@ -12,7 +12,8 @@ per pair, ``RPMELBO().differentiable_loss(model, guide, x, x2) / N`` (Eq. 15; In
 
 Evaluation on fresh latents :math:`z \sim p(z)` never seen in training: the held-out affine
 :math:`R^2` of :math:`z \approx A h(g(z)) + b` and the MCC (:mod:`rpm.metrics`), every
-``--eval-every`` steps on the *validation* set (the progress bar's ``val r2``, the trajectories),
+``--eval-every`` steps on the *validation* set (the progress display's ``val r2``,
+``scores.png``),
 and at the end on a separate *test* set (the summary table, each run's ``r2`` and ``mcc`` in
 ``results.json``). The baselines are the identity encoder :math:`h(x) = x` and the untrained
 encoder, on the test set; a run that ends below either prints a warning.
@@ -20,8 +21,9 @@ encoder, on the test set; a run that ends below either prints a warning.
 Output folder (``--out``, the run-folder contract of :mod:`rpm.experiments.common`):
 ``config.json``, ``results.json`` (the configuration and the environment; ``runs``, one entry
 per energy with its test ``r2`` and ``mcc``, per-dimension scores, the baselines, the
-trajectories, the learned energy parameters; the wall time), ``trajectories.png`` (validation
-R^2 and MCC against the step), ``training.png`` (loss and validation R^2 against the step), and
+trajectories, the learned energy parameters; the provenance: the command, its segments and
+their wall time), ``scores.png`` (validation R^2 and MCC against the step, with the identity
+map's), ``training.png`` (loss and validation R^2 against the step), and
 one subfolder per energy with its ``checkpoint.pt`` and ``history.json``. With
 ``--compare-energies cosine,anisotropic`` every energy is trained on the same data (same g, same
 minibatches, same encoder initialisation), and ``comparison.png`` shows the per-dimension
@@ -42,12 +44,12 @@ Pyro input validation are off in the loop; the trainer reads the losses every 10
 evaluation is one forward pass of the held-out set and a 10-dimensional least-squares fit;
 Adam is fused on CUDA, and ``--compile`` compiles the encoder. The defaults (n = 3 latents on
 the sphere, vMF(1) pairs, 3000 steps of 256 pairs, width 128, one CPU thread) show the result
-in a minute or two on a CPU: the encoder recovers the latents (test :math:`R^2` about 0.99)
-where the mixed observations themselves explain about 0.8. The published setting, n = 10
-(``--dim 10``), needs some 6e7 pairs (``--dim 10 --batch-size 1024 --lr 2e-3 --steps 64000``
-reaches the 0.99 floor on a CPU); AnInfoNCE (``--dim 10 --conditional anisotropic
---compare-energies cosine,anisotropic --energy-lr 0.1``) needs 10 000 steps of 256 pairs.
-Timings and the other settings are in ``benchmarks/README.md``.
+on a CPU: the encoder recovers the latents, well above the mixed observations themselves (the
+identity baseline). The published setting, n = 10 (``--dim 10``), needs far more pairs
+(``--dim 10 --batch-size 1024 --lr 2e-3 --steps 64000``), and AnInfoNCE (``--dim 10
+--conditional anisotropic --compare-energies cosine,anisotropic --energy-lr 0.1``) more steps
+than the defaults. The measured scores, steps and times of every setting are in
+``benchmarks/README.md``.
 
 References:
     R. S. Zimmermann, Y. Sharma, S. Schneider, M. Bethge and W. Brendel, "Contrastive learning
@@ -236,7 +238,7 @@ def _process(args: argparse.Namespace, device):
 
 
 def _table(runs: dict, progress: bool = False) -> str:
-    lines = ["test set (the progress bar showed the validation set):" if progress else
+    lines = ["test set (the progress display showed the validation set):" if progress else
              "test set (the evaluations during training used the validation set):",
              f"{'energy':<12} {'R^2':>7} {'MCC':>7} {'identity R^2':>13} {'untrained R^2':>14} "
              f"{'time':>8}"]
@@ -308,8 +310,8 @@ def _train_and_report(args: argparse.Namespace, out: Path, device, run: Run | No
     from rpm.experiments.identifiability.data import held_out_set
     from rpm.experiments.identifiability.plots import (
         plot_comparison,
+        plot_scores,
         plot_training_curves,
-        plot_trajectories,
     )
     from rpm.experiments.identifiability.train import train_energy
 
@@ -321,7 +323,7 @@ def _train_and_report(args: argparse.Namespace, out: Path, device, run: Run | No
             for name in args.energies}
     if not distributed.is_main_process():
         return 0
-    plot_trajectories(out / "trajectories.png", runs)
+    plot_scores(out / "scores.png", runs)
     plot_training_curves(out / "training.png", runs)
     if len(runs) > 1:
         truth = process.concentrations
@@ -329,7 +331,7 @@ def _train_and_report(args: argparse.Namespace, out: Path, device, run: Run | No
     summary = {
         "config": json.loads((out / "config.json").read_text()),
         "environment": environment(device),
-        "held_out_sets": {"validation": "the progress bar and the trajectories",
+        "held_out_sets": {"validation": "the progress display, the trajectories and scores.png",
                           "test": "r2, mcc and the baselines of each run",
                           "samples_each": args.eval_samples},
         "runs": runs,

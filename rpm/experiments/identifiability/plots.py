@@ -17,13 +17,14 @@ from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
 from rpm.experiments.figures import DPI, colours_for, plot_training
 
-__all__ = ["plot_comparison", "plot_training_curves", "plot_trajectories"]
+__all__ = ["plot_comparison", "plot_scores", "plot_training_curves"]
 
 
-def plot_trajectories(path: str | os.PathLike, runs: Mapping[str, Mapping]) -> Figure:
-    """Held-out R^2 (solid) and MCC (dotted) against the training step, with a marker at every
-    evaluation, one colour per run, and the identity baseline (the observations x themselves)
-    dashed.
+def plot_scores(path: str | os.PathLike, runs: Mapping[str, Mapping]) -> Figure:
+    """Held-out (validation) R^2 (solid) and MCC (dotted) against the training step, with a
+    marker at every evaluation, one colour per run, and the identity baseline (the observations
+    x themselves) in grey: its R^2 dashed, its MCC dotted. (``scores.png``; the bouncing-balls
+    ``trajectories.png`` shows positions.)
 
     :param path-like path: the PNG to write.
     :param dict runs: label -> a result of :func:`rpm.experiments.identifiability.train.train_energy`
@@ -34,11 +35,12 @@ def plot_trajectories(path: str | os.PathLike, runs: Mapping[str, Mapping]) -> F
     colours = colours_for(list(runs))
     fig = Figure(figsize=(7.4, 3.4), layout="constrained")
     ax = fig.subplots()
-    identity = None
+    identity = identity_mcc = None
     low = 1.0
     for label, run in runs.items():
         trajectory = run["trajectory"]
         identity = run["baseline"]["identity"]["r2"]
+        identity_mcc = run["baseline"]["identity"].get("mcc")
         ax.plot(trajectory["step"], trajectory["r2"], "o-", ms=3.5, color=colours[label],
                 label=f"{label}: $R^2$")
         ax.plot(trajectory["step"], trajectory["mcc"], "s:", ms=3, color=colours[label],
@@ -48,13 +50,17 @@ def plot_trajectories(path: str | os.PathLike, runs: Mapping[str, Mapping]) -> F
         ax.axhline(identity, color="grey", linestyle="--", linewidth=1,
                    label="identity map: $R^2$")
         low = min(low, identity)
+    if identity_mcc is not None:
+        ax.axhline(identity_mcc, color="grey", linestyle=":", linewidth=1.2,
+                   label="identity map: MCC")
+        low = min(low, identity_mcc)
     ax.set_ylim(max(low - 0.05 * (1.0 - low), -1.0), 1.0 + 0.02 * (1.0 - low))
     ax.grid(alpha=0.3)
     ax.spines[["top", "right"]].set_visible(False)
     ax.set_xlabel("training step")
     ax.set_ylabel("held-out score")
     ax.legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    ax.set_title("Identifiability: held-out affine $R^2$ and MCC of the encoder", fontsize=9)
+    ax.set_title("Identifiability: validation affine $R^2$ and MCC of the encoder", fontsize=9)
     fig.savefig(path, dpi=DPI)
     return fig
 

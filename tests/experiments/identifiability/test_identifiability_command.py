@@ -54,7 +54,7 @@ def test_end_to_end_run_writes_results_and_beats_the_untrained_encoder(tmp_path,
     assert summary["environment"]["device"] == "cpu" and summary["environment"]["world_size"] == 1
     assert summary["config"]["steps"] == 150 and summary["config"]["dim"] == 3
     results = summary["runs"]["cosine"]
-    assert (out / "trajectories.png").stat().st_size > 0
+    assert (out / "scores.png").stat().st_size > 0 and (out / "training.png").stat().st_size > 0
     state = torch.load(out / "cosine" / "checkpoint.pt", weights_only=True)["state"]
     assert state["step"] == 150
     for key in ("r2", "mcc", "trajectory", "baseline", "time_to_r2"):
