@@ -3,6 +3,7 @@ r"""Minibatch-mixture estimates of the recognition marginal Q(z) (Eq. 11 of Aitc
 The kernels that evaluate them live in :mod:`rpm.ops`; ``gaussian_mixture_log_prob``,
 ``streaming_gaussian_mixture_log_prob`` and ``streaming_matmul_logsumexp`` are re-exported here."""
 
+from rpm.marginals.concatenated import ConcatenatedBatch
 from rpm.marginals.mixture_marginal import (
     MixtureMarginal,
     delta_mixture_log_prob,
@@ -16,6 +17,7 @@ from rpm.ops import (
 )
 
 __all__ = [
+    "ConcatenatedBatch",
     "MixtureMarginal",
     "SequenceMixtureMarginal",
     "delta_mixture_log_prob",

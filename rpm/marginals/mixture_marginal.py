@@ -30,7 +30,13 @@ from torch.distributions import constraints
 from rpm.ops.distribution_mixture import distribution_mixture_log_prob
 from rpm.ops.gaussian_mixture import gaussian_mixture_log_prob
 
-__all__ = ["Atoms", "MixtureMarginal", "delta_mixture_log_prob", "recognition_components"]
+__all__ = [
+    "Atoms",
+    "MixtureMarginal",
+    "delta_mixture_log_prob",
+    "fast_components",
+    "recognition_components",
+]
 
 
 def delta_mixture_log_prob(
@@ -80,7 +86,7 @@ def recognition_components(q: TorchDistribution) -> tuple[torch.Tensor, torch.Te
     event_shape (D,): the families with fast kernels (the pooled marginal and the sequence
     marginals need them). :class:`MixtureMarginal` accepts any other family too.
     """
-    components = _fast_components(q)
+    components = fast_components(q)
     if components is not None:
         return components
     if isinstance(q, Independent) and isinstance(q.base_dist, Normal):
@@ -101,9 +107,14 @@ def recognition_components(q: TorchDistribution) -> tuple[torch.Tensor, torch.Te
     )
 
 
-def _fast_components(q: TorchDistribution) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """(loc, scale) of a diagonal Gaussian, (v, None) of a Delta, each with batch_shape (N,) and
-    event_shape (D,) and parameters of shape (N, D); None for anything else."""
+def fast_components(q: TorchDistribution) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """The parameters of the families with fast kernels, or None.
+
+    :param q: a batch of recognition distributions.
+    :return: (loc, scale) of ``Normal(loc, scale).to_event(1)``, (v, None) of
+        ``Delta(v, event_dim=1)``, each with parameters of shape (N, D); None for any other
+        distribution (which :class:`MixtureMarginal` evaluates through its ``log_prob``).
+    """
     if (isinstance(q, Independent) and isinstance(q.base_dist, Normal)
             and q.reinterpreted_batch_ndims == 1 and q.base_dist.loc.dim() == 2):
         return q.base_dist.loc, q.base_dist.scale.expand_as(q.base_dist.loc)
@@ -192,7 +203,7 @@ class MixtureMarginal(TorchDistribution):
                 ".to_event(1) (rpm.GaussianRecognition and rpm.DeltaRecognition do)"
             )
         self.q = q
-        components = _fast_components(q)
+        components = fast_components(q)
         self.family = "generic" if components is None else (
             "delta" if components[1] is None else "gaussian")
         self.loc, self.scale = (None, None) if components is None else components

@@ -84,7 +84,9 @@ import torch
 from pyro.distributions import Delta, Independent, Normal, TorchDistribution
 
 from rpm.distributed import all_gather_with_grad, global_rank, is_distributed
-from rpm.marginals import MixtureMarginal, recognition_components
+from rpm.marginals import MixtureMarginal
+from rpm.marginals.concatenated import ConcatenatedBatch
+from rpm.marginals.mixture_marginal import fast_components
 from rpm.ops.dispatch import default_block_size, ieee_float32_matmul, use_streaming
 from rpm.ops.logsumexp import safe_logsumexp, streaming_matmul_logsumexp
 from rpm.priors.base import Energy
@@ -104,15 +106,20 @@ _DIRECTIONS = ("both", "forward", "backward")
 
 
 def pooled_recognition(q: TorchDistribution, q2: TorchDistribution) -> TorchDistribution:
-    """The 2N recognition distributions of both views as one batch, (q_1..q_N, q2_1..q2_N)."""
-    loc, scale = recognition_components(q)
-    loc2, scale2 = recognition_components(q2)
-    if (scale is None) != (scale2 is None):
+    """The 2N recognition distributions of both views as one batch, (q_1..q_N, q2_1..q2_N):
+    parameters concatenated for Gaussian and Delta recognition, the distributions themselves
+    (:class:`~rpm.marginals.concatenated.ConcatenatedBatch`) for any other family."""
+    fast, fast2 = fast_components(q), fast_components(q2)
+    delta, delta2 = isinstance(q, Delta), isinstance(q2, Delta)
+    if delta != delta2:
         raise TypeError(
             "the pooled marginal mixes both views' recognition distributions, so both must be "
-            "Delta (deterministic) or both Gaussian; got "
+            "Delta (deterministic) or both have a density; got "
             f"{type(q).__name__} and {type(q2).__name__}"
         )
+    if fast is None or fast2 is None:
+        return ConcatenatedBatch(q, q2)
+    (loc, scale), (loc2, scale2) = fast, fast2
     if scale is None:
         return Delta(torch.cat([loc, loc2]), event_dim=1)
     return Independent(Normal(torch.cat([loc, loc2]), torch.cat([scale, scale2])), 1)
@@ -294,7 +301,8 @@ class PooledImplicitConditional(TiltedConditional):
     def __init__(self, anchor: torch.Tensor, pool: MixtureMarginal, energy: Energy,
                  block_size: int | None = None, validate_args=None):
         self.block_size = block_size
-        super().__init__(anchor, pool, energy, pool.loc.shape[0] // 2, validate_args=validate_args)
+        super().__init__(anchor, pool, energy, pool.num_components // 2,
+                         validate_args=validate_args)
 
     def tilt(self, anchor: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         r""":math:`f(a_i, v_i) - \log \frac{1}{2N - 1} \sum_{m \ne i} e^{f(a_i, u_m)}`

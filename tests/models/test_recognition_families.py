@@ -1,7 +1,8 @@
 """RPMs whose recognition is neither Normal nor Delta: a Student-t on R^D and a ProjectedNormal
-on the sphere, under an explicit prior and under the implicit prior. The recognition marginals
-take the generic blocked path (rpm.ops.distribution_mixture_log_prob); RPMELBO must equal
-Pyro's Trace_ELBO in values and gradients, and a few SVI steps must lower the loss."""
+on the sphere, under an explicit prior, the implicit prior and the pooled (NT-Xent) prior. The
+recognition marginals take the generic blocked path (rpm.ops.distribution_mixture_log_prob);
+RPMELBO must equal Pyro's Trace_ELBO in values and gradients, and a few SVI steps must lower
+the loss."""
 
 import math
 
@@ -12,7 +13,13 @@ from pyro.distributions import ProjectedNormal, StudentT
 from pyro.infer import SVI, Trace_ELBO
 
 import rpm
-from rpm.priors import CosineEnergy, GaussianRandomWalkPrior, ImplicitPrior, RBFEnergy
+from rpm.priors import (
+    CosineEnergy,
+    GaussianRandomWalkPrior,
+    ImplicitPrior,
+    PooledImplicitPrior,
+    RBFEnergy,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -63,6 +70,8 @@ PRIORS = {
     ("student_t", "implicit"): lambda: ImplicitPrior(RBFEnergy(lengthscale=0.8)),
     ("sphere", "explicit"): lambda: SphereWalk(),
     ("sphere", "implicit"): lambda: ImplicitPrior(CosineEnergy(kappa=4.0)),
+    ("student_t", "pooled"): lambda: PooledImplicitPrior(RBFEnergy(lengthscale=0.8)),
+    ("sphere", "pooled"): lambda: PooledImplicitPrior(CosineEnergy(kappa=4.0)),
 }
 CASES = sorted(PRIORS)
 
