@@ -192,6 +192,8 @@ class Energy(ScopedModule):
     :meth:`paired`              the diagonal of :meth:`forward` (builds the N x N matrix)
     :meth:`logit_factors`       ``None``: f is not written as a matrix product, the
                                 normaliser is ``logsumexp`` of the full matrix
+    :meth:`logit_bound`         ``None``: no bound on f is known (the valid range of latent
+                                norms is not checked, a non-finite loss is still diagnosed)
     :attr:`dim`                 ``None``: any latent dimension
     ==========================  =============================================================
 
@@ -262,6 +264,29 @@ class Energy(ScopedModule):
         :param torch.Tensor z: shape (N, D).
         :param torch.Tensor z2: shape (M, D).
         :return: ``(a (N, K), b (M, K), c (N,) or None)``, or None.
+        """
+        return None
+
+    def logit_bound(self, radius: torch.Tensor) -> torch.Tensor | None:
+        r"""An upper bound on the size of the energy and of its gradients for latents of
+        Euclidean norm R, or None (unknown, the default).
+
+        .. math::
+
+            B(R) \ge \max\big(|f(z, z')|,\ \lVert \nabla_z f \rVert,\
+            \lVert \nabla_\theta f \rVert\big) \quad \text{for } \lVert z \rVert,
+            \lVert z' \rVert \le R
+
+        (the gradient in the unconstrained parameters :math:`\theta`), and for latents whose
+        norms lie between two values, the larger of B at those values bounds them (true of a
+        B monotone in R, or of one like :math:`\kappa \max(1, 1/R)`). The implicit priors
+        check, under Pyro's validation, that the loss of N pairs and its gradients (at most
+        :math:`16 N B` in size) fit the latents' dtype, and raise a ValueError that names the
+        valid range of latent norms otherwise (:mod:`rpm.priors.energy_range`); with None only
+        a non-finite loss is diagnosed.
+
+        :param torch.Tensor radius: latent norms R, float64, any shape.
+        :return: B(R), float64, the shape of ``radius``; or None.
         """
         return None
 

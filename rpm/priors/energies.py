@@ -25,6 +25,8 @@ neural          :math:`f_\theta(z, z')` (an MLP)                 a learned energ
 
 from __future__ import annotations
 
+import math
+
 import pyro
 import torch
 from pyro.distributions import constraints
@@ -48,7 +50,22 @@ __all__ = [
 
 
 def _unit(z: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.normalize(z, dim=-1)
+    r""":math:`z / \lVert z \rVert` of each row, for latents of any representable norm.
+
+    ``F.normalize`` squares the coordinates: in float32 a norm above ~1.8e19 overflows to inf
+    (every :math:`\hat z` becomes 0) and one below ~1e-19 underflows or falls under its
+    ``eps`` (the result is not a unit vector). The rows are first divided by their largest
+    coordinate (a constant for autograd: the direction is scale-invariant, so the gradient is
+    the exact one of :math:`z / \lVert z \rVert`); zero rows stay zero.
+    """
+    scale = z.detach().abs().amax(-1, keepdim=True)                            # (N, 1)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.nn.functional.normalize(z / scale, dim=-1)
+
+
+def _at_least_one(radius: torch.Tensor) -> torch.Tensor:
+    """max(R, 1): the bounds below cover the gradients as well as the values."""
+    return radius.clamp_min(1.0)
 
 
 class BilinearEnergy(Energy):
@@ -80,6 +97,13 @@ class BilinearEnergy(Energy):
     def logit_factors(self, z: torch.Tensor, z2: torch.Tensor):
         self.check_latents(z, z2)
         return z @ self._weight(z), z2, None
+
+    def logit_bound(self, radius: torch.Tensor) -> torch.Tensor:
+        r""":math:`\max(\lVert W \rVert_F, 1)\, \max(R^2, R)`: :math:`|z^\top W z'| \le
+        \lVert W \rVert_2 R^2`, :math:`\lVert \partial f / \partial W \rVert \le R^2`
+        (:meth:`~rpm.priors.base.Energy.logit_bound`)."""
+        weight = self.weight.detach().double().norm().clamp_min(1.0)
+        return weight * radius * _at_least_one(radius)
 
 
 class CosineEnergy(Energy):
@@ -117,6 +141,13 @@ class CosineEnergy(Energy):
         self.check_latents(z, z2)
         return self.kappa.to(z.dtype) * _unit(z), _unit(z2), None
 
+    def logit_bound(self, radius: torch.Tensor) -> torch.Tensor:
+        r""":math:`\kappa \max(1, 1/R)`: :math:`|f| \le \kappa` at any norm, its gradient
+        :math:`\lVert \nabla_z f \rVert \le \kappa / R`
+        (:meth:`~rpm.priors.base.Energy.logit_bound`)."""
+        kappa = self.kappa.detach().double()
+        return kappa * radius.clamp_min(torch.finfo(torch.float64).tiny).reciprocal().clamp_min(1.0)
+
 
 class RBFEnergy(Energy):
     r"""The Gaussian RBF energy :math:`f(z, z') = -\lVert z - z' \rVert^2 / (2 l^2)` (Eq. 27).
@@ -150,6 +181,14 @@ class RBFEnergy(Energy):
         self.check_latents(z, z2)
         precision = self.lengthscale.to(z.dtype).square().reciprocal()  # 1 / l^2
         return squared_distance_factors(z, z2, precision.expand(z.shape[1]))
+
+    def logit_bound(self, radius: torch.Tensor) -> torch.Tensor:
+        r""":math:`2 \max(R^2, R) / l^2`: :math:`\lVert z - z' \rVert \le 2R`
+        (:meth:`~rpm.priors.base.Energy.logit_bound`). In float32 and at l = 1 a batch of a few
+        pairs is in range up to latents of norm ~1e18; beyond, the squared distances
+        themselves overflow."""
+        lengthscale = self.lengthscale.detach().double()
+        return 2.0 * radius * _at_least_one(radius) / lengthscale.square()
 
 
 class AnisotropicEnergy(Energy):
@@ -196,6 +235,16 @@ class AnisotropicEnergy(Energy):
         return squared_distance_factors(
             self.project(z), self.project(z2), self.concentration.to(z.dtype)
         )
+
+    def logit_bound(self, radius: torch.Tensor) -> torch.Tensor:
+        r""":math:`2 \max_d \lambda_d \max(1, 1/R)` with ``normalize`` (the projected latents
+        are unit vectors), else :math:`2 \max_d \lambda_d \max(R^2, R)`
+        (:meth:`~rpm.priors.base.Energy.logit_bound`)."""
+        top = self.concentration.detach().double().amax()
+        if self.normalize:
+            tiny = torch.finfo(torch.float64).tiny
+            return 2.0 * top * radius.clamp_min(tiny).reciprocal().clamp_min(1.0)
+        return 2.0 * top * radius * _at_least_one(radius)
 
 
 class LpEnergy(Energy):
@@ -325,3 +374,13 @@ class NeuralEnergy(Energy):
         self.check_latents(z, z2)
         hidden = torch.nn.functional.softplus(self.first(z) + self.second(z2))  # (N, H)
         return self.out(hidden).squeeze(-1)
+
+    def logit_bound(self, radius: torch.Tensor) -> torch.Tensor:
+        r""":math:`\lVert w_2 \rVert_1 \big((\lVert W_a \rVert_F + \lVert W_b \rVert_F)
+        \max(R, 1) + \lVert b_1 \rVert_\infty + \log 2\big) + |b_2|`, since
+        :math:`\operatorname{softplus}(x) \le |x| + \log 2`
+        (:meth:`~rpm.priors.base.Energy.logit_bound`)."""
+        with torch.no_grad():
+            inner = (self.first.weight.double().norm() + self.second.weight.double().norm())
+            hidden = inner * _at_least_one(radius) + self.first.bias.double().abs().amax() + math.log(2)
+            return self.out.weight.double().abs().sum() * hidden + self.out.bias.double().abs().sum()

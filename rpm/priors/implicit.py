@@ -45,6 +45,7 @@ from rpm.ops.dispatch import use_streaming
 from rpm.ops.logsumexp import safe_logsumexp, streaming_matmul_logsumexp
 from rpm.priors.base import Energy, Prior
 from rpm.priors.energy_paths import blocked_energy_logsumexp, energy_logit_factors, energy_paired
+from rpm.priors.energy_range import check_implicit_log_ratio
 
 __all__ = [
     "ImplicitConditional",
@@ -366,7 +367,9 @@ class ImplicitPrior(Prior):
         with the candidates :math:`z'_{1:M}` the batch's own z2 or, for a global batch across
         processes, ``negatives`` (every rank's z2, gathered with
         :func:`rpm.distributed.all_gather_with_grad`). The normaliser is streamed for large
-        batches (:func:`energy_log_normalizer`).
+        batches (:func:`energy_log_normalizer`). Under Pyro's validation a result or gradients
+        that would not be finite in the latents' dtype raise a ValueError naming the valid
+        range of latent norms (:func:`~rpm.priors.energy_range.check_implicit_log_ratio`).
 
         :param torch.Tensor z: shape (N, D).
         :param torch.Tensor z2: shape (N, D), paired with z.
@@ -374,8 +377,15 @@ class ImplicitPrior(Prior):
         :param block_size: block edge of the streamed normaliser; ``None`` decides by size.
         """
         candidates = z2 if negatives is None else negatives
+        ratio = self._log_ratio(z, z2, candidates, negatives is None, block_size)
+        check_implicit_log_ratio(type(self).__name__, self.energy, [z, z2, candidates], ratio)
+        return ratio
+
+    def _log_ratio(self, z: torch.Tensor, z2: torch.Tensor, candidates: torch.Tensor,
+                   own: bool, block_size: int | None) -> torch.Tensor:
+        """:meth:`log_ratio` with the candidates given (``own``: they are z2)."""
         if not use_streaming(z.shape[0], candidates.shape[0], z.device, block_size):
-            if negatives is None:
+            if own:
                 # Dense: one N x N matrix gives both the positives and the normaliser.
                 return implicit_log_ratio(self.energy(z, z2))
             positive = energy_paired(self.energy, z, z2)
@@ -388,8 +398,7 @@ class ImplicitPrior(Prior):
             else:
                 # forward on tiles; the positives come from the same tiles for the batch's own z2
                 normalizer, positive = blocked_energy_logsumexp(
-                    self.energy, z, candidates, block_size,
-                    positive_shift=0 if negatives is None else None)
+                    self.energy, z, candidates, block_size, positive_shift=0 if own else None)
                 if positive is None:
                     positive = energy_paired(self.energy, z, z2, block_size)
         return positive - normalizer + math.log(candidates.shape[0])

@@ -91,6 +91,7 @@ from rpm.ops.dispatch import default_block_size, ieee_float32_matmul, use_stream
 from rpm.ops.logsumexp import safe_logsumexp, streaming_matmul_logsumexp
 from rpm.priors.base import Energy
 from rpm.priors.energy_paths import blocked_energy_logsumexp, energy_logit_factors, energy_paired
+from rpm.priors.energy_range import check_implicit_log_ratio
 from rpm.priors.implicit import ImplicitPrior, TiltedConditional
 
 __all__ = [
@@ -437,7 +438,11 @@ class PooledImplicitPrior(ImplicitPrior):
         forward, backward = pooled_log_ratios(self.energy, z, z2, self.direction, block_size,
                                               pool=pool, offset=offset)
         if backward is None:
-            return forward
-        if forward is None:
-            return backward
-        return 0.5 * (forward + backward)
+            ratio = forward
+        elif forward is None:
+            ratio = backward
+        else:
+            ratio = 0.5 * (forward + backward)
+        latents = [z, z2] if pool is None else list(pool)
+        check_implicit_log_ratio(type(self).__name__, self.energy, latents, ratio)
+        return ratio

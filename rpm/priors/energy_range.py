@@ -1,0 +1,157 @@
+r"""Whether the implicit priors' loss and its gradients fit the latents' floating-point type.
+
+The InfoNCE terms of a batch of N pairs (Eq. 23-25 of Aitchison & Ganev),
+:math:`\sum_i f(z_i, z'_i) - \log \sum_j e^{f(z_i, z'_j)}`, and their gradients are sums of N
+terms of the size of the energy, so with an energy bounded by :math:`B(R)` for latents of norm
+at most R (:meth:`~rpm.priors.base.Energy.logit_bound`) they stay finite when
+
+.. math::
+
+    16\, N\, B(R) \le \text{the largest number of the dtype}
+
+(float32: 3.4e38; the factor leaves room for the intermediate sums). A float32 energy that is
+quadratic in the latents (bilinear, RBF, unnormalised anisotropic) therefore has a valid range
+of latent norms of about 1e18 for small batches; past it the loss is not representable
+(its exact value exceeds 3.4e38), so the only fixes are float64 or smaller latents.
+
+:func:`check_implicit_log_ratio` runs under Pyro's validation (``pyro.enable_validation``, on by
+default), outside tracing and compilation: one O(N D) reduction of the latents and one
+synchronisation per step, nothing on the (N, M) matrices (the energy's bound is evaluated only
+for latents far from norm 1). It raises a ValueError naming the
+valid range and the fix when the bound is exceeded, and diagnoses a non-finite result (the
+latents themselves not finite, or an energy without a bound that overflowed).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from pyro.infer.util import is_validation_enabled
+
+from rpm.priors.base import Energy
+
+__all__ = ["check_implicit_log_ratio", "valid_norms"]
+
+# The loss and the gradients of N pairs stay below MARGIN * N * B(R).
+_MARGIN = 16.0
+# Latent norms scanned for the valid range named in the error: 1e-45 ... 1e45.
+_SCAN = torch.logspace(-45, 45, 901, dtype=torch.float64)
+
+
+def valid_norms(energy: Energy, num_pairs: int, dtype: torch.dtype) -> tuple[float, float] | None:
+    r"""The range of latent norms R, between 1e-45 and 1e45, where
+    :math:`16 N B(R)` fits ``dtype`` (module docstring), or None when the energy has no bound
+    or no norm fits.
+
+    :param Energy energy: the energy f.
+    :param int num_pairs: N, the terms summed by the loss.
+    :param torch.dtype dtype: the latents' floating-point type.
+    :return: ``(smallest, largest)`` norm.
+    """
+    bound = energy.logit_bound(_SCAN)
+    if bound is None:
+        return None
+    fits = _MARGIN * num_pairs * bound <= torch.finfo(dtype).max
+    if not bool(fits.any()):
+        return None
+    norms = _SCAN[fits]
+    return float(norms.min()), float(norms.max())
+
+
+def _describe(norms: tuple[float, float]) -> str:
+    """'up to 1e+18', 'from 1e-30' or 'from 1e-30 to 1e+18' (the scan's ends are open)."""
+    low, high = norms
+    lowest, highest = float(_SCAN[0]), float(_SCAN[-1])
+    if low <= lowest:
+        return f"up to {high:.1g}"
+    if high >= highest:
+        return f"from {low:.1g}"
+    return f"from {low:.1g} to {high:.1g}"
+
+
+def _window(dtype: torch.dtype) -> tuple[float, float]:
+    """Latent norms :math:`[m^{-1/6}, m^{1/6}]`, m the dtype's largest number (float32:
+    3.9e-7 to 2.6e6), inside which no plausible parameters reach the bound."""
+    largest = torch.finfo(dtype).max
+    return largest ** (-1.0 / 6.0), largest ** (1.0 / 6.0)
+
+
+def check_implicit_log_ratio(
+    prior_name: str, energy, latents: list[torch.Tensor], ratio: torch.Tensor
+) -> None:
+    r"""Raises ValueError if the implicit prior's per-pair terms ``ratio`` (shape (N,)) or their
+    gradients are not finite in the latents' dtype, naming the valid range of latent norms and
+    the fix (module docstring). Does nothing without Pyro's validation or while tracing or
+    compiling.
+
+    Cost: one fused reduction (the sum of ``ratio``, the largest and smallest row maximum of
+    each latent tensor) and one synchronisation. The energy's
+    :meth:`~rpm.priors.base.Energy.logit_bound`, evaluated at the smallest and the largest
+    row norm, is consulted only when some latent norm leaves :math:`[m^{-1/6}, m^{1/6}]`
+    (float32: 3.9e-7 to 2.6e6, m the largest number of the dtype); inside it the bound is
+    exceeded only by parameters far beyond trained values (e.g. an RBF lengthscale below
+    ~1e-9 of the latents' spread, or a bilinear :math:`\lVert W \rVert` above 1e19), and a
+    non-finite loss is still diagnosed.
+
+    :param str prior_name: the prior, for the message.
+    :param energy: the energy f.
+    :param latents: every latent the energy saw (z, z2, the negatives), each (., D).
+    :param torch.Tensor ratio: the per-pair terms, shape (N,).
+    """
+    if not is_validation_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
+        return
+    unique = list({id(z): z for z in latents}.values())
+    with torch.no_grad():
+        row_max = torch.cat([z.detach().abs().amax(-1) for z in unique])       # max_d |z_d|
+        smallest, largest = torch.aminmax(row_max)
+        total, smallest, largest = torch.stack(
+            [ratio.detach().sum(), smallest.to(ratio.dtype), largest.to(ratio.dtype)]).tolist()
+    dtype, num_pairs, dim = ratio.dtype, ratio.numel(), unique[0].shape[-1]
+    if math.isfinite(total) and math.isfinite(largest):
+        low, high = _window(dtype)
+        # a row's norm lies between its largest coordinate and sqrt(D) times it
+        if smallest >= low and largest * math.sqrt(dim) <= high:
+            return
+        bound = energy.logit_bound(_norm_extremes(unique)) if isinstance(energy, Energy) else None
+        if bound is None or bool(_MARGIN * num_pairs * bound.amax() <= torch.finfo(dtype).max):
+            return
+    _raise(prior_name, energy, unique, dtype, num_pairs)
+
+
+def _norm_extremes(latents: list[torch.Tensor]) -> torch.Tensor:
+    """The smallest and the largest row norm over the latents, float64, shape (2,)."""
+    norms = torch.cat([torch.linalg.vector_norm(z.detach(), dim=-1, dtype=torch.float64)
+                       for z in latents])
+    return torch.stack([norms.amin(), norms.amax()])
+
+
+def _raise(prior_name: str, energy, latents: list[torch.Tensor], dtype: torch.dtype,
+           num_pairs: int) -> None:
+    """The ValueError of :func:`check_implicit_log_ratio`: what overflowed and the fix."""
+    name = type(energy).__name__
+    if not all(bool(torch.isfinite(z.detach()).all()) for z in latents):
+        raise ValueError(
+            f"{prior_name}: the latents are not finite (nan or inf): the encoder's output "
+            "overflowed or the inputs hold nan; check the inputs, lower the learning rate, or "
+            "compute in float64"
+        )
+    low, high = _norm_extremes(latents).tolist()
+    kind = str(dtype).removeprefix("torch.")
+    found = f"{kind} latents of norm {low:.2g} to {high:.2g}"
+    fix = ("compute in float64 (model.double() and float64 inputs), or keep the latents in "
+           "range (normalise them, e.g. CosineEnergy, or scale the encoder's output or the "
+           "energy: a larger lengthscale or temperature)")
+    norms = valid_norms(energy, num_pairs, dtype) if isinstance(energy, Energy) else None
+    if norms is not None:
+        raise ValueError(
+            f"{prior_name}: {name} overflows {kind} for {found}: the loss of {num_pairs} pairs "
+            f"and its gradients stay finite only for latent norms {_describe(norms)} here (the "
+            f"energy's logit_bound); {fix}"
+        )
+    largest = torch.finfo(dtype).max
+    raise ValueError(
+        f"{prior_name}: the InfoNCE loss is not finite for {found}: {name} produced values "
+        f"beyond the largest {kind} number ({largest:.2g}) or nan (f of the {num_pairs} pairs "
+        f"must stay well below {largest / (_MARGIN * num_pairs):.2g}); {fix}"
+    )
