@@ -1,6 +1,6 @@
 """Every energy's InfoNCE loss and gradients in float32 over latents of norm 1e-20 ... 1e20,
 under ImplicitPrior and PooledImplicitPrior: finite, or a ValueError that names the valid range
-of latent norms and the fix (rpm.priors.energy_range)."""
+and the fix (rpm.priors.energy_range; LpEnergy's own check of its matrix, p in [0.5, 100])."""
 
 import math
 
@@ -14,6 +14,7 @@ from rpm.priors import (
     BilinearEnergy,
     CosineEnergy,
     ImplicitPrior,
+    LpEnergy,
     NeuralEnergy,
     PooledImplicitPrior,
     RBFEnergy,
@@ -32,7 +33,13 @@ ENERGIES = {
     "anisotropic": lambda: AnisotropicEnergy(D),
     "anisotropic-raw": lambda: AnisotropicEnergy(D, normalize=False),
     "neural": lambda: NeuralEnergy(D, hidden=8),
+    "lp-0.5": lambda: LpEnergy(p=0.5),
+    "lp-1": lambda: LpEnergy(p=1.0),
+    "lp-3": lambda: LpEnergy(p=3.0),
+    "lp-100": lambda: LpEnergy(p=100.0),
 }
+# LpEnergy checks its own matrix (its message names the largest representable difference)
+OWN_CHECK = {"lp-0.5", "lp-1", "lp-3", "lp-100"}
 # f scales with the square of the latents: past ~1e18 the float32 loss is not representable
 QUADRATIC = {"bilinear", "rbf", "anisotropic-raw"}
 # f depends on the directions only: the loss is the same at every norm
@@ -67,14 +74,18 @@ def test_loss_and_gradients_are_finite_or_the_range_is_named(name, prior):
             loss, grads = loss_and_grads(PRIORS[prior], ENERGIES[name](), norm)
         except ValueError as error:
             message = str(error)
-            assert "float32 latents of norm" in message and "latent norms up to" in message
+            if name in OWN_CHECK:
+                assert "overflows torch.float32" in message and "<=" in message
+            else:
+                assert "float32 latents of norm" in message and "latent norms up to" in message
             assert "float64" in message
             raised.append(norm)
             continue
         assert torch.isfinite(loss), (name, prior, norm)
         for grad in grads:
             assert torch.isfinite(grad).all(), (name, prior, norm)
-        assert (grads[0] != 0).any() and (grads[1] != 0).any(), (name, prior, norm)
+        if name not in OWN_CHECK:  # (|z - z'|^p / tau of p = 100 underflows, exactly so)
+            assert (grads[0] != 0).any() and (grads[1] != 0).any(), (name, prior, norm)
         if name in SCALE_FREE:
             # normalising a rescaled vector: the same directions at every norm
             reference = loss if reference is None else reference
@@ -82,6 +93,10 @@ def test_loss_and_gradients_are_finite_or_the_range_is_named(name, prior):
     if name in QUADRATIC:
         # in range up to 1e18 (6 pairs, unit parameters); refused, not NaN, beyond
         assert raised == [norm for norm in NORMS if norm > 1e18]
+    elif name in OWN_CHECK:
+        # refused exactly from some norm on (p = 100 holds coordinate differences up to ~2.4)
+        assert raised == [norm for norm in NORMS if norm >= raised[0]] if raised else True
+        assert not raised or raised[0] > 1.0
     else:
         assert raised == []
 
