@@ -1,106 +1,90 @@
-r"""Modules whose parameters belong to them (as :mod:`pyro.nn`, for this package).
+r"""Modules whose parameters have their own names in Pyro's param store (as :mod:`pyro.nn`).
 
-**Parameters belong to their module.** Inside a :class:`~pyro.nn.PyroModule`, Pyro names every
-parameter after its attribute path (``"recognition.net.weight"``) and, by default, registers it
-in the *global* param store under that name. Two models with the same attribute names then
-share one entry: the second model's ``pyro.infer.SVI`` optimises the first model's tensors and
-its own never move. Pyro's ``module_local_params`` setting avoids the store, but in Pyro 1.9 its
-param statements for plain ``nn.Parameter`` s carry no ``unconstrained`` link, so ``SVI`` fails
-on any model with an ordinary ``torch.nn`` network.
+**Parameters the Pyro way.** Inside a :class:`~pyro.nn.PyroModule` tree, Pyro names every
+parameter after the root's ``name`` and the attribute path, and registers it under that name in
+the global param store when the tree runs:
 
-:class:`ScopedModule` therefore runs every call of the package's modules (recognition models,
-priors, energies, and the ``model``, ``guide`` and ELBO of an RPM) inside
-:func:`parameter_scope`: the global store is set aside and replaced by an empty
-one for the duration of the call (:meth:`pyro.params.param_store.ParamStoreDict.scope`'s idea),
-so Pyro's machinery registers, under the usual names, exactly this module's own tensors. On exit
-the previous store is restored and the module's parameters are (re-)registered in it under
-those names, as Pyro's default mode leaves them, so that code reading the store after a call
-(``JitTrace_ELBO``, ``pyro.param(name)``, ``pyro.get_param_store()``) finds this module's
-tensors. No call ever *reads* an entry left by another module, because every call starts from
-an empty store: ``SVI`` sees the module's own tensors through the param sites of the call, a
-``torch.optim`` loop through ``module.parameters()``; no setting is changed, the user's networks
-are not converted, and two models, or one recognition model shared by two models, train side
-by side with no ``pyro.clear_param_store()`` (the store then shows the parameters of the model
-called last, one entry per name). A
-``pyro.param`` statement that creates a parameter outside the module's tree inside a call is
-refused (it would be created afresh at every call): declare it as a
-:class:`~pyro.nn.PyroParam` attribute of the prior or energy instead.
+* a :class:`~pyro.nn.PyroParam` ``lengthscale`` of the energy of the prior of an RPM named
+  ``"a"`` is the store entry ``"a.prior.energy.lengthscale"``;
+* a plain ``torch.nn.Module`` attribute (the user's network, never converted) is registered with
+  :func:`pyro.module`, so its weights are ``"a.recognition.net$$$0.weight"``, ...
+
+(``pyro/nn/module.py``: a sub-``PyroModule`` takes its parent's name as prefix when it is
+assigned as an attribute, and its parent's context.) Two models with distinct root names
+therefore never share a store entry, and every route Pyro offers works on the global store as
+it is: ``SVI`` with ``Trace_ELBO``, ``TraceGraph_ELBO``, ``JitTrace_ELBO`` (whose compiled graph
+reads ``pyro.param(name)``) or :class:`~rpm.RPMELBO`; a ``torch.optim`` loop over
+``model.parameters()``; ``pyro.get_param_store().save()`` and ``pyro.param(name)``.
+
+:class:`NamedModule` gives each module of this package a name that is unique in the process
+unless one is given (:func:`unique_name`: ``"rpm"``, ``"rpm_1"``, ...), so that a model, and
+also a prior or energy called on its own, never picks up an entry another module left in the
+store under the same name (Pyro's :class:`~pyro.nn.PyroModule` adopts a
+:class:`~pyro.nn.PyroParam` it finds in the store under its own name). A module assigned into
+a model takes the model's prefix instead, as in Pyro.
 """
 
 from __future__ import annotations
 
-import contextlib
-import weakref
-from collections.abc import Iterator
+import threading
 
-import pyro
-import torch
 from pyro.nn import PyroModule
+from pyro.params.param_store import _MODULE_NAMESPACE_DIVIDER
 
-__all__ = ["ScopedModule", "parameter_scope"]
+__all__ = ["NamedModule", "check_name", "unique_name"]
 
-# Models whose parameter scope is open (a nested call of the same model reuses its scope).
-_OPEN_SCOPES: list[int] = []
-
-
-def _relink(state: dict) -> None:
-    """Restores the ``unconstrained`` back-links that ``ParamStoreDict.get_state`` strips from
-    the stored tensors (for pickling): a real-valued parameter is its own constrained value, and
-    ``SVI`` reads ``value.unconstrained()`` from the param sites recorded before the swap."""
-    for tensor in state["params"].values():
-        tensor.unconstrained = weakref.ref(tensor)
+_TAKEN: set[str] = set()  # every name handed out or given in this process
+_LOCK = threading.Lock()
 
 
+def check_name(name: str) -> str:
+    """Returns ``name`` if it can prefix Pyro parameter names.
 
-@contextlib.contextmanager
-def parameter_scope(module: torch.nn.Module) -> Iterator[None]:
-    """Runs the body with an empty global param store, so that Pyro registers ``module``'s own
-    tensors (under their attribute names) and nothing else; on exit the previous store is
-    restored, with the module's parameters registered in it under those names (replacing
-    entries of the same names). Re-entrant: a nested scope of the same module is the open one.
-
-    :param torch.nn.Module module: the module whose parameters the body uses.
-    :raises ValueError: if the body created a Pyro parameter that is not a parameter of
-        ``module`` (a ``pyro.param`` statement with an initial value).
+    :raises TypeError: if it is not a string.
+    :raises ValueError: if it is empty or holds Pyro's module separator ``"$$$"``.
     """
-    if id(module) in _OPEN_SCOPES:
-        yield
-        return
-    store = pyro.get_param_store()
-    outer = store.get_state()
-    _relink(outer)  # values handed out before the call (replayed, traced) keep their links
-    store.clear()
-    _OPEN_SCOPES.append(id(module))
-    try:
-        yield
-        own = {id(tensor) for tensor in module.parameters()}
-        created = {name for name, tensor in store.named_parameters() if id(tensor) not in own}
-        inner = store.get_state()
-        _relink(inner)
-    finally:
-        _OPEN_SCOPES.remove(id(module))
-        store.clear()
-        store.set_state(outer)
-    if not created:
-        for name in inner["params"]:
-            with contextlib.suppress(KeyError):  # a tensor held under two names maps to one
-                del store[name]  # the entry this module replaces, with its reverse mapping
-        store.set_state(inner)
-    else:
-        raise ValueError(
-            f"{type(module).__name__} created the Pyro parameter(s) {sorted(created)} with "
-            "pyro.param inside a call; the parameters of a model belong to its modules (and "
-            "would be created afresh at every call here): declare them as PyroParam or "
-            "torch.nn.Parameter attributes of the prior or energy instead"
-        )
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a string (the prefix of the parameters' names in Pyro's "
+                        f"param store), got {type(name).__name__}")
+    if not name or _MODULE_NAMESPACE_DIVIDER in name:
+        raise ValueError(f"name must be a non-empty string without {_MODULE_NAMESPACE_DIVIDER!r}, "
+                         f"got {name!r}")
+    return name
 
 
-class ScopedModule(PyroModule):
-    """A :class:`~pyro.nn.PyroModule` whose calls run inside :func:`parameter_scope`: its
-    parameters are its own tensors whoever calls it, also when a distribution evaluates it
-    lazily (``Trace_ELBO`` computes the log-densities after the model has returned). The base
-    of the package's recognition models, priors, energies and models."""
+def unique_name(prefix: str) -> str:
+    """The first of ``prefix``, ``prefix_1``, ``prefix_2``, ... not handed out or given before in
+    this process (thread-safe). A name is never handed out twice, also after its module is
+    gone: Pyro's store may still hold that module's tensors under it."""
+    check_name(prefix)
+    with _LOCK:
+        name, count = prefix, 0
+        while name in _TAKEN:
+            count += 1
+            name = f"{prefix}_{count}"
+        _TAKEN.add(name)
+    return name
 
-    def __call__(self, *args, **kwargs):
-        with parameter_scope(self):
-            return super().__call__(*args, **kwargs)
+
+class NamedModule(PyroModule):
+    """A :class:`~pyro.nn.PyroModule` with a process-unique default name: the base of the
+    package's recognition models, priors, energies and models.
+
+    :param name: the prefix of its parameters' names in Pyro's param store when it is the root
+        of its tree (a module assigned into a model takes the model's prefix, as in Pyro). By
+        default :func:`unique_name` of :attr:`default_name` (the class name when None). A name
+        given explicitly is used as it is: two live modules given the same name share Pyro's
+        store entries, as two PyroModules do.
+    """
+
+    #: The prefix of the default names; None for the class name.
+    default_name: str | None = None
+
+    def __init__(self, name: str | None = None):
+        if name is None:
+            name = unique_name(self.default_name or type(self).__name__)
+        else:
+            check_name(name)
+            with _LOCK:
+                _TAKEN.add(name)
+        super().__init__(name)

@@ -151,8 +151,7 @@ class RPMELBO(ELBO):
     The work is the model's: ``differentiable_loss(m.model, m.guide, *args)`` returns
     ``-m.elbo(*args, num_particles=..., global_batch=..., block_size=...)`` for any
     :class:`~rpm.models.base.RPMBase` ``m`` (:class:`~rpm.RPM` for pairs; a model of sequences
-    implements its own :meth:`~rpm.models.base.RPMBase.elbo`), evaluated inside the model's
-    parameter scope.
+    implements its own :meth:`~rpm.models.base.RPMBase.elbo`).
 
     Handlers: ``poutine.scale`` with one number, around the model and the guide alike or
     active around the call, multiplies the loss, as it does under ``Trace_ELBO``;
@@ -185,10 +184,8 @@ class RPMELBO(ELBO):
         """The negative ELBO as a differentiable scalar tensor; ``args`` are the model's data
         (``(x, x2)`` for an :class:`~rpm.RPM`)."""
         owner, scale = _owning_model(model, guide)
-        with owner.parameter_scope():
-            elbo = owner.elbo(*args, num_particles=self.num_particles,
-                              global_batch=self.global_batch, block_size=self.block_size,
-                              **kwargs)
+        elbo = owner.elbo(*args, num_particles=self.num_particles,
+                          global_batch=self.global_batch, block_size=self.block_size, **kwargs)
         return -elbo if scale == 1.0 else -scale * elbo
 
     def _get_trace(self, model, guide, args, kwargs):

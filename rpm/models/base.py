@@ -1,35 +1,40 @@
 r"""The base of the recognition parameterised models: the contract through which
-:class:`~rpm.RPMELBO` evaluates a model, and parameters that belong to the model
-(:mod:`rpm.nn`).
+:class:`~rpm.RPMELBO` evaluates a model, and its name, the prefix of its parameters in Pyro's
+param store (:mod:`rpm.nn`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-from collections.abc import Callable, Iterator
-
 import torch
 
-from rpm.nn import ScopedModule, parameter_scope
+from rpm.nn import NamedModule
 
-__all__ = ["RPMBase", "scoped"]
+__all__ = ["RPMBase"]
 
 
-class RPMBase(ScopedModule):
+class RPMBase(NamedModule):
     r"""Base class of models that :class:`~rpm.RPMELBO` evaluates directly.
 
     A subclass provides
 
     * ``model(*args)`` and ``guide(*args)``: the Pyro model and guide, each decorated with
-      :func:`scoped` so that it runs with this module's own parameters;
+      :func:`pyro.nn.pyro_method` so that it runs in the module's Pyro context (its
+      parameters, and those of its plain ``torch.nn.Module`` attributes, are registered in
+      Pyro's param store under the model's name);
     * :meth:`elbo`: the ELBO of the model with the recognition models as the guide (Eq. 15 of
       Aitchison & Ganev for a pair), as a differentiable scalar.
 
-    ``RPMELBO().differentiable_loss(m.model, m.guide, *args)`` is then ``-m.elbo(*args, ...)``
-    evaluated inside :meth:`parameter_scope`; :class:`~rpm.RPM` (pairs) implements it, and a
-    model of sequences does the same without any change to :mod:`rpm.inference.elbo`.
+    ``RPMELBO().differentiable_loss(m.model, m.guide, *args)`` is then ``-m.elbo(*args, ...)``;
+    :class:`~rpm.RPM` (pairs) implements it, and a model of sequences does the same without any
+    change to :mod:`rpm.inference.elbo`.
+
+    :param name: the prefix of the model's parameters in Pyro's param store (``"a"`` gives
+        ``"a.prior.energy.lengthscale"``, ``"a.recognition.net$$$0.weight"``, ...); by default
+        ``"rpm"``, ``"rpm_1"``, ... (:func:`rpm.nn.unique_name`), so that two models in one
+        process never share an entry.
     """
+
+    default_name = "rpm"
 
     def elbo(self, *args, num_particles: int = 1, global_batch: bool = False,
              block_size: int | None = None, **kwargs) -> torch.Tensor:
@@ -72,22 +77,3 @@ class RPMBase(ScopedModule):
                 "torch.nn.Module network (rpm.DeltaRecognition(net) and "
                 "rpm.GaussianRecognition(net) do not convert it), or build a new one"
             ) from None
-
-    @contextlib.contextmanager
-    def parameter_scope(self) -> Iterator[None]:
-        """:func:`rpm.nn.parameter_scope` of this model: the body runs with this model's own
-        parameters and nothing else in Pyro's param store."""
-        with parameter_scope(self):
-            yield
-
-
-def scoped(method: Callable) -> Callable:
-    """Decorator for the methods of an :class:`RPMBase` that run its modules (``model``,
-    ``guide``, ``encode``): the body runs inside :meth:`RPMBase.parameter_scope`."""
-
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        with self.parameter_scope():
-            return method(self, *args, **kwargs)
-
-    return wrapper

@@ -13,7 +13,8 @@ The wrapped network is held as it is, never converted or otherwise changed: a pl
 ``torch.nn.Module`` is registered with Pyro (``pyro.module``) each time the recognition model
 runs inside an RPM, so ``pyro.infer.SVI`` sees and optimises its parameters, and a
 ``torch.optim`` loop finds them in ``rpm.parameters()``. One recognition model may serve
-several RPMs (:class:`~rpm.models.base.RPMBase` keeps their parameters apart).
+several RPMs (its network is then registered under the name of the model that adopted the
+recognition model last).
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ import torch
 from pyro.distributions import Delta, Normal, TorchDistribution
 from pyro.infer.util import is_validation_enabled
 
-from rpm.nn import ScopedModule
+from rpm.nn import NamedModule
 
 __all__ = ["DeltaRecognition", "GaussianRecognition"]
 
 
-def _network(module: ScopedModule) -> torch.nn.Module:
+def _network(module: NamedModule) -> torch.nn.Module:
     """The wrapped network, registered with Pyro (``pyro.module``) when a call is active.
 
     A frozen parameter (``requires_grad=False``, e.g. a pretrained backbone) is left out of
@@ -74,7 +75,7 @@ def _check_finite(name: str, tensor: torch.Tensor) -> None:
         )
 
 
-class GaussianRecognition(ScopedModule):
+class GaussianRecognition(NamedModule):
     r"""Diagonal Gaussian recognition :math:`Q(z|x) = \mathcal{N}(\mu(x), \mathrm{diag}\,\sigma(x)^2)`.
 
     :param torch.nn.Module net: maps a batch x (N, ...) to ``(loc, scale)``, each of shape
@@ -117,7 +118,7 @@ class GaussianRecognition(ScopedModule):
         return Normal(loc, scale).to_event(1)
 
 
-class DeltaRecognition(ScopedModule):
+class DeltaRecognition(NamedModule):
     r"""Deterministic recognition model :math:`Q(z|x) = \delta(z - \mu(x))`.
 
     With ``noise_scale`` :math:`\epsilon > 0` the recognition model is

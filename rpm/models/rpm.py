@@ -27,6 +27,7 @@ import torch
 from pyro import poutine
 from pyro.distributions import Delta, TorchDistribution
 from pyro.infer.util import is_validation_enabled
+from pyro.nn import pyro_method
 
 from rpm.distributed import all_gather_with_grad
 from rpm.marginals import (
@@ -34,7 +35,7 @@ from rpm.marginals import (
     delta_mixture_log_prob,
     gaussian_mixture_log_prob,
 )
-from rpm.models.base import RPMBase, scoped
+from rpm.models.base import RPMBase
 from rpm.models.recognition import DeltaRecognition
 from rpm.priors.base import Prior
 
@@ -151,9 +152,16 @@ class RPM(RPMBase):
     and guide alike. Either way Pyro's ``Trace_ELBO``, ``TraceGraph_ELBO``, ``JitTrace_ELBO``,
     vectorised particles and ``Predictive`` see honest shapes.
 
-    Its parameters are its own (:class:`~rpm.models.base.RPMBase`): two RPMs, or two RPMs
-    sharing one recognition model, train side by side under ``SVI`` or a ``torch.optim`` loop
-    over ``rpm.parameters()``, with no ``pyro.clear_param_store()`` between them.
+    **Parameters.** The model's ``name`` prefixes its parameters in Pyro's param store
+    (``"a.prior.energy.lengthscale"``, ``"a.recognition.net$$$0.weight"`` for ``name="a"``), as
+    a :class:`~pyro.nn.PyroModule`'s do; the default names are unique in the process. So two
+    RPMs, or two RPMs sharing one encoder network, train side by side under ``SVI`` (with
+    ``Trace_ELBO``, ``TraceGraph_ELBO``, ``JitTrace_ELBO`` or :class:`~rpm.RPMELBO`) or a
+    ``torch.optim`` loop over ``rpm.parameters()``, with no ``pyro.clear_param_store()``
+    between them, and ``pyro.get_param_store().save()`` holds all of them. To restore a model,
+    use ``rpm.state_dict()`` and ``load_state_dict()`` (learned hyperparameters included):
+    Pyro does not copy a loaded param store back into a module's ``nn.Parameter`` s (see the
+    README's section on parameters).
 
     :param recognition: Q(z|x), a :class:`~rpm.GaussianRecognition` or
         :class:`~rpm.DeltaRecognition` (any module returning a batch of distributions with
@@ -162,12 +170,14 @@ class RPM(RPMBase):
         (z, z2)`` declaring the sites ``"z"`` and ``"z2"``, which gets the hooks' defaults).
     :param recognition2: Q(z'|x') for the second view; by default the first view's model is
         shared.
+    :param name: the prefix of the model's parameters in Pyro's param store; by default
+        ``"rpm"``, ``"rpm_1"``, ... (unique in the process, :class:`~rpm.models.base.RPMBase`).
     :raises ValueError: for a deterministic encoder (Delta, no noise) with a prior that is an
         explicit continuous density (Appendix B of Aitchison & Ganev).
     """
 
-    def __init__(self, recognition, prior, recognition2=None):
-        super().__init__()
+    def __init__(self, recognition, prior, recognition2=None, name: str | None = None):
+        super().__init__(name)
         for name, module in (("recognition", recognition), ("recognition2", recognition2)):
             if module is not None and not callable(module):
                 raise TypeError(f"{name} must be callable (x -> distribution), got {module!r}")
@@ -203,9 +213,8 @@ class RPM(RPMBase):
         if is_validation_enabled():
             for name, value in (("x", x), ("x2", x2)):
                 _check_finite_input(name, value)
-        with self.parameter_scope():
-            q = self.recognition(x)
-            q2 = (self.recognition2 or self.recognition)(x2)
+        q = self.recognition(x)
+        q2 = (self.recognition2 or self.recognition)(x2)
         for name, dist in (("recognition", q), ("recognition2", q2)):
             if dist.batch_shape != (x.shape[0],) or len(dist.event_shape) != 1:
                 raise ValueError(
@@ -230,7 +239,7 @@ class RPM(RPMBase):
                     raise ValueError(_delta_with_density_message(name, self.prior))
         return q, q2
 
-    @scoped
+    @pyro_method
     def sample_prior(self, q: TorchDistribution, q2: TorchDistribution):
         """Runs the prior inside the current plate and checks it declared ``"z"`` and ``"z2"``."""
         with poutine.trace() as tracer:
@@ -252,7 +261,7 @@ class RPM(RPMBase):
             )
         return result
 
-    @scoped
+    @pyro_method
     def model(self, x: torch.Tensor, x2: torch.Tensor):
         r"""The generative model of Eq. 9-10: prior sites "z", "z2"; likelihood factors "x", "x2".
 
@@ -276,7 +285,7 @@ class RPM(RPMBase):
             pyro.factor("x2", _log_likelihood(q2, marginal2, rows2))
         return z, z2
 
-    @scoped
+    @pyro_method
     def guide(self, x: torch.Tensor, x2: torch.Tensor):
         r"""The approximate posterior of Eq. 14: the recognition models, Q(z|x) Q(z'|x').
 
@@ -293,7 +302,7 @@ class RPM(RPMBase):
                 z2 = pyro.sample("z2", q2)
         return z, z2
 
-    @scoped
+    @pyro_method
     def log_ratio(
         self, z: torch.Tensor, z2: torch.Tensor, q: TorchDistribution, q2: TorchDistribution,
         global_batch: bool = False, block_size: int | None = None,
@@ -337,7 +346,7 @@ class RPM(RPMBase):
                          + _marginal_log_prob(marginal2, z2, global_batch, block_size).sum())
         return log_prior - log_marginals
 
-    @scoped
+    @pyro_method
     def elbo(self, x: torch.Tensor, x2: torch.Tensor, num_particles: int = 1,
              global_batch: bool = False, block_size: int | None = None) -> torch.Tensor:
         r"""The ELBO of Eq. 15 summed over the N pairs, each encoder evaluated once.
@@ -369,7 +378,7 @@ class RPM(RPMBase):
                                            block_size=block_size)
         return total / num_particles
 
-    @scoped
+    @pyro_method
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """The recognition mean of the first view, shape (N, D): the learned representation."""
         return self.recognition(x).mean

@@ -32,11 +32,12 @@ import torch
 from pyro import poutine
 from pyro.distributions import Delta, Normal, TorchDistribution
 from pyro.infer.util import is_validation_enabled
+from pyro.nn import PyroModuleList, pyro_method
 
 from rpm._validation import check_bool, check_positive_int
 from rpm.marginals.mixture_marginal import recognition_components
 from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
-from rpm.models.base import RPMBase, scoped
+from rpm.models.base import RPMBase
 from rpm.models.recognition import DeltaRecognition
 from rpm.priors.sequence import SequencePrior
 
@@ -63,8 +64,8 @@ class SequenceRPM(RPMBase):
     (:meth:`~rpm.priors.sequence.SequencePrior.posterior`, e.g. the Kalman smoother of the
     state-space prior given the recognition factors).
 
-    Its parameters are its own (:class:`~rpm.models.base.RPMBase`), and
-    :class:`~rpm.RPMELBO` evaluates it through :meth:`elbo`, each encoder once per frame.
+    Its ``name`` prefixes its parameters in Pyro's param store (:class:`~rpm.models.base.RPMBase`),
+    and :class:`~rpm.RPMELBO` evaluates it through :meth:`elbo`, each encoder once per frame.
 
     **Marginals.** By default :math:`Q_t` is the mixture over the t-th views of the batch (N
     components per view): it is the direct generalisation of the pair model (with T = 2 the
@@ -81,13 +82,15 @@ class SequenceRPM(RPMBase):
         :class:`~rpm.priors.StateSpacePrior` or :class:`~rpm.priors.MarkovImplicitPrior`.
     :param bool pooled_marginal: pool the marginals over all frames (see above).
     :param str guide: ``"recognition"`` (Eq. 14) or ``"structured"`` (the prior's posterior).
+    :param name: the prefix of the model's parameters in Pyro's param store; by default
+        ``"rpm"``, ``"rpm_1"``, ... (unique in the process, :class:`~rpm.models.base.RPMBase`).
     :raises ValueError: for Delta recognition with a prior that is an explicit density
         (Appendix B of Aitchison & Ganev), or a structured guide the prior does not have.
     """
 
     def __init__(self, recognition, prior: SequencePrior, pooled_marginal: bool = False,
-                 guide: str = "recognition"):
-        super().__init__()
+                 guide: str = "recognition", name: str | None = None):
+        super().__init__(name)
         per_view = isinstance(recognition, (list, tuple, torch.nn.ModuleList))
         modules = list(recognition) if per_view else [recognition]
         if per_view and len(modules) < 2:
@@ -100,7 +103,7 @@ class SequenceRPM(RPMBase):
             raise TypeError(
                 "prior must be a sequence prior (rpm.priors.SequencePrior, e.g. StateSpacePrior, "
                 f"MarkovImplicitPrior or MarkovPrior(pair_prior)), got {type(prior).__name__}")
-        self.adopt(recognition=torch.nn.ModuleList(modules) if per_view else recognition,
+        self.adopt(recognition=PyroModuleList(modules) if per_view else recognition,
                    prior=prior)
         self.per_view = per_view
         check_bool("pooled_marginal", pooled_marginal)
@@ -138,9 +141,8 @@ class SequenceRPM(RPMBase):
         if is_validation_enabled() and x.is_floating_point() and not torch.isfinite(x).all():
             raise ValueError("x has NaN or infinite entries; clean or drop those sequences")
         if self.per_view:
-            with self.parameter_scope():
-                parts = [_components(module(x[:, t]), num_sequences)
-                         for t, module in enumerate(self.recognition)]
+            parts = [_components(module(x[:, t]), num_sequences)
+                     for t, module in enumerate(self.recognition)]
             loc = torch.stack([p[0] for p in parts], dim=1)  # (N, T, D)
             scales = [p[1] for p in parts]
             if any(s is None for s in scales) and not all(s is None for s in scales):
@@ -149,8 +151,7 @@ class SequenceRPM(RPMBase):
             scale = None if scales[0] is None else torch.stack(scales, dim=1)
         else:
             flat = x.reshape(num_sequences * num_views, *x.shape[2:])
-            with self.parameter_scope():
-                dist = self.recognition(flat)
+            dist = self.recognition(flat)
             loc, scale = _components(dist, num_sequences * num_views)
             loc = loc.reshape(num_sequences, num_views, -1)  # (N, T, D)
             scale = None if scale is None else scale.reshape(loc.shape)
@@ -177,7 +178,7 @@ class SequenceRPM(RPMBase):
             return self.prior.posterior(q)
         return q.to_event(1)
 
-    @scoped
+    @pyro_method
     def model(self, x: torch.Tensor) -> torch.Tensor:
         r"""Prior site ``"z"`` (event (T, D)); likelihood factor ``"x"`` (Eq. 10 per view)."""
         q = self.recognise(x)
@@ -187,14 +188,14 @@ class SequenceRPM(RPMBase):
             pyro.factor("x", q.log_prob(z).sum(-1) - marginal.log_prob(z))
         return z
 
-    @scoped
+    @pyro_method
     def guide(self, x: torch.Tensor) -> torch.Tensor:
         """Samples ``"z"`` (N, T, D) from the recognition models or the structured posterior."""
         q = self.recognise(x)
         with pyro.plate("sequences", x.shape[0]):
             return pyro.sample("z", self.guide_distribution(q))
 
-    @scoped
+    @pyro_method
     def log_prior_ratio(self, z: torch.Tensor, q: TorchDistribution,
                         marginal: SequenceMixtureMarginal) -> torch.Tensor:
         r"""Per-sequence :math:`\log P(z_{1:T}) - \sum_t \log Q_t(z_t)`, shape (N,): the
@@ -212,7 +213,7 @@ class SequenceRPM(RPMBase):
                 log_prior = log_prior + site["fn"].log_prob(site["value"])
         return log_prior - marginal.log_prob(z)
 
-    @scoped
+    @pyro_method
     def elbo(self, x: torch.Tensor, num_particles: int = 1, global_batch: bool = False,
              block_size: int | None = None) -> torch.Tensor:
         r"""The ELBO summed over the sequences, averaged over ``num_particles`` reparameterised
@@ -251,7 +252,7 @@ class SequenceRPM(RPMBase):
             total = total + value.sum()
         return total / num_particles
 
-    @scoped
+    @pyro_method
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """The recognition means of every view, shape (N, T, D)."""
         return self.recognise(x).mean

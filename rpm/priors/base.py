@@ -33,7 +33,7 @@ import torch
 from pyro.distributions import TorchDistribution
 
 from rpm.marginals import MixtureMarginal
-from rpm.nn import ScopedModule
+from rpm.nn import NamedModule
 
 __all__ = ["Energy", "Prior", "positive_hyperparameter"]
 
@@ -63,7 +63,7 @@ def positive_hyperparameter(name: str, value) -> torch.Tensor:
     return torch.tensor(number, dtype=torch.float64)
 
 
-class Prior(ScopedModule):
+class Prior(NamedModule):
     r"""Base class of priors :math:`P(z, z')` over the latents of a pair (Eq. 9 of Aitchison &
     Ganev).
 
@@ -179,7 +179,7 @@ class Prior(ScopedModule):
         return MixtureMarginal(q), MixtureMarginal(q2)
 
 
-class Energy(ScopedModule):
+class Energy(NamedModule):
     r"""Base class of energies :math:`f(z, z')` of the implicit prior (Eq. 21-22 of Aitchison &
     Ganev).
 

@@ -34,7 +34,7 @@ from pyro.distributions import Categorical, TorchDistribution
 from torch.distributions import constraints
 
 from rpm.marginals.sequence_marginal import SequenceMixtureMarginal, view
-from rpm.nn import ScopedModule
+from rpm.nn import NamedModule
 from rpm.priors.base import Prior
 from rpm.priors.implicit import ImplicitPrior, implicit_log_ratio
 
@@ -42,7 +42,7 @@ __all__ = ["MarkovChain", "MarkovImplicitChain", "MarkovImplicitPrior", "MarkovP
            "SequencePrior"]
 
 
-class SequencePrior(ScopedModule):
+class SequencePrior(NamedModule):
     r"""Base class of priors :math:`P(z_{1:T})` over the latents of T views.
 
     Implement :meth:`forward`; override the other hooks when their defaults do not fit:

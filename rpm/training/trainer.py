@@ -542,8 +542,8 @@ class Trainer:
                 "trained: build the optimizer over module.parameters(), and freeze "
                 "intentionally untrained parameters with requires_grad_(False). (A plain "
                 "PyroModule of your own adopts the tensor of the same name left in Pyro's global "
-                "param store by an earlier model: derive it from rpm.nn.ScopedModule, whose "
-                "parameters stay its own.)"
+                "param store by an earlier model: give each model a distinct name, "
+                "PyroModule(name=...), as rpm's models have by default.)"
             )
 
     def _last_good_path(self) -> Path | None:

@@ -1,24 +1,36 @@
-"""Parameters that belong to their module: RPMs that coexist in one process, compared with the
-same training run alone, and with a plain torch loop written out by hand."""
-
-import copy
-import math
+"""Parameters the Pyro way: each model's parameters are named after the model in Pyro's global
+param store, so models that coexist in one process train as each would alone under every route
+(SVI with Trace_ELBO, TraceGraph_ELBO, JitTrace_ELBO and RPMELBO, and a torch.optim loop), the
+store holds all of them, and ``state_dict`` restores a model exactly."""
 
 import pyro
 import pytest
 import torch
-from pyro.infer import SVI, Trace_ELBO
+from pyro.infer import SVI, JitTrace_ELBO, Trace_ELBO, TraceGraph_ELBO
+from torch.distributions import constraints
 
 import rpm
-from rpm.priors import GaussianRandomWalkPrior, ImplicitPrior, MarkovImplicitPrior, Prior, RBFEnergy
+from rpm.priors import (
+    GaussianRandomWalkPrior,
+    ImplicitPrior,
+    MarkovImplicitPrior,
+    RBFEnergy,
+)
 
 N, X_DIM, D, STEPS = 16, 5, 3, 4
 
 
-def make_rpm(seed, prior=None):
+def make_rpm(seed, hidden=None, lengthscale=0.9, name=None):
+    """An RPM with a Linear encoder (or a one-hidden-layer MLP) and an RBF energy whose
+    lengthscale is learned (a PyroParam)."""
     torch.manual_seed(seed)
-    return rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(X_DIM, D)),
-                   prior or ImplicitPrior(RBFEnergy(lengthscale=0.9)))
+    if hidden is None:
+        net = torch.nn.Linear(X_DIM, D)
+    else:
+        net = torch.nn.Sequential(torch.nn.Linear(X_DIM, hidden), torch.nn.Tanh(),
+                                  torch.nn.Linear(hidden, D))
+    return rpm.RPM(rpm.DeltaRecognition(net), ImplicitPrior(RBFEnergy(lengthscale=lengthscale)),
+                   name=name)
 
 
 @pytest.fixture
@@ -31,16 +43,27 @@ def weights(model):
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def train_svi(models, batches):
-    """One SVI per model; each batch is stepped by every model in turn (interleaved)."""
-    svis = [SVI(m.model, m.guide, pyro.optim.Adam({"lr": 0.05}), rpm.RPMELBO()) for m in models]
-    for x, x2 in batches:
-        for svi in svis:
-            svi.step(x, x2)
+def assert_same_weights(got, expected, exact=True):
+    assert got.keys() == expected.keys()
+    for name, value in got.items():
+        if exact:
+            torch.testing.assert_close(value, expected[name], rtol=0, atol=0, msg=name)
+        else:
+            torch.testing.assert_close(value, expected[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+def svi_route(loss):
+    def train(models, batches):
+        """One SVI per model; each batch is stepped by every model in turn (interleaved)."""
+        svis = [SVI(m.model, m.guide, pyro.optim.Adam({"lr": 0.05}), loss()) for m in models]
+        for x, x2 in batches:
+            for svi in svis:
+                svi.step(x, x2)
+    return train
 
 
 def train_torch(models, batches):
-    """The same with torch.optim.Adam over model.parameters() and differentiable_loss."""
+    """torch.optim.Adam over model.parameters() and RPMELBO's differentiable_loss."""
     optimizers = [torch.optim.Adam(m.parameters(), lr=0.05) for m in models]
     elbo = rpm.RPMELBO()
     for x, x2 in batches:
@@ -50,83 +73,174 @@ def train_torch(models, batches):
             optimizer.step()
 
 
-@pytest.mark.parametrize("train", [train_svi, train_torch], ids=["svi", "torch_optim"])
-def test_two_rpms_interleaved_train_as_each_alone(train, batches):
-    first, second = make_rpm(1), make_rpm(2)
-    first_alone, second_alone = copy.deepcopy(first), copy.deepcopy(second)
+ROUTES = {
+    "svi-Trace_ELBO": svi_route(Trace_ELBO),
+    "svi-TraceGraph_ELBO": svi_route(TraceGraph_ELBO),
+    "svi-JitTrace_ELBO": svi_route(JitTrace_ELBO),
+    "svi-RPMELBO": svi_route(rpm.RPMELBO),
+    "torch_optim": train_torch,
+}
+
+
+def store_entries(model):
+    """The store entries Pyro's naming gives this RPM's parameters, written out: the energy's
+    lengthscale (a PyroParam, stored unconstrained) and the encoder's weights (registered with
+    pyro.module)."""
+    name = model._pyro_name
+    entries = {f"{name}.prior.energy.lengthscale": model.prior.energy.lengthscale_unconstrained}
+    for param_name, param in model.recognition.net.named_parameters():
+        entries[f"{name}.recognition.net$$${param_name}"] = param
+    return entries
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_two_rpms_interleaved_train_as_each_alone(route, batches):
+    train = ROUTES[route]
+    first, second = make_rpm(1), make_rpm(2, hidden=4, lengthscale=1.3)
     start = weights(second)
     train([first, second], batches)
-    train([first_alone], batches)
-    train([second_alone], batches)
-    for together, alone in ((first, first_alone), (second, second_alone)):
-        for name, value in weights(together).items():
-            torch.testing.assert_close(value, weights(alone)[name], rtol=0, atol=0)
+    alone = []
+    for seed, hidden, lengthscale in ((1, None, 0.9), (2, 4, 1.3)):
+        pyro.clear_param_store()  # each alone: the only model in the store
+        model = make_rpm(seed, hidden, lengthscale)
+        train([model], batches)
+        alone.append(model)
+    for together, expected in zip((first, second), alone, strict=True):
+        assert_same_weights(weights(together), weights(expected))
     moved = {name: (weights(second)[name] - start[name]).abs().max().item() for name in start}
     assert min(moved.values()) > 1e-3, moved  # the second model's own tensors were trained
-    # the store shows the parameters of the model called last, under Pyro's names
-    store = pyro.get_param_store()
-    assert store["recognition.net$$$weight"].unconstrained() is second_alone.recognition.net.weight
-    assert store["prior.energy.lengthscale"].unconstrained() is (
-        second_alone.prior.energy.lengthscale_unconstrained)
 
 
-def test_svi_and_torch_optim_agree(batches):
-    """pyro.optim.Adam under SVI and torch.optim.Adam on model.parameters() take the same steps."""
-    by_svi = make_rpm(3)
-    by_torch = copy.deepcopy(by_svi)
-    train_svi([by_svi], batches)
-    train_torch([by_torch], batches)
-    for name, value in weights(by_svi).items():
-        torch.testing.assert_close(value, weights(by_torch)[name], rtol=1e-6, atol=1e-7)
+@pytest.mark.parametrize("route", ROUTES)
+def test_one_network_shared_by_two_priors_trains_as_each_alone(route, batches):
+    """One encoder network under two priors (to compare priors): the first model trains, then
+    the second from where the first left the encoder; each as it would with only itself in the
+    store, and the second never touches the first's prior."""
+    def build():
+        torch.manual_seed(4)
+        net = torch.nn.Linear(X_DIM, D)
+        return (rpm.RPM(rpm.DeltaRecognition(net), ImplicitPrior(RBFEnergy(lengthscale=0.5))),
+                rpm.RPM(rpm.DeltaRecognition(net), ImplicitPrior(RBFEnergy(lengthscale=2.0))))
 
-
-def test_one_recognition_model_under_two_priors(batches):
-    """One encoder shared by two RPMs (to compare priors): each SVI trains the shared encoder
-    and its own prior; compared with two torch.optim.Adam written over the same tensors."""
-    torch.manual_seed(4)
-    recognition = rpm.DeltaRecognition(torch.nn.Linear(X_DIM, D))
-    narrow = rpm.RPM(recognition, ImplicitPrior(RBFEnergy(lengthscale=0.5)))
-    wide = rpm.RPM(recognition, ImplicitPrior(RBFEnergy(lengthscale=2.0)))
-    reference = copy.deepcopy((narrow, wide))  # deepcopy keeps the sharing within the copy
-    assert reference[0].recognition is reference[1].recognition
-    train_svi([narrow, wide], batches)
-    train_torch(list(reference), batches)
-    assert narrow.recognition is wide.recognition
-    for model, expected in zip((narrow, wide), reference, strict=True):
-        for name, value in weights(model).items():
-            torch.testing.assert_close(value, weights(expected)[name], rtol=1e-6, atol=1e-7)
+    train = ROUTES[route]
+    narrow, wide = build()
+    train([narrow], batches)
+    narrow_trained = weights(narrow)
+    train([wide], batches)
+    assert narrow.recognition.net is wide.recognition.net
+    assert_same_weights({k: v for k, v in weights(narrow).items() if "prior" in k},
+                        {k: v for k, v in narrow_trained.items() if "prior" in k})
+    reference_narrow, reference_wide = build()
+    pyro.clear_param_store()
+    train([reference_narrow], batches)
+    assert_same_weights(narrow_trained, weights(reference_narrow))
+    pyro.clear_param_store()
+    train([reference_wide], batches)
+    assert_same_weights(weights(wide), weights(reference_wide))
     assert narrow.prior.energy.lengthscale.item() != wide.prior.energy.lengthscale.item()
 
 
-def test_trace_elbo_under_svi_trains_each_model_alone(batches):
-    first, second = make_rpm(5), make_rpm(6)
-    alone = copy.deepcopy(second)
-    for models in ([first, second], [alone]):
-        svis = [SVI(m.model, m.guide, pyro.optim.Adam({"lr": 0.05}), Trace_ELBO())
-                for m in models]
-        for x, x2 in batches:
-            for svi in svis:
-                svi.step(x, x2)
-    for name, value in weights(second).items():
-        torch.testing.assert_close(value, weights(alone)[name], rtol=0, atol=0)
+def test_one_recognition_model_under_two_priors_interleaved(batches):
+    """One recognition model shared by two RPMs and trained interleaved: each SVI trains the
+    shared encoder and its own prior; compared with two torch.optim.Adam over the same tensors.
+    The shared recognition model takes the name of the model that adopted it last (Pyro
+    re-parents it), so its network has one store entry per tensor."""
+    def build():
+        torch.manual_seed(4)
+        recognition = rpm.DeltaRecognition(torch.nn.Linear(X_DIM, D))
+        return (rpm.RPM(recognition, ImplicitPrior(RBFEnergy(lengthscale=0.5))),
+                rpm.RPM(recognition, ImplicitPrior(RBFEnergy(lengthscale=2.0))))
+
+    narrow, wide = build()
+    reference = build()
+    ROUTES["svi-RPMELBO"]([narrow, wide], batches)
+    train_torch(list(reference), batches)
+    assert narrow.recognition is wide.recognition
+    for model, expected in zip((narrow, wide), reference, strict=True):
+        assert_same_weights(weights(model), weights(expected), exact=False)
+    store = pyro.get_param_store()
+    assert store[f"{wide._pyro_name}.recognition.net$$$weight"] is wide.recognition.net.weight
+    assert f"{narrow._pyro_name}.recognition.net$$$weight" not in store
 
 
-def test_entries_left_in_the_global_param_store_are_never_read(batches):
-    """Stale tensors under the RPM's names in the global store (another model's, or a user's)
-    are not trained and not used: a call starts from an empty store."""
-    stale = pyro.param("recognition.net$$$weight", torch.zeros(D, X_DIM))
-    decoy = pyro.param("prior.energy.lengthscale", torch.tensor(3.0),
-                       constraint=pyro.distributions.constraints.positive).unconstrained()
-    unrelated = pyro.param("my_own", torch.ones(2))
-    model = make_rpm(7)
-    reference = copy.deepcopy(model)
-    train_svi([model], batches)
-    assert (stale == 0).all() and decoy.item() == pytest.approx(math.log(3.0))
-    assert pyro.param("my_own") is unrelated
+def test_the_store_holds_every_model_and_save_load_captures_them(tmp_path, batches):
+    first, second = make_rpm(1, name="first"), make_rpm(2, hidden=4, name="second")
+    ROUTES["svi-RPMELBO"]([first, second], batches)
+    store = pyro.get_param_store()
+    stored = dict(store.named_parameters())
+    expected = {**store_entries(first), **store_entries(second)}
+    assert stored.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert stored[name] is tensor, name  # the models' own tensors, under their own names
+    assert pyro.param("first.prior.energy.lengthscale").item() == pytest.approx(
+        first.prior.energy.lengthscale.item(), rel=1e-12)
+    store.save(tmp_path / "store.pt")
     pyro.clear_param_store()
-    train_svi([reference], batches)
-    for name, value in weights(model).items():
-        torch.testing.assert_close(value, weights(reference)[name], rtol=0, atol=0)
+    store.load(tmp_path / "store.pt")
+    loaded = dict(store.named_parameters())
+    assert loaded.keys() == expected.keys()
+    for name, tensor in expected.items():
+        torch.testing.assert_close(loaded[name], tensor.detach(), rtol=0, atol=0)
+
+
+def test_state_dict_restores_a_model_exactly_and_a_loaded_store_does_not(tmp_path, batches):
+    """``load_state_dict`` restores every parameter, the learned lengthscale (a PyroParam)
+    included, and the restored model trains on as the original does. A param store loaded with
+    ``pyro.get_param_store().load`` is not copied back into the network's ``nn.Parameter`` s
+    (Pyro's behaviour), which is why the docs name ``state_dict`` as the route."""
+    trained = make_rpm(1, name="saved")
+    ROUTES["torch_optim"]([trained], batches[:2])
+    assert trained.prior.energy.lengthscale.item() != pytest.approx(0.9)
+    torch.save(trained.state_dict(), tmp_path / "model.pt")
+    pyro.get_param_store().save(tmp_path / "store.pt")
+
+    restored = make_rpm(7, lengthscale=2.5)  # other initial weights and lengthscale
+    x, x2 = batches[0]
+    rpm.RPMELBO().loss(restored.model, restored.guide, x, x2)  # registered in the store
+    restored.load_state_dict(torch.load(tmp_path / "model.pt"))
+    assert_same_weights(weights(restored), weights(trained))
+    assert restored.prior.energy.lengthscale.item() == trained.prior.energy.lengthscale.item()
+    loss = rpm.RPMELBO().loss
+    assert loss(restored.model, restored.guide, x, x2) == loss(trained.model, trained.guide, x, x2)
+    trained.zero_grad(set_to_none=True)  # SVI adds to .grad; the torch loop left its last one
+    ROUTES["svi-RPMELBO"]([trained], batches[2:])
+    ROUTES["svi-RPMELBO"]([restored], batches[2:])
+    assert_same_weights(weights(restored), weights(trained))
+
+    pyro.clear_param_store()
+    fresh = make_rpm(7, lengthscale=2.5, name="saved_again")
+    store = pyro.get_param_store()
+    store.load(tmp_path / "store.pt")
+    saved_weight = store["saved.recognition.net$$$weight"]
+    assert not torch.equal(fresh.recognition.net.weight, saved_weight)  # nothing copied back
+
+
+def test_a_plain_callable_prior_with_pyro_param_trains_under_svi(batches):
+    """A plain function prior with its own ``pyro.param``: the parameter lives in the store and
+    SVI trains it; one SGD step moves it by exactly lr times the gradient of the loss."""
+    def walk_prior(q, q2):
+        scale = pyro.param("walk_scale", torch.tensor(1.5), constraint=constraints.positive)
+        z = pyro.sample("z", pyro.distributions.Normal(0.0, scale).expand([D]).to_event(1))
+        z2 = pyro.sample("z2", pyro.distributions.Normal(z, 0.1).to_event(1))
+        return z, z2
+
+    torch.manual_seed(0)
+    model = rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(X_DIM, D), noise_scale=0.1), walk_prior)
+    x, x2 = batches[0]
+    for loss in (Trace_ELBO(), rpm.RPMELBO()):
+        scale = pyro.param("walk_scale", torch.tensor(1.5))
+        unconstrained = scale.unconstrained()
+        before = unconstrained.detach().clone()
+        pyro.set_rng_seed(3)
+        with pyro.poutine.trace(param_only=True):
+            value = loss.differentiable_loss(model.model, model.guide, x, x2)
+        (gradient,) = torch.autograd.grad(value, unconstrained)
+        pyro.set_rng_seed(3)
+        svi = SVI(model.model, model.guide, pyro.optim.SGD({"lr": 0.01}), loss)
+        svi.step(x, x2)
+        assert pyro.param("walk_scale").unconstrained() is unconstrained
+        torch.testing.assert_close(unconstrained.detach(), before - 0.01 * gradient)
+        assert gradient.abs().item() > 1e-4
 
 
 def test_the_users_network_is_not_converted():
@@ -138,27 +252,46 @@ def test_the_users_network_is_not_converted():
     assert model.recognition.net is net
 
 
-def test_pyro_param_inside_a_prior_is_refused_with_the_fix():
-    class ScaledWalk(Prior):
+def test_a_subclass_of_a_built_in_prior_names_its_own_parameters(batches):
+    """A user's subclass of ImplicitPrior with a PyroParam of its own: named after the model,
+    trained by SVI like the built-in ones."""
+    class TemperedPrior(ImplicitPrior):
+        def __init__(self, energy):
+            super().__init__(energy)
+            self.temperature = pyro.nn.PyroParam(torch.tensor(1.0), constraints.positive)
+
+        def log_ratio(self, z, z2, q, q2, negatives=None, block_size=None):
+            return None  # the traced fallback: forward's sites minus the marginals
+
         def forward(self, q, q2):
-            scale = pyro.param("walk_scale", torch.tensor(1.0))
-            z = pyro.sample("z", pyro.distributions.Normal(0.0, scale).expand([D]).to_event(1))
-            z2 = pyro.sample("z2", pyro.distributions.Normal(z, 0.1).to_event(1))
+            z, z2 = super().forward(q, q2)
+            pyro.factor("tempering", -self.temperature * (z - z2).pow(2).sum())
             return z, z2
 
-    model = rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(X_DIM, D), noise_scale=0.1), ScaledWalk())
-    with pytest.raises(ValueError, match=r"\['walk_scale'\].*PyroParam"):
-        rpm.RPMELBO().loss(model.model, model.guide, torch.randn(N, X_DIM), torch.randn(N, X_DIM))
-    assert "walk_scale" not in pyro.get_param_store()
+    torch.manual_seed(0)
+    model = rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(X_DIM, D)),
+                    TemperedPrior(RBFEnergy(lengthscale=0.9)), name="tempered")
+    ROUTES["svi-Trace_ELBO"]([model], batches)
+    store = pyro.get_param_store()
+    assert store["tempered.prior.temperature"].unconstrained() is model.prior.temperature_unconstrained
+    assert model.prior.temperature.item() != pytest.approx(1.0)
 
 
 def test_explicit_prior_parameters_are_the_modules_own(batches):
     prior = GaussianRandomWalkPrior(D, scale=1.0, step=0.5)
-    model = rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(X_DIM, D), noise_scale=0.2), prior)
+    model = rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(X_DIM, D), noise_scale=0.2), prior,
+                    name="walk")
     before = prior.step.item()
-    train_svi([model], batches)
+    ROUTES["svi-RPMELBO"]([model], batches)
     assert prior.step.item() != before
-    assert pyro.param("prior.step").item() == prior.step.item()  # as in Pyro's default mode
+    assert pyro.param("walk.prior.step").item() == prior.step.item()
+
+
+def test_default_model_names_are_unique():
+    names = [make_rpm(0)._pyro_name for _ in range(3)]
+    assert len(set(names)) == 3 and all(name.startswith("rpm") for name in names)
+    with pytest.raises(ValueError, match="non-empty"):
+        make_rpm(0, name="")
 
 
 def test_a_pyro_module_that_ran_in_one_model_is_refused_by_a_second_with_the_fix():

@@ -287,7 +287,7 @@ def test_parameter_replaced_by_a_stale_param_store_is_an_error(tmp_path):
         num_steps=3,
         progress=False,
     )
-    with pytest.raises(ValueError, match=r"are not in the optimizer.*rpm.nn.ScopedModule"):
+    with pytest.raises(ValueError, match=r"are not in the optimizer.*distinct name"):
         trainer.fit()
 
 
