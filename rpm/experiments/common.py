@@ -590,8 +590,10 @@ class Run:
         """What ``results.json`` records about how the run was made: ``command``, the command
         line that started it; ``segments``, one per process that wrote the folder (the fresh
         start and every ``--resume``) with its command line, start time, wall time (seconds;
-        ``None`` for a process that was killed before it could say) and end; ``wall_time``,
-        the sum of the segments' wall times, this one's up to now."""
+        ``None`` for a process that was killed before it could say) and end (``finished``,
+        ``interrupted``, ``failed (ERROR)``, ``killed``, or ``running`` for the process writing
+        the results; the run record gets its final end); ``wall_time``, the sum of the
+        segments' wall times, this one's up to now."""
         segments = [dict(segment) for segment in self.record["segments"]]
         self._reported = self.elapsed()  # a finished segment records the same number
         segments[self._segment]["wall_time"] = self._reported

@@ -670,7 +670,12 @@ class Trainer:
             if self._signal_received is None:
                 self._signal_received = signum
                 signal.signal(signum, immediate[signum])  # a second signal acts at once
-                _LOGGER.warning("signal %d received: stopping after the current step", signum)
+                if self._main:  # on its own line, after the terminal's ^C
+                    name = signal.Signals(signum).name
+                    print(("\n" if _is_terminal(sys.stderr) else "")
+                          + f"{self.description}: {name} received: stopping after the current "
+                          "step with a checkpoint (again to stop at once, without one)",
+                          file=sys.stderr, flush=True)
 
         for signum in immediate:
             current = signal.getsignal(signum)

@@ -324,3 +324,35 @@ def test_the_bilinear_critic_failing_is_a_result_not_a_warning():
 
 def test_rpm_cli_module_documents_the_exit_statuses():
     assert rpm.cli.EXIT_INTERRUPTED == 130 and rpm.cli.EXIT_USAGE == 2
+
+
+def test_an_interrupted_run_says_so_on_its_own_lines_and_its_resume_keeps_both_segments(
+        toy, tmp_path, capsys, monkeypatch):
+    import signal
+
+    from rpm.training.trainer import Trainer
+
+    class Interrupting(Trainer):
+        def __init__(self, module, optimizer, loss_fn, **kwargs):
+            def loss(step):
+                if step == 3:
+                    signal.raise_signal(signal.SIGINT)
+                return loss_fn(step)
+
+            super().__init__(module, optimizer, loss, **kwargs)
+
+    out = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr(toy, "Trainer", Interrupting)
+        status, _, err = _main(capsys, ["toy", "--out", str(out), *TOY_FLAGS], [toy])
+    assert status == 130
+    assert err.splitlines() == [
+        "toy: SIGINT received: stopping after the current step with a checkpoint (again to "
+        "stop at once, without one)",
+        f"rpm toy: interrupted at step 4; checkpoint saved to {out / 'toy' / 'checkpoint.pt'}; "
+        "rerun with --resume to continue"]
+    assert _main(capsys, ["toy", "--out", str(out), "--resume"], [toy])[0] == 0
+    results = json.loads((out / "results.json").read_text())
+    assert [s["end"] for s in results["segments"]] == ["interrupted", "running"]
+    assert "--resume" not in results["command"] and "--resume" in results["segments"][1]["command"]
+    assert results["wall_time"] == pytest.approx(sum(s["wall_time"] for s in results["segments"]))
