@@ -149,8 +149,8 @@ def _scale_grad(ctx, grad: torch.Tensor, out: torch.Tensor, scale: torch.Tensor,
     """dLoss/dc = sum g S p / c (S is homogeneous of degree p in c); None if not needed."""
     if not ctx.needs_input_grad[index]:
         return None
-    product = torch.where(grad == 0, torch.zeros_like(out), grad * out)  # 0 * inf = 0
-    return product.sum() * (ctx.p / scale)
+    # nansum: an overflowed entry (inf) with a zero upstream gradient contributes 0, not NaN
+    return torch.mul(grad, out).nansum() * (ctx.p / scale)
 
 
 class _LpPaired(torch.autograd.Function):
