@@ -1,0 +1,250 @@
+r"""``rpm digits``: self-supervised learning on real images, the 8x8 digits that scikit-learn
+ships, evaluated by how few labels a classifier on the learned representation needs.
+
+Data: :func:`rpm.data.digits.load_digits_split` (1797 images, nothing downloaded; a fixed
+stratified split, 1347 training and 450 test images). Two augmented views of every image of a
+minibatch (:mod:`rpm.data.augment`: a small random affine map and pixel noise, no flips) are
+the pairs; a small CNN with a projection head (:mod:`rpm.experiments.digits.model`) is trained
+without labels by each method: the RPMs with the cross-view InfoNCE prior (``infonce``), the
+pooled NT-Xent prior (``ntxent``), the RBF energy (``rbf``) and a Gaussian encoder
+(``gaussian``), and NT-Xent written in plain torch (``torch_ntxent``, the same objective as
+``ntxent``, from the same initialisation on the same batches). The baselines are the raw
+pixels and the untrained encoder.
+
+Evaluation (:mod:`rpm.evaluation`) on the backbone's representation (before the projection
+head, batch normalisation in eval mode): a linear probe (standardised logistic regression) and
+kNN (cosine, 5 neighbours, or as many as there are labels per class) trained on 1, 5 and 10
+labelled training images per class (``--draws`` random stratified draws, the same images for
+every method; the mean is reported) and on all labels, scored on the test images.
+
+Output folder (``--out``, the run-folder contract of :mod:`rpm.experiments.common`):
+``config.json``; ``results.json`` with, for each method and baseline under ``methods``,
+``linear_probe`` and ``knn`` keyed by labels per class (``"1"``, ``"5"``, ``"10"``,
+``"all"``; test accuracy in [0, 1], the mean over draws), their ``_std`` and ``_draws``, the
+training losses and validation scores, ``train_seconds``; under ``checks`` the gap between
+``ntxent`` and ``torch_ntxent`` at every label count and the floors; the configuration, the
+environment and the provenance. Figures: ``label_efficiency.png`` (accuracy against labels per
+class) and ``training.png`` (loss and validation kNN accuracy against the step). One subfolder
+per method with its ``checkpoint.pt`` and ``history.json``; ``--resume`` continues (``--steps``
+may grow).
+
+The default run's measured scores and times are in ``benchmarks/README.md``. Not here yet: the
+priors over J > 2 views (star and mixture of partners), multi-crop and a queue of earlier
+latents, which need the J-view model.
+
+References:
+    T. Chen, S. Kornblith, M. Norouzi and G. Hinton, "A simple framework for contrastive learning
+    of visual representations", ICML 2020.
+    L. Aitchison and S. Ganev, "InfoNCE is variational inference in a recognition parameterised
+    model".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rpm.experiments.common import (
+    GIVEN_FLAGS,
+    ConfigurationError,
+    Run,
+    add_common_arguments,
+    contrastive_batch_size,
+    environment,
+    nonnegative_int,
+    open_run,
+    positive_float,
+    positive_int,
+    probability,
+    resolve_device,
+    torch_threads,
+    write_json_atomic,
+)
+
+__all__ = ["FLOORS", "METHODS", "add_parser", "run"]
+
+# Written out so that the parser is built without importing torch; a test checks them against
+# rpm.experiments.digits.model.METHODS.
+METHODS = ("infonce", "ntxent", "rbf", "gaussian", "torch_ntxent")
+_COSINE = ("infonce", "ntxent", "gaussian", "torch_ntxent")
+#: Linear-probe test accuracy the best RPM prior must reach with the defaults, by labels per class.
+FLOORS = {"1": 0.85, "5": 0.95}
+#: Largest gap (accuracy points / 100) allowed between ntxent and torch_ntxent at any label count.
+NTXENT_TOLERANCE = 0.01
+
+
+def _method_list(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",")]
+    unknown = [name for name in names if name not in METHODS]
+    if unknown or not names or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(
+            f"expected distinct methods from {', '.join(METHODS)} separated by commas (e.g. "
+            f"ntxent,torch_ntxent), got {text!r}")
+    return names
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Adds the ``digits`` sub-command."""
+    parser = subparsers.add_parser(
+        "digits",
+        help="self-supervised learning on scikit-learn's 8x8 digits, scored by label efficiency",
+        description=__doc__.split("\n\n")[0].replace("``", ""),
+    )
+    add_common_arguments(parser, default_out="runs/digits", default_checkpoint_every=500,
+                         grow_flag="--steps")
+    model = parser.add_argument_group("model")
+    model.add_argument("--methods", type=_method_list, default=list(METHODS), metavar="LIST",
+                       help=f"methods to train, separated by commas (default: {','.join(METHODS)})")
+    model.add_argument("--temperature", type=positive_float, default=0.5,
+                       help="temperature tau of the cosine energy, kappa = 1/tau (default: 0.5)")
+    model.add_argument("--width", type=positive_int, default=16,
+                       help="channels of the CNN's first layer, then 2x and 4x (default: 16)")
+    model.add_argument("--latent-dim", type=positive_int, default=64,
+                       help="dimension of the projection head's output z (default: 64)")
+    train = parser.add_argument_group("training")
+    train.add_argument("--steps", type=positive_int, default=800,
+                       help="optimiser steps; on --resume it may grow to extend a run (default: 800)")
+    train.add_argument("--batch-size", type=contrastive_batch_size, default=256,
+                       help="images per minibatch, two views each, at most the 1347 training "
+                       "images (default: 256)")
+    train.add_argument("--lr", type=positive_float, default=2e-3,
+                       help="peak learning rate of Adam (default: 2e-3)")
+    train.add_argument("--warmup", type=probability, default=0.05,
+                       help="fraction of the steps with a linear warm-up, then a cosine decay to "
+                       "0 (default: 0.05)")
+    train.add_argument("--eval-every", type=nonnegative_int, default=100,
+                       help="validation kNN accuracy every STEPS steps; 0: at the end only "
+                       "(default: 100)")
+    train.add_argument("--draws", type=positive_int, default=5,
+                       help="random draws of the labelled images per label count (default: 5)")
+    parser.set_defaults(func=run)
+
+
+def _validate(args: argparse.Namespace) -> None:
+    """Every check of the flags, before the run folder is created or written."""
+    from rpm import distributed
+
+    if distributed.global_world_size() > 1:
+        raise ConfigurationError("rpm digits runs in one process (its batches are small): start it "
+                                 "without torchrun")
+    if args.batch_size > 1347:
+        raise ConfigurationError(f"--batch-size {args.batch_size} is more than the 1347 training "
+                                 "images: use at most 1347 (default 256)")
+    if "temperature" in getattr(args, GIVEN_FLAGS, ()) and not set(args.methods) & set(_COSINE):
+        raise ConfigurationError(f"--temperature is the cosine energy's, but the methods are "
+                                 f"{', '.join(args.methods)}: drop --temperature")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the experiment described in the module docstring; returns the exit status 0."""
+    with torch_threads(args.threads), open_run(args, may_change=("eval_every",), may_grow=("steps",),
+                                               validate=_validate) as run:
+        return _train_and_report(args, run.path, resolve_device(args.device), run)
+
+
+def _baselines(args: argparse.Namespace, data, device) -> dict:
+    from rpm.evaluation import representations
+    from rpm.experiments.common import seed_everything
+    from rpm.experiments.digits.model import DigitsEncoder
+    from rpm.experiments.digits.train import score_features
+
+    seed_everything(args.seed)  # the initialisation every method starts from
+    untrained = DigitsEncoder(args.width, args.latent_dim).to(device).backbone
+    features = {
+        "raw_pixels": (data.train.images.flatten(1), data.test.images.flatten(1)),
+        "untrained": (representations(untrained, data.train.images.to(device)),
+                      representations(untrained, data.test.images.to(device))),
+    }
+    return {name: {"kind": "baseline",
+                   **score_features(train, data.train.labels, test, data.test.labels, args.draws,
+                                    args.seed)}
+            for name, (train, test) in features.items()}
+
+
+def _checks(methods: dict) -> dict:
+    checks = {}
+    if "ntxent" in methods and "torch_ntxent" in methods:
+        gaps = {c: {k: abs(methods["ntxent"][c][k] - methods["torch_ntxent"][c][k])
+                    for k in methods["ntxent"][c]} for c in ("linear_probe", "knn")}
+        worst = max(max(g.values()) for g in gaps.values())
+        checks["ntxent_vs_torch_ntxent"] = {"gap": gaps, "max_gap": worst, "tolerance": NTXENT_TOLERANCE,
+                                            "passed": worst <= NTXENT_TOLERANCE}
+    priors = [name for name, m in methods.items() if m["kind"] == "rpm"]
+    if priors:
+        best = {k: max(priors, key=lambda n: methods[n]["linear_probe"][k]) for k in FLOORS}
+        checks["floors"] = {k: {"floor": floor, "best_prior": best[k],
+                                "linear_probe": methods[best[k]]["linear_probe"][k],
+                                "passed": methods[best[k]]["linear_probe"][k] >= floor}
+                            for k, floor in FLOORS.items()}
+    return checks
+
+
+def _table(methods: dict) -> str:
+    keys = list(next(iter(methods.values()))["linear_probe"])
+    head = " ".join(f"{k:>6}" for k in keys)
+    lines = ["test accuracy (%) by labelled images per class, mean over draws",
+             f"{'method':<13} {'linear probe':^{7 * len(keys)}} {'kNN':^{7 * len(keys)}} {'time':>7}",
+             f"{'':<13} {head} {head}"]
+    for name, m in methods.items():
+        probe = " ".join(f"{100 * m['linear_probe'][k]:>6.1f}" for k in keys)
+        knn = " ".join(f"{100 * m['knn'][k]:>6.1f}" for k in keys)
+        time = f"{m['train_seconds']:>6.0f}s" if "train_seconds" in m else f"{'-':>7}"
+        lines.append(f"{name:<13} {probe} {knn} {time}")
+    return "\n".join(lines)
+
+
+def _messages(checks: dict) -> list[str]:
+    lines = []
+    pair = checks.get("ntxent_vs_torch_ntxent")
+    if pair and not pair["passed"]:
+        lines.append(f"warning: ntxent and torch_ntxent differ by {100 * pair['max_gap']:.1f} points at "
+                     f"some label count (more than {100 * pair['tolerance']:.0f}); they are the same "
+                     "objective on the same batches")
+    for key, floor in checks.get("floors", {}).items():
+        if not floor["passed"]:
+            lines.append(f"warning: the best prior ({floor['best_prior']}) reaches "
+                         f"{100 * floor['linear_probe']:.1f}% with {key} label(s) per class, below the "
+                         f"floor {100 * floor['floor']:.0f}% of the default run")
+    return lines
+
+
+def _train_and_report(args: argparse.Namespace, out: Path, device, run: Run) -> int:
+    from rpm.data.augment import MultiViewTransform, RandomView
+    from rpm.data.digits import load_digits_split
+    from rpm.experiments.digits.plots import plot_label_efficiency
+    from rpm.experiments.digits.train import train_method
+    from rpm.experiments.figures import plot_training
+
+    data = load_digits_split()
+    transform = MultiViewTransform([RandomView(), RandomView()])
+    methods = {name: train_method(name, args, data, transform, device, out / name) for name in args.methods}
+    methods.update(_baselines(args, data, device))
+    plot_label_efficiency(out / "label_efficiency.png", methods,
+                          title="rpm digits: test accuracy against labelled images per class")
+    plot_training(out / "training.png", {n: {"losses": m["losses"], "evaluations": m["evaluations"]}
+                                         for n, m in methods.items() if "losses" in m},
+                  score="knn", score_label="validation kNN accuracy")
+    checks = _checks(methods)
+    summary = {
+        "config": json.loads((out / "config.json").read_text()),
+        "environment": environment(device),
+        "evaluation": {"features": "the backbone's representation (before the projection head), "
+                       "batch normalisation in eval mode",
+                       "labels_per_class": ["1", "5", "10", "all"], "draws": args.draws,
+                       "accuracy": "test accuracy in [0, 1], mean over the draws",
+                       "train_images": int(data.train.labels.shape[0]),
+                       "test_images": int(data.test.labels.shape[0])},
+        "methods": methods,
+        "checks": checks,
+        **run.provenance(),
+    }
+    write_json_atomic(out / "results.json", summary)
+    print(_table(methods))
+    for line in _messages(checks):
+        print(line, file=sys.stderr)
+    print(f"results and figures in {out} ({run.elapsed():.0f} s"
+          + (f"; {summary['wall_time']:.0f} s over {len(summary['segments'])} segments)"
+             if len(summary["segments"]) > 1 else ")"))
+    return 0

@@ -1,0 +1,147 @@
+r"""Models of the ``rpm digits`` experiment: a small CNN with a projection head, and the RPMs
+(and the plain-torch NT-Xent loss) that train it.
+
+The encoder is :math:`e(x) = p(g(x))`: the backbone :math:`g` (three 3 x 3 convolutions with
+batch normalisation, a 2 x 2 max-pool after the second, global average pooling; any input side
+from 2 pixels on, so the smaller crops of multi-crop pass through it too) gives the
+representation :math:`h = g(x)` that is evaluated, and the projection head :math:`p` (a
+two-layer MLP) gives the latent :math:`z` that the objective sees (Chen et al., 2020, Section
+4.2: the representation before the head transfers better).
+
+The methods, each an RPM with the recognition model :math:`Q(z|x)` built on :math:`e`
+(Aitchison & Ganev, Eq. 9-15) unless said otherwise:
+
+==============  ==========================================================================
+method          objective
+==============  ==========================================================================
+infonce         Delta recognition, implicit prior with the cosine energy
+                :math:`f(z, z') = \hat z^\top \hat z' / \tau` over the other view's latents:
+                :math:`\mathrm{ELBO}/N = -\mathrm{InfoNCE} + \log N` (Eq. 23-25)
+ntxent          Delta recognition, the pooled implicit prior with the same energy: every
+                latent of both views is a candidate, :math:`\mathrm{ELBO}/N =
+                -\text{NT-Xent} + \log(2N - 1)` (SimCLR's loss; docs/theory.md)
+rbf             Delta recognition, implicit prior with the RBF energy
+                :math:`f(z, z') = -\lVert z - z'\rVert^2 / (2 l^2)`, :math:`l = 1`
+gaussian        Gaussian recognition :math:`\mathcal{N}(\mu(x), \mathrm{diag}\,\sigma(x)^2)`
+                (the head outputs :math:`\mu` and :math:`\sigma` = softplus + 1e-3), implicit
+                prior with the cosine energy; :math:`z` is sampled (reparameterised)
+torch_ntxent    not an RPM: NT-Xent written in plain torch in this module
+                (:func:`torch_ntxent_loss`), the same objective as ``ntxent``, trained from the
+                same initialisation on the same batches: a check of rpm's implementation
+==============  ==========================================================================
+
+References:
+    T. Chen, S. Kornblith, M. Norouzi and G. Hinton, "A simple framework for contrastive learning
+    of visual representations", ICML 2020.
+    L. Aitchison and S. Ganev, "InfoNCE is variational inference in a recognition parameterised
+    model".
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import rpm
+from rpm._validation import check_positive, check_positive_int
+from rpm.priors import CosineEnergy, ImplicitPrior, PooledImplicitPrior, RBFEnergy
+
+__all__ = ["METHODS", "RPM_METHODS", "DigitsEncoder", "build_method", "torch_ntxent_loss"]
+
+#: The RPM methods (module table), then the plain-torch reference.
+RPM_METHODS = ("infonce", "ntxent", "rbf", "gaussian")
+METHODS = (*RPM_METHODS, "torch_ntxent")
+#: The smallest standard deviation of the Gaussian encoder.
+MIN_SCALE = 1e-3
+
+
+class DigitsEncoder(nn.Module):
+    r"""The CNN :math:`e = p \circ g` (module docstring).
+
+    :param int width: channels of the first convolution (then 2x and 4x); the representation
+        :math:`h` has ``4 * width`` dimensions.
+    :param int latent_dim: dimension D of :math:`z`.
+    :param bool gaussian: the head also outputs a standard deviation per dimension, and
+        ``forward`` returns ``(loc, scale)``.
+    """
+
+    def __init__(self, width: int = 16, latent_dim: int = 64, gaussian: bool = False) -> None:
+        super().__init__()
+        w = check_positive_int("width", width)
+        self.latent_dim = check_positive_int("latent_dim", latent_dim)
+        self.gaussian = bool(gaussian)
+        self.backbone = nn.Sequential(
+            nn.Conv2d(1, w, 3, padding=1), nn.BatchNorm2d(w), nn.ReLU(),  # (N, w, s, s)
+            nn.Conv2d(w, 2 * w, 3, padding=1), nn.BatchNorm2d(2 * w), nn.ReLU(),
+            nn.MaxPool2d(2),  # (N, 2w, s/2, s/2)
+            nn.Conv2d(2 * w, 4 * w, 3, padding=1), nn.BatchNorm2d(4 * w), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(),  # (N, 4w): the representation h
+        )
+        out = latent_dim * (2 if self.gaussian else 1)
+        self.head = nn.Sequential(nn.Linear(4 * w, 128), nn.BatchNorm1d(128), nn.ReLU(), nn.Linear(128, out))
+
+    def forward(self, x: torch.Tensor):
+        """:param torch.Tensor x: images. Shape: (N, 1, s, s), s >= 2.
+        :returns: the latents, shape (N, D); or ``(loc, scale)``, each (N, D), when Gaussian."""
+        out = self.head(self.backbone(x))
+        if not self.gaussian:
+            return out
+        loc, raw = out.chunk(2, dim=-1)
+        return loc, F.softplus(raw) + MIN_SCALE
+
+
+def torch_ntxent_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
+    r"""SimCLR's NT-Xent in plain torch, minus :math:`\log(2N - 1)` so that it equals rpm's
+    negative ELBO per pair of the pooled implicit prior (docs/theory.md):
+
+    .. math::
+
+        \frac{1}{2N} \sum_{k=1}^{2N} -\log \frac{e^{s_{k,p(k)}}}{\sum_{m \ne k} e^{s_{km}}}
+        - \log(2N - 1), \qquad s_{km} = \frac{\hat u_k^\top \hat u_m}{\tau},
+
+    over the pooled latents :math:`u = (z_1, \dots, z_N, z'_1, \dots, z'_N)`, :math:`p(k)` the
+    other view of :math:`u_k`'s image. Written with ``F.cross_entropy``, as lightly's
+    ``NTXentLoss`` is.
+
+    :param torch.Tensor z1: first views' latents. Shape: (N, D).
+    :param torch.Tensor z2: second views' latents. Shape: (N, D).
+    :param float temperature: :math:`\tau`.
+    :rtype: torch.Tensor
+    """
+    n = z1.shape[0]
+    u = F.normalize(torch.cat([z1, z2]), dim=1)  # (2N, D)
+    logits = (u @ u.T / temperature).fill_diagonal_(float("-inf"))  # (2N, 2N), no self-pairs
+    targets = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(z1.device)  # (2N,)
+    return F.cross_entropy(logits, targets) - math.log(2 * n - 1)
+
+
+def build_method(name: str, width: int, latent_dim: int,
+                 temperature: float) -> tuple[nn.Module, DigitsEncoder]:
+    """The trained module of method ``name`` (an :class:`rpm.RPM`, or the encoder itself for
+    ``torch_ntxent``) and its encoder (whose ``backbone`` is evaluated).
+
+    :param str name: one of :data:`METHODS`.
+    :param int width: the encoder's width.
+    :param int latent_dim: D.
+    :param float temperature: :math:`\\tau` of the cosine energy (:math:`\\kappa = 1/\\tau`).
+    """
+    temperature = check_positive("temperature", temperature)
+    encoder = DigitsEncoder(width, latent_dim, gaussian=name == "gaussian")
+    if name == "torch_ntxent":
+        return encoder, encoder
+    cosine = CosineEnergy(kappa=1.0 / temperature)
+    delta = rpm.DeltaRecognition(encoder, validate=False)  # no per-step checks (device syncs)
+    if name == "infonce":
+        model = rpm.RPM(delta, ImplicitPrior(cosine))
+    elif name == "ntxent":
+        model = rpm.RPM(delta, PooledImplicitPrior(cosine))
+    elif name == "rbf":
+        model = rpm.RPM(delta, ImplicitPrior(RBFEnergy(lengthscale=1.0)))
+    elif name == "gaussian":
+        model = rpm.RPM(rpm.GaussianRecognition(encoder, validate=False), ImplicitPrior(cosine))
+    else:
+        raise ValueError(f"method must be one of {METHODS}, got {name!r}")
+    return model, encoder

@@ -1,0 +1,171 @@
+r"""Training and scoring of one method of the ``rpm digits`` experiment.
+
+:func:`train_method` minimises, over ``--steps`` minibatches of ``--batch-size`` training
+images, the method's loss on two augmented views of each image: the negative RPM ELBO per pair
+(Eq. 15 of Aitchison & Ganev; for the implicit priors InfoNCE minus :math:`\log N`, Eq. 23-25,
+and NT-Xent minus :math:`\log(2N - 1)`) or, for ``torch_ntxent``, the plain-torch NT-Xent of
+:func:`~rpm.experiments.digits.model.torch_ntxent_loss` on the same scale. Adam with a linear
+warm-up and a cosine decay, through :class:`~rpm.training.trainer.Trainer` (checkpoints, exact
+resumption, the progress bar).
+
+**Same batches for every method.** Step :math:`s` draws its images (a uniformly random subset
+of the training part, without replacement) and both views from one CPU generator seeded with
+``derived_seed(seed, "train", s)``: every method sees the same images and the same views at
+every step, and a resumed run needs no sampler state. Every method starts from the same
+initialisation (``seed_everything(seed)`` before each is built).
+
+**Validation during training** (the progress display, ``training.png``): kNN accuracy
+(:func:`rpm.evaluation.knn_accuracy`, 5 neighbours, all labels) of a fixed stratified 20% of
+the *training* images, classified by the other 80%, on the backbone's representation. The test
+images are only used at the end (:func:`score_features`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import pyro
+import torch
+
+import rpm
+from rpm.evaluation import knn_accuracy, label_efficiency, representations
+from rpm.experiments.common import derived_seed, seed_everything
+from rpm.experiments.digits.model import MIN_SCALE, build_method, torch_ntxent_loss
+from rpm.training.trainer import Trainer
+
+__all__ = ["LABELS_PER_CLASS", "batch_views", "cosine_schedule", "score_features", "train_method",
+           "validation_rows"]
+
+#: The label counts of the label-efficiency curve (``None``: all labels).
+LABELS_PER_CLASS = (1, 5, 10, None)
+
+
+def cosine_schedule(num_steps: int, warmup: float):
+    r"""Learning-rate factor of step s: linear warm-up over :math:`W = \lceil w S\rceil` steps,
+    then :math:`\tfrac12(1 + \cos(\pi (s - W) / (S - W)))`."""
+    warm = min(num_steps, math.ceil(warmup * num_steps))
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        return 0.5 * (1.0 + math.cos(math.pi * (step - warm) / max(1, num_steps - warm)))
+
+    return factor
+
+
+def batch_views(images: torch.Tensor, transform, batch_size: int, seed: int, step: int):
+    """The images and two views of step ``step`` (module docstring: a pure function of the seed
+    and the step).
+
+    :param torch.Tensor images: the training images, on the training device. Shape: (M, 1, 8, 8).
+    :param transform: a :class:`rpm.data.augment.MultiViewTransform` of two views.
+    :returns: the two views. Shape: (batch_size, 1, 8, 8) each.
+    """
+    generator = torch.Generator().manual_seed(derived_seed(seed, "train", step))
+    rows = torch.randperm(images.shape[0], generator=generator)[:batch_size].to(images.device)
+    return transform(images[rows], generator)
+
+
+def score_features(train_features: torch.Tensor, train_labels: torch.Tensor,
+                   test_features: torch.Tensor, test_labels: torch.Tensor, num_draws: int,
+                   seed: int) -> dict:
+    """The label-efficiency scores of one set of features, JSON-ready: ``linear_probe`` and
+    ``knn`` keyed ``"1"``, ``"5"``, ``"10"``, ``"all"`` (the mean over draws), the same with
+    ``_std`` (standard deviation over draws) and ``_draws`` (every draw). The draws come from
+    ``derived_seed(seed, "eval")``, the same labelled images for every method."""
+    curve = label_efficiency(train_features, train_labels, test_features, test_labels,
+                             labels_per_class=LABELS_PER_CLASS, num_draws=num_draws,
+                             seed=derived_seed(seed, "eval"))
+    result = {}
+    for name, scores in (("linear_probe", curve.linear_probe), ("knn", curve.knn)):
+        result[name] = {k: s.mean for k, s in scores.items()}
+        result[f"{name}_std"] = {k: s.std for k, s in scores.items()}
+        result[f"{name}_draws"] = {k: list(s.draws) for k, s in scores.items()}
+    return result
+
+
+def validation_rows(labels: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed stratified split of the training images into 80% references and 20% queries
+    for the kNN accuracy shown during training."""
+    from sklearn.model_selection import train_test_split
+
+    rows = torch.arange(labels.shape[0]).numpy()
+    ref, query = train_test_split(rows, test_size=0.2, stratify=labels.numpy(),
+                                  random_state=derived_seed(seed, "eval", 1) % 2**32)
+    return torch.as_tensor(ref), torch.as_tensor(query)
+
+
+def train_method(name: str, args: argparse.Namespace, data, transform, device, out: Path) -> dict:
+    """Trains (or resumes, or reloads) method ``name`` in ``out`` and scores its backbone.
+
+    :param str name: one of :data:`~rpm.experiments.digits.model.METHODS`.
+    :param argparse.Namespace args: the flags.
+    :param data: the :class:`~rpm.data.digits.DigitsSplit`, on the CPU.
+    :param transform: the two-view :class:`~rpm.data.augment.MultiViewTransform`.
+    :param torch.device device: the training device.
+    :param Path out: the method's folder (checkpoint, history).
+    :returns: the JSON-ready result (scores, losses, time).
+    """
+    seed_everything(args.seed)  # the same initialisation for every method
+    module, encoder = build_method(name, args.width, args.latent_dim, args.temperature)
+    module = module.to(device)
+    images = data.train.images.to(device)
+    ref, query = validation_rows(data.train.labels, args.seed)
+    elbo = rpm.RPMELBO()
+
+    def loss_fn(step: int) -> torch.Tensor:
+        x1, x2 = batch_views(images, transform, args.batch_size, args.seed, step)
+        if name == "torch_ntxent":
+            return torch_ntxent_loss(encoder(x1), encoder(x2), args.temperature)
+        with pyro.validation_enabled(False):  # our own tensors: no per-step device syncs
+            return elbo.differentiable_loss(module.model, module.guide, x1, x2) / args.batch_size
+
+    def eval_fn(step: int) -> dict:
+        features = representations(encoder.backbone, images)
+        return {"knn": knn_accuracy(features[ref], data.train.labels[ref], features[query],
+                                    data.train.labels[query], k=5)}
+
+    optimizer = torch.optim.Adam(module.parameters(), lr=args.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
+                                                  cosine_schedule(args.steps, args.warmup))
+    trainer = Trainer(
+        module, optimizer, loss_fn, out_dir=out, num_steps=args.steps, scheduler=scheduler,
+        eval_fn=eval_fn, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
+        log_every=min(50, args.steps), progress=args.progress, description=name,
+        eval_at_start=True, eval_label="val",
+    )
+    resume = args.resume and trainer.has_checkpoint()
+    if resume:
+        step = trainer.resume_state()["step"]
+        print(f"{name}: finished earlier ({step}/{args.steps} steps), reloaded"
+              if step == args.steps else f"{name}: resuming at step {step}/{args.steps}", flush=True)
+    history = trainer.fit(resume=resume)
+    train_features = representations(encoder.backbone, data.train.images.to(device))
+    test_features = representations(encoder.backbone, data.test.images.to(device))
+    result = {
+        "kind": "plain torch" if name == "torch_ntxent" else "rpm",
+        **score_features(train_features, data.train.labels, test_features, data.test.labels,
+                         args.draws, args.seed),
+        "losses": history["losses"],
+        "evaluations": history["evaluations"],
+        "train_seconds": history["evaluations"][-1]["wall_time"],
+        "steps": args.steps,
+    }
+    if name == "gaussian":  # the encoder's standard deviations on the training images
+        scale = representations(_Scale(encoder), data.train.images.to(device))
+        result["mean_scale"] = float(scale.mean())
+        result["min_scale_floor"] = MIN_SCALE
+    return result
+
+
+class _Scale(torch.nn.Module):
+    """The Gaussian encoder's standard deviations as a module (for :func:`representations`)."""
+
+    def __init__(self, encoder: torch.nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x)[1]

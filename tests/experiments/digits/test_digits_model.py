@@ -1,0 +1,58 @@
+"""Models of ``rpm digits``: the plain-torch NT-Xent against a float64 loop and against rpm's
+pooled prior, the encoder's shapes."""
+
+import math
+
+import pytest
+import torch
+
+import rpm
+from rpm.experiments.digits import command
+from rpm.experiments.digits.model import METHODS, DigitsEncoder, build_method, torch_ntxent_loss
+from rpm.priors import CosineEnergy, PooledImplicitPrior
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _ntxent_loop(z1, z2, tau):
+    """NT-Xent from its definition (SimCLR, Eq. 1), float64, anchor by anchor."""
+    u = torch.cat([z1, z2]).double()
+    u = u / u.norm(dim=1, keepdim=True)
+    n2 = u.shape[0]
+    total = 0.0
+    for k in range(n2):
+        p = (k + n2 // 2) % n2
+        denominator = sum(math.exp(float(u[k] @ u[m]) / tau) for m in range(n2) if m != k)
+        total += -(float(u[k] @ u[p]) / tau - math.log(denominator))
+    return total / n2
+
+
+def test_torch_ntxent_is_the_loop_minus_log_2n_minus_1_and_rpms_negative_elbo():
+    g = torch.Generator().manual_seed(0)
+    z1, z2 = torch.randn(7, 5, generator=g, dtype=torch.float64), torch.randn(7, 5, generator=g,
+                                                                               dtype=torch.float64)
+    tau = 0.3
+    value = float(torch_ntxent_loss(z1, z2, tau))
+    assert value == pytest.approx(_ntxent_loop(z1, z2, tau) - math.log(13), abs=1e-10)
+    prior = PooledImplicitPrior(CosineEnergy(kappa=1 / tau))
+    model = rpm.RPM(rpm.DeltaRecognition(torch.nn.Identity()), prior)
+    negative_elbo = float(rpm.RPMELBO().differentiable_loss(model.model, model.guide, z1, z2)) / 7
+    assert value == pytest.approx(negative_elbo, abs=1e-10)
+
+
+def test_encoder_shapes_for_global_and_local_crops():
+    encoder = DigitsEncoder(width=4, latent_dim=6)
+    assert encoder(torch.rand(5, 1, 8, 8)).shape == (5, 6)
+    assert encoder(torch.rand(5, 1, 4, 4)).shape == (5, 6)
+    assert encoder.backbone(torch.rand(5, 1, 8, 8)).shape == (5, 16)
+    loc, scale = DigitsEncoder(width=4, latent_dim=6, gaussian=True)(torch.rand(5, 1, 8, 8))
+    assert loc.shape == scale.shape == (5, 6) and bool((scale >= 1e-3).all())
+
+
+def test_every_method_builds_and_the_command_lists_them():
+    assert command.METHODS == METHODS
+    for name in METHODS:
+        module, encoder = build_method(name, width=4, latent_dim=6, temperature=0.5)
+        assert any(p is q for p in module.parameters() for q in encoder.backbone.parameters())
+    with pytest.raises(ValueError, match="method must be one of"):
+        build_method("simclr", 4, 6, 0.5)
