@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import warnings
 
+import pyro
 import torch
 from pyro.distributions import Delta, Normal, TorchDistribution
 from pyro.infer.util import is_validation_enabled
+from pyro.params.param_store import _MODULE_NAMESPACE_DIVIDER, param_with_module_name
+from pyro.poutine.runtime import am_i_wrapped
 
 from rpm.nn import NamedModule
 
@@ -31,14 +34,46 @@ __all__ = ["DeltaRecognition", "GaussianRecognition"]
 
 
 def _network(module: NamedModule) -> torch.nn.Module:
-    """The wrapped network, registered with Pyro (``pyro.module``) when a call is active.
+    """The wrapped network, registered with Pyro (``pyro.module``, through
+    :class:`~pyro.nn.PyroModule`'s attribute access) when the registration can matter.
+
+    The registration records a param site per tensor for Pyro's handlers (``SVI``'s parameter
+    capture, ``poutine.trace``) and puts the tensors in the param store under the model's
+    names, where a name already present keeps its tensor. So it is skipped
+
+    * on a second evaluation within one call of the outermost module of its tree (an RPM's
+      ``model``, ``guide`` or ``elbo`` evaluates the recognition model once per view): the
+      param sites of that call are recorded already. The mark lives in the tree's Pyro context
+      cache, which Pyro clears when the outermost call returns (as for
+      :class:`~pyro.nn.PyroSample` values);
+    * when no Pyro handler is active (a ``torch.optim`` loop over :class:`~rpm.RPMELBO`'s loss)
+      and the store holds the network under this name already: it would change nothing.
 
     A frozen parameter (``requires_grad=False``, e.g. a pretrained backbone) is left out of
     the registration, as intended; Pyro's warning about it at every step is silenced here."""
+    context = module._pyro_context
+    net = module._modules["net"]
+    mark = module._pyro_name + ".net" + _MODULE_NAMESPACE_DIVIDER  # not a site or param name
+    if context.get(mark) is not None:
+        return net
+    if not am_i_wrapped():
+        # the store name of the network's first parameter (None without parameters), cached
+        # per model name: pyro.module never replaces an entry, so a present name suffices
+        cached = module.__dict__.get("_registration")
+        if cached is None or cached[0] != module._pyro_name:
+            first = next(iter(net.named_parameters()), None)
+            name = first and param_with_module_name(module._pyro_name + ".net", first[0])
+            cached = (module._pyro_name, name)
+            module.__dict__["_registration"] = cached
+        if cached[1] is None or cached[1] in pyro.get_param_store():
+            context.set(mark, net)  # only while a call is active
+            return net
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*not registered in the param store because "
                                                   "requires_grad=False")
-        return module.net
+        net = module.net
+    context.set(mark, net)
+    return net
 
 
 def _check_network(net: torch.nn.Module) -> torch.nn.Module:
@@ -156,5 +191,7 @@ class DeltaRecognition(NamedModule):
             _check_batch("latents", loc, x.shape[0])
             _check_finite("latents", loc)
         if self.is_deterministic:
-            return Delta(loc, event_dim=1)
+            # Delta's own argument check (a real log-density of zeros) would add a reduction
+            # and a synchronisation per call; the latents were checked above
+            return Delta(loc, event_dim=1, validate_args=False)
         return Normal(loc, torch.full_like(loc, self.noise_scale)).to_event(1)

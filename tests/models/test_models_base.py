@@ -163,9 +163,10 @@ def test_one_recognition_model_under_two_priors_interleaved(batches):
     assert f"{narrow._pyro_name}.recognition.net$$$weight" not in store
 
 
-def test_the_store_holds_every_model_and_save_load_captures_them(tmp_path, batches):
+@pytest.mark.parametrize("route", ["svi-Trace_ELBO", "svi-RPMELBO", "torch_optim"])
+def test_the_store_holds_every_model_and_save_load_captures_them(route, tmp_path, batches):
     first, second = make_rpm(1, name="first"), make_rpm(2, hidden=4, name="second")
-    ROUTES["svi-RPMELBO"]([first, second], batches)
+    ROUTES[route]([first, second], batches)
     store = pyro.get_param_store()
     stored = dict(store.named_parameters())
     expected = {**store_entries(first), **store_entries(second)}
@@ -303,3 +304,18 @@ def test_a_pyro_module_that_ran_in_one_model_is_refused_by_a_second_with_the_fix
                   lambda: rpm.SequenceRPM(recognition, MarkovImplicitPrior(RBFEnergy()))):
         with pytest.raises(ValueError, match="plain torch.nn.Module network"):
             build()
+
+
+def test_a_trace_of_the_model_records_each_parameter_once_per_call():
+    """The recognition model runs once per view; its network's param sites are recorded by the
+    first evaluation of each call (model, guide), with the model's names."""
+    model = make_rpm(3, hidden=4, name="traced")
+    x, x2 = torch.randn(N, X_DIM), torch.randn(N, X_DIM)
+    for program in (model.model, model.guide):
+        trace = pyro.poutine.trace(program).get_trace(x, x2)
+        params = {name: site["value"] for name, site in trace.nodes.items()
+                  if site["type"] == "param"}
+        expected = {name for name in store_entries(model) if "recognition" in name}
+        assert expected <= params.keys()
+        for name in expected:
+            assert params[name] is store_entries(model)[name]
