@@ -14,7 +14,7 @@ import math
 
 import pytest
 import torch
-from pyro.distributions import Delta
+from pyro.distributions import Delta, Normal
 
 from rpm.priors import RBFEnergy
 from rpm.priors.implicit import ImplicitConditional
@@ -119,3 +119,33 @@ def test_sampler_frequencies_match_the_product_of_row_softmaxes():
         p = sampler_probability(z, atoms, energy, assignment)
         observed = frequency[assignment[0] * 9 + assignment[1] * 3 + assignment[2]].item()
         assert abs(observed - p) < 5 * math.sqrt(p * (1 - p) / 4000) + 1e-3
+
+
+def test_with_gaussian_recognition_the_density_does_not_integrate_to_one():
+    """N = 2, D = 1, Gaussian recognition N(0, 0.5^2) and N(1, 0.5^2), anchors (-1, 1.5), RBF
+    energy l = 1: the equation, written with torch.distributions in float64, agrees with
+    log_prob at 12 random partners, and its integral over R^2 (a Riemann sum on a 321 x 321
+    grid over [-4.5, 5.5]^2, error far below 1e-6 for these Gaussians) is 1.197, not 1."""
+    torch.set_default_dtype(torch.float64)
+    z = torch.tensor([[-1.0], [1.5]])
+    loc = torch.tensor([[0.0], [1.0]])
+    energy = RBFEnergy(lengthscale=1.0, learn_lengthscale=False)
+    conditional = ImplicitConditional(z, Normal(loc, 0.5).to_event(1), energy)
+
+    def equation(v):  # v: (..., 2) partners v_1, v_2 (D = 1)
+        components = torch.distributions.Normal(loc[:, 0], 0.5)  # the two Q(z'|x'_j)
+        log_mixture = torch.logsumexp(components.log_prob(v[..., None]), -1) - math.log(2)
+        f = -0.5 * (z[:, 0] - v[..., None, :].transpose(-1, -2)) ** 2  # (..., k, i): f(z_i, v_k)
+        log_normaliser = torch.logsumexp(f, dim=-2) - math.log(2)  # (..., i)
+        f_own = -0.5 * (z[:, 0] - v) ** 2  # (..., i): f(z_i, v_i)
+        return (log_mixture + f_own - log_normaliser).sum(-1)
+
+    points = 1.5 * torch.randn(12, 2) + 0.5
+    with torch.no_grad():
+        got = torch.stack([conditional.log_prob(p.reshape(2, 1)) for p in points])
+    torch.testing.assert_close(got, equation(points), rtol=0, atol=1e-12)
+    grid = torch.linspace(-4.5, 5.5, 321)
+    step = (grid[1] - grid[0]).item()
+    values = torch.stack(torch.meshgrid(grid, grid, indexing="ij"), -1)  # (321, 321, 2)
+    total = equation(values).exp().sum().item() * step * step
+    assert round(total, 3) == 1.197
