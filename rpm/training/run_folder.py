@@ -119,7 +119,8 @@ class RunLock:
         info = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command_line,
                 "started": _now()}
         os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, (json.dumps(info) + "\n").encode())
         self._fd = fd
         return self
 
