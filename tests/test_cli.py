@@ -184,6 +184,7 @@ def test_rpm_help_builds_every_parser_without_torch_pyro_or_matplotlib():
     assert _fresh_python(code).strip() == "[]"
 
 
+@pytest.mark.slow
 def test_import_rpm_leaves_out_the_trainer_tqdm_and_matplotlib():
     heavy = "('tqdm', 'matplotlib', 'rpm.training', 'rpm.training.trainer')"
     code = (

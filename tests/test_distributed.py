@@ -233,6 +233,7 @@ GLOO = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(
                           reason="needs torch.distributed with gloo")
 
 
+@pytest.mark.slow
 @GLOO
 def test_torchrun_of_the_command_trains_the_weights_of_one_process(tmp_path):
     """Two CPU processes (gloo) of ``rpm identifiability``, each encoding its half of the global

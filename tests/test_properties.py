@@ -15,6 +15,7 @@ example is reproducible from the printed draws.
 import math
 
 import pyro
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -176,6 +177,7 @@ def drawn_from(loc, scale, num_points, generator):
     return loc[component] + scale[component] * noise
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
     num_components=sizes, num_points=st.integers(1, 40), dim=dims, log_spread=log_scales,
@@ -203,6 +205,7 @@ def test_mixture_marginal_matches_a_float64_loop(
     assert ((value - expected).abs() <= tolerance).all(), (value - expected).abs().max()
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
     num_components=sizes, num_points=st.integers(1, 40), dim=dims, log_spread=log_scales,

@@ -12,6 +12,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
 
+@pytest.mark.slow
 def test_readme_example_runs(tmp_path, capsys):
     blocks = re.findall(r"```python\n(.*?)```", README, re.S)
     assert blocks, "README.md has no python example"

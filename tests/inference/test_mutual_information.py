@@ -12,6 +12,7 @@ The Monte Carlo ELBO of the package (minibatch-mixture marginals, float64, N = 1
 
 import math
 
+import pytest
 import torch
 
 import rpm
@@ -60,6 +61,7 @@ def monte_carlo_elbo(prior, batches=6, n=1536):
     return values.mean().item(), (values.std() / math.sqrt(batches)).item()
 
 
+@pytest.mark.slow
 def test_elbo_equals_mutual_information_minus_kl():
     torch.set_default_dtype(torch.float64)
     prior = GaussianRandomWalkPrior(1, scale=2.0, step=0.7)
@@ -71,6 +73,7 @@ def test_elbo_equals_mutual_information_minus_kl():
     assert abs(elbo - (mutual_information - kl)) < 4 * se + 0.01
 
 
+@pytest.mark.slow
 def test_optimal_prior_gives_the_mutual_information():
     """With P(z, z') = Q(z, z') (Eq. 19-20) the KL vanishes and the ELBO approaches I_Q."""
     torch.set_default_dtype(torch.float64)

@@ -24,6 +24,7 @@ def values_and_grads(fn, inputs):
     return [mixture.detach(), normalizer.detach()], [leaf.grad for leaf in leaves]
 
 
+@pytest.mark.slow
 def test_compiled_streamed_kernels_match_eager():
     torch._dynamo.reset()
     z, loc, scale = regime("tight", 24, 4, clusters=2)  # 2 x 2 blocks, one anchor per cluster

@@ -39,6 +39,7 @@ def unit_means(n: int, p: int, dtype: torch.dtype, seed: int = 1) -> torch.Tenso
     return torch.nn.functional.normalize(torch.randn(n, p, generator=gen(seed), dtype=dtype), dim=1)
 
 
+@pytest.mark.slow
 def test_circle_float32_million_draws_are_finite_unit_and_von_mises():
     n, kappa = 10**6, 1.0
     mu = unit_means(n, 2, torch.float32)

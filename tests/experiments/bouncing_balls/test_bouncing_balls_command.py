@@ -52,6 +52,7 @@ def reference(tmp_path_factory):
     return out, status, stdout.getvalue()
 
 
+@pytest.mark.slow
 def test_tiny_run_of_every_prior_writes_results_and_figures(reference):
     out, status, stdout = reference
     assert status == 0
@@ -82,6 +83,7 @@ def test_tiny_run_of_every_prior_writes_results_and_figures(reference):
         assert any(line.startswith(name) for line in stdout.splitlines())
 
 
+@pytest.mark.slow
 def test_one_prior_alone_gives_the_same_result_as_within_all(reference, tmp_path, capsys):
     threads = torch.get_num_threads()
     status, _, _ = _main(capsys, "--out", str(tmp_path), *TINY, "--prior", "cosine",
@@ -136,6 +138,7 @@ class _InterruptDynamics(Trainer):
         super().__init__(module, optimizer, interrupting_loss, **kwargs)
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_the_unfinished_prior_and_skips_the_others(
     reference, tmp_path, capsys, monkeypatch
 ):
@@ -175,6 +178,7 @@ def test_interrupted_run_resumes_the_unfinished_prior_and_skips_the_others(
     assert status == 2 and "no run to resume" in err
 
 
+@pytest.mark.slow
 def test_more_epochs_extend_a_finished_run(tmp_path, capsys):
     flags = [*TINY, "--prior", "rbf"]
     assert _main(capsys, "--out", str(tmp_path), *flags)[0] == 0

@@ -84,6 +84,7 @@ def test_dynamics_scores_with_the_true_centres():
         assert torch.allclose(scores.forecast[t - num_train].flatten(), decoded, atol=1e-8)
 
 
+@pytest.mark.slow
 def test_tiny_run_writes_the_dynamics_scores(tmp_path):
     status = main([
         "bouncing-balls", "--prior", "state-space", "--out", str(tmp_path), "--frames", "48",

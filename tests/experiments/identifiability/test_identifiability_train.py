@@ -41,6 +41,7 @@ def test_concentration_report_matches_true_to_learned_dimensions():
     assert _concentration_report({"kappa": 1.0}, torch.tensor([0]), None) == {}
 
 
+@pytest.mark.slow
 def test_oracle_concentrations_recover_the_box_precisions():
     """In the box with a uniform marginal, the optimal critic of the truncated anisotropic
     Gaussian conditional is exactly -(z'-z)^T Lambda (z'-z) / 2 plus a function of z, so the
