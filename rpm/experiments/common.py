@@ -83,6 +83,7 @@ __all__ = [
     "add_common_arguments",
     "contrastive_batch_size",
     "derived_seed",
+    "check_models_resumable",
     "cpu_threads",
     "device_name",
     "environment",
@@ -706,6 +707,33 @@ def open_run(args: argparse.Namespace, may_change: Iterable[str] = (),
         run._finish("finished")
     finally:
         lock.release()
+
+
+def check_models_resumable(out: str | os.PathLike, names: Iterable[str]) -> None:
+    """On ``--resume``, refuse a run whose models' checkpoints were deleted with their folders.
+
+    The models of a run train one after the other, in the order ``names``; each model folder
+    holds ``checkpoint.pt`` (or at least its manifest, ``checkpoint.pt.sha256``) from its first
+    checkpoint on. So a model without one is legitimate only after every model that has one and
+    when the run has not finished (no ``results.json``); anything else means that a checkpoint
+    was deleted, and training it again from step 0 would silently change the results.
+
+    :param path-like out: the run folder.
+    :param names: the model subfolders, in training order.
+    :raises RunFolderError: naming the models whose checkpoints are missing.
+    """
+    out = Path(out)
+    names = list(names)
+    has = [(out / name / "checkpoint.pt").exists() or (out / name / "checkpoint.pt.sha256").exists()
+           for name in names]
+    last = max((i for i, present in enumerate(has) if present), default=-1)
+    finished = (out / "results.json").exists()
+    missing = [name for i, name in enumerate(names) if not has[i] and (finished or i < last)]
+    if missing:
+        why = "the run finished" if finished else f"{names[last]} trained after them"
+        raise RunFolderError(
+            f"--resume: the checkpoints of {', '.join(missing)} are missing from {out} although "
+            f"{why}: restore them, or start afresh with --overwrite")
 
 
 def _remove_if_empty(out: Path) -> None:

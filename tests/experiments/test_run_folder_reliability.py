@@ -356,3 +356,24 @@ def test_an_interrupted_run_says_so_on_its_own_lines_and_its_resume_keeps_both_s
     assert [s["end"] for s in results["segments"]] == ["interrupted", "running"]
     assert "--resume" not in results["command"] and "--resume" in results["segments"][1]["command"]
     assert results["wall_time"] == pytest.approx(sum(s["wall_time"] for s in results["segments"]))
+
+
+def test_a_model_folder_deleted_with_its_checkpoint_is_refused_on_resume(tmp_path):
+    """The issue's deleted checkpoint, when the whole model folder went with it: a model
+    without a checkpoint is legitimate only after every trained one, in an unfinished run."""
+    from rpm.experiments.common import check_models_resumable
+    from rpm.training.run_folder import RunFolderError
+
+    names = ["rbf", "bilinear", "cosine"]
+    check_models_resumable(tmp_path, names)  # nothing trained yet
+    for name in ("rbf", "bilinear"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "checkpoint.pt").write_bytes(b"x")
+    check_models_resumable(tmp_path, names)  # killed before cosine's first checkpoint
+    (tmp_path / "bilinear" / "checkpoint.pt").unlink()
+    with pytest.raises(RunFolderError, match="checkpoints of bilinear are missing .* although "
+                                             "rbf trained after them"):
+        check_models_resumable(tmp_path, ["bilinear", "rbf", "cosine"])
+    (tmp_path / "results.json").write_text("{}")
+    with pytest.raises(RunFolderError, match="bilinear, cosine are missing .* the run finished"):
+        check_models_resumable(tmp_path, names)

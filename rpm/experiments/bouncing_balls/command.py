@@ -84,6 +84,7 @@ from rpm.experiments.common import (
     ConfigurationError,
     Run,
     add_common_arguments,
+    check_models_resumable,
     contrastive_batch_size,
     derived_seed,
     environment,
@@ -572,6 +573,8 @@ def _train_and_report(args: argparse.Namespace, num_train: int, out: Path, devic
     frames = video.frames.to(device)  # (T, 3, S, S)
     centres = video.centres  # (T, 3, 2), CPU
     priors = PRIORS if args.prior == "all" else (args.prior,)
+    if args.resume and distributed.is_main_process():
+        check_models_resumable(out, priors)  # a deleted checkpoint is not a fresh start
     results = {name: _train_prior(name, args, frames, centres, num_train, out / name)
                for name in priors}
     if not distributed.is_main_process():

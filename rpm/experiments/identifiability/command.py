@@ -71,6 +71,7 @@ from rpm.experiments.common import (
     ConfigurationError,
     Run,
     add_common_arguments,
+    check_models_resumable,
     contrastive_batch_size,
     environment,
     nonnegative_int,
@@ -315,6 +316,8 @@ def _train_and_report(args: argparse.Namespace, out: Path, device, run: Run | No
     )
     from rpm.experiments.identifiability.train import train_energy
 
+    if args.resume and distributed.is_main_process():
+        check_models_resumable(out, args.energies)  # a deleted checkpoint is not a fresh start
     process = _process(args, device)
     mixing = InvertibleMLP(args.dim, seed=derived_seed(args.seed, "mixing")).to(device)
     held_out = {part: held_out_set(process, mixing, args.eval_samples, derived_seed(args.seed, part))
