@@ -17,10 +17,21 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["STREAMING_MIN_PAIRS", "default_block_size", "ieee_float32_matmul", "use_streaming"]
+__all__ = [
+    "RECOMPUTE_MIN_PAIRS",
+    "STREAMING_MIN_PAIRS",
+    "default_block_size",
+    "ieee_float32_matmul",
+    "use_streaming",
+]
 
 #: Above this many pairs (per device type) a matrix is streamed by default.
 STREAMING_MIN_PAIRS = {"cpu": 1 << 18, "cuda": 1 << 22}
+#: Above this many pairs a streamed kernel built from a user's ``forward`` (which keeps its
+#: autograd intermediates, unlike the hand-written kernels) recomputes each block in the
+#: backward pass instead of keeping them: 4M pairs, 16 MB per float32 matrix. Below it the
+#: blocks' intermediates fit and recomputing them would only cost time (about 1.5x).
+RECOMPUTE_MIN_PAIRS = 1 << 22
 # ... on any other device type.
 _OTHER_MIN_PAIRS = 1 << 22
 # Default block edge per device type: a block of the streamed matrix is block_size^2 elements.

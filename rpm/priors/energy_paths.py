@@ -6,9 +6,10 @@ The InfoNCE normaliser of the implicit priors (Eq. 23-25 of Aitchison & Ganev),
 three ways: from the full (N, M) matrix of :meth:`~rpm.priors.base.Energy.forward` (dense), from
 the energy's factorisation hooks (:meth:`~rpm.priors.base.Energy.logit_factors`, streamed in
 O((N + M) D) memory; :meth:`~rpm.priors.base.Energy.paired`, O(N D)), or from ``forward``
-evaluated on tiles of ``block_size`` rows and columns (generic blocked, O(N M / block) memory
-plus one tile, each tile recomputed in the backward pass). The hooks are shortcuts for what
-``forward`` computes, so a hook is used only where it describes *this* class's ``forward``:
+evaluated on tiles of ``block_size`` rows and columns (generic blocked; for large matrices
+O(N M / block) memory plus one tile, each tile recomputed in the backward pass). The hooks
+are shortcuts for what ``forward`` computes, so a hook is used only where it describes *this*
+class's ``forward``:
 
 * a hook defined in the same class as ``forward`` is trusted (the built-in energies, a user's
   energy written with its factorisation);
@@ -30,7 +31,7 @@ import weakref
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from rpm.ops.dispatch import default_block_size, use_streaming
+from rpm.ops.dispatch import RECOMPUTE_MIN_PAIRS, default_block_size, use_streaming
 from rpm.ops.logsumexp import safe_logsumexp
 from rpm.priors.base import Energy
 
@@ -217,10 +218,12 @@ def blocked_energy_logsumexp(
         e^{f(z_i, z'_j)}\Big),
 
     over the column tiles t, with the entries :math:`j = i + s` left out when a mask shift s is
-    given (the anchor itself in NT-Xent's normaliser). Each tile is evaluated under
+    given (the anchor itself in NT-Xent's normaliser). Above
+    :data:`~rpm.ops.dispatch.RECOMPUTE_MIN_PAIRS` (4M) pairs each tile is evaluated under
     :func:`torch.utils.checkpoint.checkpoint` when gradients are needed, so the memory is
     O(N M / b) plus one (b, b) tile of ``forward`` (and its intermediates) however large N and
-    M are; the backward pass recomputes each tile once. ``forward`` must be pairwise (entry
+    M are, and the backward pass recomputes each tile once (``benchmarks/energy_paths.py``);
+    below, the tiles keep their intermediates as the dense matrix would. ``forward`` must be pairwise (entry
     (i, j) depends on :math:`z_i` and :math:`z'_j` only), as the
     :class:`~rpm.priors.base.Energy` contract says.
 
@@ -234,8 +237,8 @@ def blocked_energy_logsumexp(
     :return: ``(lse (N,), positives (N,) or None)``.
     """
     size = default_block_size(z.device) if block_size is None else block_size
-    use_checkpoint = torch.is_grad_enabled()
     num_rows, num_cols = z.shape[0], z2.shape[0]
+    use_checkpoint = torch.is_grad_enabled() and num_rows * num_cols > RECOMPUTE_MIN_PAIRS
     lse_blocks, positive_blocks = [], []
     for r0 in range(0, num_rows, size):
         rows = range(r0, min(r0 + size, num_rows))
