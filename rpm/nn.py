@@ -21,11 +21,13 @@ unless one is given (:func:`unique_name`: ``"rpm"``, ``"rpm_1"``, ...), so that 
 also a prior or energy called on its own, never picks up an entry another module left in the
 store under the same name (Pyro's :class:`~pyro.nn.PyroModule` adopts a
 :class:`~pyro.nn.PyroParam` it finds in the store under its own name). A module assigned into
-a model takes the model's prefix instead, as in Pyro.
+a model takes the model's prefix instead, as in Pyro. ``copy.deepcopy`` of a model gives the
+copy a name of its own (``"a_1"`` for ``"a"``), since it holds tensors of its own.
 """
 
 from __future__ import annotations
 
+import copy
 import threading
 
 from pyro.nn import PyroModule
@@ -82,9 +84,29 @@ class NamedModule(PyroModule):
 
     def __init__(self, name: str | None = None):
         if name is None:
-            name = unique_name(self.default_name or type(self).__name__)
+            base = self.default_name or type(self).__name__
+            name = unique_name(base)
         else:
-            check_name(name)
+            base = check_name(name)
             with _LOCK:
                 _TAKEN.add(name)
         super().__init__(name)
+        self.__dict__["_name_base"] = base
+
+    def __deepcopy__(self, memo: dict) -> NamedModule:
+        """A copy with its own tensors and, when this module is the root of its tree, its own
+        name (:func:`unique_name` of the name it was built from: ``"a"`` gives ``"a_1"``),
+        the names of the modules under it re-prefixed alike: a copy must not share store
+        entries with the original, whose tensors it no longer shares. A module inside a model
+        (its name holds a ``"."``) keeps its name; the copy of the model renames it."""
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        new.__setstate__(copy.deepcopy(self.__getstate__(), memo))  # as pickling does
+        old = self._pyro_name
+        if "." not in old:
+            name = unique_name(self.__dict__.get("_name_base", old))
+            for module in new.modules():
+                if isinstance(module, PyroModule) and (module._pyro_name == old or
+                                                       module._pyro_name.startswith(old + ".")):
+                    module._pyro_name = name + module._pyro_name[len(old):]
+        return new

@@ -3,6 +3,8 @@ param store, so models that coexist in one process train as each would alone und
 (SVI with Trace_ELBO, TraceGraph_ELBO, JitTrace_ELBO and RPMELBO, and a torch.optim loop), the
 store holds all of them, and ``state_dict`` restores a model exactly."""
 
+import copy
+
 import pyro
 import pytest
 import torch
@@ -319,3 +321,21 @@ def test_a_trace_of_the_model_records_each_parameter_once_per_call():
         assert expected <= params.keys()
         for name in expected:
             assert params[name] is store_entries(model)[name]
+
+
+@pytest.mark.parametrize("route", ["svi-JitTrace_ELBO", "svi-RPMELBO"])
+def test_a_deep_copy_has_its_own_names_and_trains_as_the_original_alone(route, batches):
+    original = make_rpm(5, hidden=4, name="original")
+    x, x2 = batches[0]
+    rpm.RPMELBO().loss(original.model, original.guide, x, x2)  # in the store already
+    duplicate = copy.deepcopy(original)
+    name = duplicate._pyro_name
+    assert name != "original" and name.startswith("original_")  # "original_1", "original_2", ...
+    assert duplicate.prior.energy._pyro_name == f"{name}.prior.energy"
+    assert original.prior.energy._pyro_name == "original.prior.energy"
+    ROUTES[route]([original, duplicate], batches)
+    assert_same_weights(weights(duplicate), weights(original))
+    pyro.clear_param_store()
+    alone = make_rpm(5, hidden=4)
+    ROUTES[route]([alone], batches)
+    assert_same_weights(weights(original), weights(alone))
