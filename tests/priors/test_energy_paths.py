@@ -166,16 +166,29 @@ def test_every_path_computes_the_users_forward(name, n, block_size, kind, stream
     assert bool(streamed_calls) == (streamed and name != "forward-only")
 
 
-def test_rpmelbo_follows_a_subclass_forward_at_the_reported_sizes():
+@pytest.mark.parametrize(("n", "block_size"), [(513, None), (128, 64)])
+def test_rpmelbo_follows_a_subclass_forward_at_the_reported_sizes(n, block_size):
     """The reported case: RPMELBO/N of a ScaledRBF at N = 513 (streamed by size) and at N = 128
-    with block_size=64 equals the loop over its forward, not the parent's factorisation."""
-    for n, block_size in [(513, None), (128, 64)]:
-        z = torch.randn(n, D, dtype=torch.float64)
-        z2 = z + 0.3 * torch.randn(n, D, dtype=torch.float64)
-        energy = ScaledRBF(lengthscale=1.0, learn_lengthscale=False).double()
-        model = rpm.RPM(rpm.DeltaRecognition(torch.nn.Identity()), ImplicitPrior(energy))
-        loss = rpm.RPMELBO(block_size=block_size).loss(model.model, model.guide, z, z2)
-        assert -loss / n == pytest.approx(implicit_loop(energy, z, z2).mean().item(), rel=1e-10)
+    with block_size=64 equals the loop over its forward, not the parent's factorisation; the
+    same under the pooled prior (NT-Xent) and, with block_size, the Markov implicit prior of a
+    SequenceRPM."""
+    def energy():
+        return ScaledRBF(lengthscale=1.0, learn_lengthscale=False).double()
+
+    elbo = rpm.RPMELBO(block_size=block_size)
+    z = torch.randn(n, D, dtype=torch.float64)
+    z2 = z + 0.3 * torch.randn(n, D, dtype=torch.float64)
+    for prior_cls, loop in [(ImplicitPrior, implicit_loop), (PooledImplicitPrior, pooled_loop)]:
+        f = energy()
+        model = rpm.RPM(rpm.DeltaRecognition(torch.nn.Identity()), prior_cls(f))
+        loss = elbo.loss(model.model, model.guide, z, z2)
+        assert -loss / n == pytest.approx(loop(f, z, z2).mean().item(), rel=1e-10)
+    if block_size is not None:
+        x = torch.randn(n, 3, D, dtype=torch.float64)
+        f = energy()
+        model = rpm.SequenceRPM(rpm.DeltaRecognition(torch.nn.Identity()), MarkovImplicitPrior(f))
+        loss = elbo.loss(model.model, model.guide, x)
+        assert -loss / n == pytest.approx(markov_loop(f, x).mean().item(), rel=1e-10)
 
 
 def test_hook_policy_follows_the_class_that_defines_forward():
