@@ -32,7 +32,15 @@ from rpm.distributed import (
     local_slice,
 )
 from rpm.inference.elbo import rpm_log_ratio
-from rpm.priors import GaussianRandomWalkPrior, ImplicitPrior, RBFEnergy
+from rpm.priors import (
+    GaussianRandomWalkPrior,
+    ImplicitPrior,
+    MarkovImplicitPrior,
+    PooledImplicitPrior,
+    RBFEnergy,
+    StateSpacePrior,
+)
+from rpm.priors.base import prior_log_ratio
 from tests.helpers import GaussianHead
 
 SIZES = (5, 7)  # rows per rank
@@ -55,6 +63,14 @@ def _model(kind: str):
     if kind == "implicit":
         return rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(X_DIM, D)),
                        ImplicitPrior(RBFEnergy(lengthscale=0.9)))
+    if kind == "pooled":
+        return rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(X_DIM, D)),
+                       PooledImplicitPrior(RBFEnergy(lengthscale=0.9)))
+    if kind == "sequence-implicit":
+        return rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(X_DIM, D)),
+                       MarkovImplicitPrior(RBFEnergy(lengthscale=0.9)))
+    if kind == "sequence-state-space":
+        return rpm.SequenceRPM(rpm.GaussianRecognition(GaussianHead(X_DIM, D)), StateSpacePrior(D))
     return rpm.RPM(rpm.GaussianRecognition(GaussianHead(X_DIM, D)),
                    GaussianRandomWalkPrior(D, scale=1.2, step=0.5))
 
@@ -68,6 +84,20 @@ def _objective(model, x, x2, noise, global_batch):
         z = q.base_dist.loc + q.base_dist.scale * noise[0]
         z2 = q2.base_dist.loc + q2.base_dist.scale * noise[1]
     return rpm_log_ratio(model, z, z2, q, q2, global_batch=global_batch)
+
+
+def _sequence_objective(model, x, x2, noise, global_batch):
+    """The ELBO terms of three views (x, x2, x + x2) with z = loc + scale * fixed noise, the
+    marginals (and the chain's normalisers) over the global batch."""
+    views = [x, x2, x + x2]
+    args = (views,) if not isinstance(model, rpm.SequenceRPM) else (torch.stack(views, 1),)
+    inputs = model.objective_inputs(*args, global_batch=global_batch)
+    q, _ = inputs.recognitions
+    if isinstance(q, pyro.distributions.Delta):
+        z = q.v
+    else:
+        z = q.base_dist.loc + q.base_dist.scale * torch.cat([noise, noise[:1]]).transpose(0, 1)
+    return prior_log_ratio(inputs.prior, z, inputs.recognitions, inputs.plate, inputs.candidates)
 
 
 def _grads(model):
@@ -99,7 +129,8 @@ def _check_log_ratio(rank, kind):
     x, x2, noise = _batch()
     rows = _slice(rank)
     model = _model(kind)
-    local = _objective(model, x[rows], x2[rows], noise[:, rows], global_batch=True)
+    objective = _sequence_objective if kind.startswith("sequence") else _objective
+    local = objective(model, x[rows], x2[rows], noise[:, rows], global_batch=True)
     local.backward()
     total = local.detach().clone()
     dist.all_reduce(total)
@@ -107,7 +138,7 @@ def _check_log_ratio(rank, kind):
     for grad in grads.values():
         dist.all_reduce(grad)
     reference_model = _model(kind)
-    reference = _objective(reference_model, x, x2, noise, global_batch=False)
+    reference = objective(reference_model, x, x2, noise, global_batch=False)
     reference.backward()
     torch.testing.assert_close(total, reference.detach(), rtol=0, atol=1e-10)
     for name, grad in _grads(reference_model).items():
@@ -169,6 +200,9 @@ def _worker(rank, store_path):
         _check_gather(rank)
         _check_log_ratio(rank, "implicit")
         _check_log_ratio(rank, "explicit")
+        _check_log_ratio(rank, "pooled")
+        _check_log_ratio(rank, "sequence-implicit")     # the global batch for sequences:
+        _check_log_ratio(rank, "sequence-state-space")  # normalisers and marginals gathered
         _check_ddp(rank)
         _check_all_reduce_gradients(rank)
     finally:

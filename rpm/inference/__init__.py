@@ -1,10 +1,18 @@
-"""Inference: the RPM ELBO and the reference InfoNCE loss."""
+"""Inference: the RPM ELBO (:mod:`rpm.inference.objective`, :class:`RPMELBO`), the candidates of
+its normalisers (the batch, the global batch, a queue; :mod:`rpm.marginals.candidates`,
+re-exported here) and the reference InfoNCE loss."""
 
 from rpm.inference.elbo import RPMELBO, rpm_log_ratio
 from rpm.inference.losses import info_nce
+from rpm.inference.objective import elbo, rpm_elbo
+from rpm.marginals.candidates import Candidates, LatentQueue
 
 __all__ = [
     "RPMELBO",
+    "Candidates",
+    "LatentQueue",
+    "elbo",
     "info_nce",
+    "rpm_elbo",
     "rpm_log_ratio",
 ]

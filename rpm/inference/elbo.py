@@ -30,10 +30,12 @@ their gradients) is the single-process loss of the concatenated batch.
 from __future__ import annotations
 
 import functools
+import inspect
 import numbers
 
 import torch
 from pyro.infer import ELBO
+from pyro.nn import pyro_method
 from pyro.poutine.block_messenger import BlockMessenger
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import _PYRO_STACK
@@ -42,6 +44,7 @@ from pyro.poutine.seed_messenger import SeedMessenger
 from pyro.poutine.trace_messenger import TraceMessenger
 
 from rpm._validation import check_bool, check_positive_int, check_positive_int_or_none
+from rpm.inference.objective import elbo as objective_elbo
 from rpm.models.base import RPMBase
 
 __all__ = ["RPMELBO", "rpm_log_ratio"]
@@ -116,6 +119,27 @@ def _owning_model(model, guide) -> tuple[RPMBase, float]:
     return owner, model_scale * stack_scale
 
 
+def _check_arguments(model, owner, args: tuple, kwargs: dict) -> None:
+    """Raises a TypeError naming the model's signature when ``args`` do not fit it (e.g. two
+    views given to a model that takes one tensor of stacked views)."""
+    fn, _ = _unwrap(model)
+    try:
+        inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError:
+        name = f"{type(owner).__name__}.{getattr(fn, '__name__', 'model')}"
+        raise TypeError(
+            f"RPMELBO got {len(args)} data argument(s) ({', '.join(_describe(a) for a in args)}) "
+            f"that {name}{inspect.signature(fn)} does not take; pass the model's data as its "
+            "model takes it (a sequence model: one tensor x of shape (N, T, ...))"
+        ) from None
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"tensor {tuple(value.shape)}"
+    return type(value).__name__
+
+
 def rpm_log_ratio(
     rpm, z: torch.Tensor, z2: torch.Tensor, q, q2, global_batch: bool = False,
     block_size: int | None = None,
@@ -148,10 +172,17 @@ class RPMELBO(ELBO):
     The loss is :math:`-\mathcal{L}`, the negative ELBO summed over the N pairs; with Delta
     encoders and the implicit prior, :math:`\mathcal{L}/N = -\text{InfoNCE} + \log N`.
 
-    The work is the model's: ``differentiable_loss(m.model, m.guide, *args)`` returns
-    ``-m.elbo(*args, num_particles=..., global_batch=..., block_size=...)`` for any
-    :class:`~rpm.models.base.RPMBase` ``m`` (:class:`~rpm.RPM` for pairs; a model of sequences
-    implements its own :meth:`~rpm.models.base.RPMBase.elbo`).
+    ``differentiable_loss(m.model, m.guide, *args)`` returns minus
+    :func:`rpm.inference.objective.elbo` of ``m.objective_inputs(*args, ...)`` for any
+    :class:`~rpm.models.base.RPMBase` ``m`` (:class:`~rpm.RPM`: pairs and J views), evaluated
+    in the model's Pyro context (:func:`pyro.nn.pyro_method`: its parameters, and those of its
+    prior and energy, are read through Pyro's param store under the model's name).
+
+    Handlers active around the call are read from Pyro's handler stack
+    (``pyro.poutine.runtime._PYRO_STACK``): Pyro has no public way to list the active
+    handlers or to ask for their combined scale without sending a message through them (which
+    an outer trace would record as a site), and ``Trace_ELBO`` itself applies them through that
+    stack.
 
     Handlers: ``poutine.scale`` with one number, around the model and the guide alike or
     active around the call, multiplies the loss, as it does under ``Trace_ELBO``;
@@ -184,8 +215,15 @@ class RPMELBO(ELBO):
         """The negative ELBO as a differentiable scalar tensor; ``args`` are the model's data
         (``(x, x2)`` for an :class:`~rpm.RPM`)."""
         owner, scale = _owning_model(model, guide)
-        elbo = owner.elbo(*args, num_particles=self.num_particles,
-                          global_batch=self.global_batch, block_size=self.block_size, **kwargs)
+        _check_arguments(model, owner, args, kwargs)
+
+        def evaluate(module):
+            inputs = module.objective_inputs(*args, global_batch=self.global_batch,
+                                             block_size=self.block_size, **kwargs)
+            return objective_elbo(inputs, num_particles=self.num_particles,
+                                  block_size=self.block_size)
+
+        elbo = pyro_method(evaluate)(owner)  # in the model's Pyro context, as model and guide
         return -elbo if scale == 1.0 else -scale * elbo
 
     def _get_trace(self, model, guide, args, kwargs):

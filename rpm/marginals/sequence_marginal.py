@@ -15,7 +15,10 @@ that every :math:`Q_t` is the same Q), the pooled mixture over all N T frames,
 
     Q_t(z) \approx \frac{1}{NT} \sum_{n=1}^N \sum_{u=1}^T Q(z | x_{n,u})  \qquad\text{(pooled)},
 
-a lower-variance estimate of the same distribution.
+a lower-variance estimate of the same distribution. Over a global batch
+(:class:`~rpm.marginals.candidates.Candidates` with ``global_batch``) the mixtures run over
+every process's sequences, gathered with gradients, while the batch shape stays this
+process's N.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pyro.distributions import Delta, Independent, Normal, TorchDistribution
 from torch.distributions import constraints
 
 from rpm._validation import check_bool
+from rpm.marginals.candidates import Candidates
 from rpm.marginals.mixture_marginal import delta_mixture_log_prob
 from rpm.ops import gaussian_mixture_log_prob
 
@@ -70,6 +74,8 @@ class SequenceMixtureMarginal(TorchDistribution):
         over the N sequences per view.
     :param block_size: evaluate the Gaussian mixtures in blocks of this many rows
         (:func:`~rpm.ops.gaussian_mixture_log_prob`); None decides by size.
+    :param candidates: a :class:`~rpm.marginals.candidates.Candidates` whose global batch
+        supplies the mixture components (every process's sequences); None: this batch.
     """
 
     arg_constraints: dict = {}
@@ -77,13 +83,21 @@ class SequenceMixtureMarginal(TorchDistribution):
     has_rsample = False
 
     def __init__(self, q: TorchDistribution, pooled: bool = False, block_size: int | None = None,
-                 validate_args=None):
+                 candidates: Candidates | None = None, validate_args=None):
         check_bool("pooled", pooled)
         self.q = q
         self.loc, self.scale = sequence_components(q)
         self.pooled = pooled
         self.block_size = block_size
         num_sequences, num_views, dim = self.loc.shape
+        # The mixture components: this batch's, or every process's (M, T, D).
+        self.components = (self.loc, self.scale)
+        if candidates is not None and candidates.is_global:
+            if self.scale is None:
+                self.components = (candidates.gather(self.loc), None)
+            else:  # one collective for both
+                both = candidates.gather(torch.cat([self.loc, self.scale], dim=-1))
+                self.components = (both[..., :dim], both[..., dim:])
         super().__init__(torch.Size([num_sequences]), torch.Size([num_views, dim]),
                          validate_args=validate_args)
 
@@ -111,13 +125,13 @@ class SequenceMixtureMarginal(TorchDistribution):
                 "the mixture marginals are evaluated at the batch's latents, shape "
                 f"{tuple(self.loc.shape)}; got {tuple(value.shape)}")
         num_sequences, num_views, dim = value.shape
+        loc, scale = self.components
         if self.pooled:
             flat = lambda tensor: None if tensor is None else tensor.reshape(-1, dim)  # noqa: E731
-            return self._mixture(flat(value), flat(self.loc), flat(self.scale)).reshape(
+            return self._mixture(flat(value), flat(loc), flat(scale)).reshape(
                 num_sequences, num_views)
         return torch.stack([
-            self._mixture(value[:, t], self.loc[:, t],
-                          None if self.scale is None else self.scale[:, t])
+            self._mixture(value[:, t], loc[:, t], None if scale is None else scale[:, t])
             for t in range(num_views)], dim=-1)
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:

@@ -5,11 +5,37 @@ param store (:mod:`rpm.nn`).
 
 from __future__ import annotations
 
-import torch
+import dataclasses
 
 from rpm.nn import NamedModule
 
-__all__ = ["RPMBase"]
+__all__ = ["ObjectiveInputs", "RPMBase"]
+
+
+@dataclasses.dataclass
+class ObjectiveInputs:
+    r"""What the RPM ELBO of one batch needs (:func:`rpm.inference.objective.elbo`), with each
+    encoder evaluated once.
+
+    The ELBO draws the latents from ``guides`` (with ``rsample``, in this order: the order in
+    which the model's guide samples its sites) and evaluates
+    :func:`~rpm.priors.base.prior_log_ratio` on them.
+    """
+
+    #: The prior.
+    prior: object
+    #: The guide's distributions in the guide's order: ``(q, q2)`` (pair form) or one
+    #: distribution of ``"z"`` with batch_shape (N,) and event_shape (J, D) (joint form).
+    guides: tuple
+    #: ``(q, q2)`` (pair form) or ``(q, marginal)`` (joint form: q of batch_shape (N, J)).
+    recognitions: tuple
+    #: The name of the model's plate over the N instances.
+    plate: str
+    #: The step's :class:`~rpm.marginals.candidates.Candidates`.
+    candidates: object
+    #: True when the guide is not the recognition models (a structured posterior): the
+    #: recognition log-densities then no longer cancel (joint form).
+    structured: bool = False
 
 
 class RPMBase(NamedModule):
@@ -21,12 +47,12 @@ class RPMBase(NamedModule):
       :func:`pyro.nn.pyro_method` so that it runs in the module's Pyro context (its
       parameters, and those of its plain ``torch.nn.Module`` attributes, are registered in
       Pyro's param store under the model's name);
-    * :meth:`elbo`: the ELBO of the model with the recognition models as the guide (Eq. 15 of
-      Aitchison & Ganev for a pair), as a differentiable scalar.
+    * :meth:`objective_inputs`: the recognition distributions, the guide's distributions and
+      the candidates of a batch, from which :mod:`rpm.inference.objective` computes the ELBO
+      (Eq. 15 of Aitchison & Ganev) as a differentiable scalar.
 
-    ``RPMELBO().differentiable_loss(m.model, m.guide, *args)`` is then ``-m.elbo(*args, ...)``;
-    :class:`~rpm.RPM` (pairs) implements it, and a model of sequences does the same without any
-    change to :mod:`rpm.inference.elbo`.
+    ``RPMELBO().differentiable_loss(m.model, m.guide, *args)`` is then minus that ELBO;
+    :class:`~rpm.RPM` implements it for pairs and J views.
 
     :param name: the prefix of the model's parameters in Pyro's param store (``"a"`` gives
         ``"a.prior.energy.lengthscale"``, ``"a.recognition.net$$$0.weight"``, ...); by default
@@ -36,27 +62,22 @@ class RPMBase(NamedModule):
 
     default_name = "rpm"
 
-    def elbo(self, *args, num_particles: int = 1, global_batch: bool = False,
-             block_size: int | None = None, **kwargs) -> torch.Tensor:
-        r"""The ELBO summed over the batch, averaged over ``num_particles`` samples.
+    def objective_inputs(self, *args, global_batch: bool = False,
+                         block_size: int | None = None) -> ObjectiveInputs:
+        r"""The inputs of the ELBO of the batch ``args`` (the model's data arguments).
 
-        It must equal ``-Trace_ELBO().differentiable_loss(self.model, self.guide, *args)``
-        to floating-point accuracy, in value and gradient, when it draws the same random
-        numbers: draw each particle's latents with ``rsample`` from the same recognition
-        distributions and in the same order as ``guide`` does, and return the mean over the
-        particles of :math:`\sum_i \log P(z_i, \dots) - \sum_{\text{views}} \log Q(z)` with the
-        recognition log-densities cancelled analytically (they appear once in the model's
-        likelihood and once, negated, in the guide). Evaluate each encoder once per call.
+        The ELBO computed from them must equal ``-Trace_ELBO().differentiable_loss(self.model,
+        self.guide, *args)`` to floating-point accuracy, in value and gradient, when it draws
+        the same random numbers: the guide's distributions are listed in the order in which
+        ``guide`` samples them.
 
         :param args: the model's data arguments (for a pair, ``x`` and ``x2``).
-        :param int num_particles: number of samples averaged.
         :param bool global_batch: under ``torch.distributed``, evaluate the recognition
-            marginals over every rank's batch (gathered with gradients) and return this rank's
-            share, so that the ranks' values sum to the ELBO of the concatenated batch.
+            marginals and the normalisers over every rank's batch (gathered with gradients).
         :param block_size: block edge for the O(N^2) kernels; None decides by size.
-        :return: a scalar tensor.
         """
-        raise NotImplementedError(f"{type(self).__name__} must implement elbo(*args, ...)")
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement objective_inputs(*args, ...)")
 
     def adopt(self, **modules) -> None:
         """Sets the given modules (recognition models, priors) as attributes of this model.

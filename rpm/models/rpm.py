@@ -1,156 +1,118 @@
-r"""The recognition parameterised model (RPM) as a Pyro model and guide
-(``docs/theory.md#pyro-model-and-guide``).
+r"""The recognition parameterised model (RPM) over J >= 2 views as a Pyro model and guide
+(``docs/theory.md#pyro-model-and-guide``; J views and sequences).
 
-Generative model (Eq. 9 of Aitchison & Ganev): :math:`P(x, x', z, z') = P(z, z') P(x|z) P(x'|z')`
-with the likelihood defined from the recognition joint (Eq. 10):
-
-.. math::
-
-    P(x|z) = \frac{Q(z|x)\, P_\text{true}(x)}{Q(z)},
-
-where :math:`Q(z)` is the minibatch-mixture recognition marginal (the prior may choose another
-estimate of it, :meth:`~rpm.priors.base.Prior.likelihood_marginals`). :math:`P_\text{true}(x)` is
-constant in every parameter and is left out, so the likelihood enters the model as the factor
-:math:`\log Q(z|x) - \log Q(z)`. The guide is the recognition models themselves,
-:math:`Q(z, z'|x, x') = Q(z|x) Q(z'|x')` (Eq. 14), so Pyro's ``Trace_ELBO`` on ``(model, guide)``
-computes Eq. 15 summed over the batch:
+Generative model (Eq. 9 of Aitchison & Ganev, with J views): :math:`P(x_{1:J}, z_{1:J}) =
+P(z_{1:J}) \prod_j P(x_j|z_j)` with the likelihood defined from the recognition joint (Eq. 10):
 
 .. math::
 
-    \sum_i \mathbb{E}_{Q(z_i|x_i) Q(z'_i|x'_i)}\big[\log P(z_i, z'_i) - \log Q(z_i) - \log Q(z'_i)\big].
+    P(x_j|z_j) = \frac{Q(z_j|x_j)\, P_\text{true}(x_j)}{Q_j(z_j)},
+
+where :math:`Q_j` is the minibatch-mixture recognition marginal of view j (Eq. 11; the prior
+may choose another estimate of it, :meth:`~rpm.priors.base.Prior.likelihood_marginals`, or
+the views may pool theirs). :math:`P_\text{true}(x)` is constant in every parameter and is left
+out, so the likelihood enters the model as the factor :math:`\log Q(z_j|x_j) - \log Q_j(z_j)`.
+With the recognition models as the guide, :math:`\prod_j Q(z_j|x_j)` (Eq. 14), Pyro's
+``Trace_ELBO`` on ``(model, guide)`` computes Eq. 15 summed over the batch:
+
+.. math::
+
+    \sum_i \mathbb{E}_{\prod_j Q(z_{i,j}|x_{i,j})}\Big[\log P(z_{i,1:J})
+        - \sum_j \log Q_j(z_{i,j})\Big].
+
+Pairs (the prior's pair form) keep two sites ``"z"``, ``"z2"`` and two factors ``"x"``,
+``"x2"``; J views under a joint-form prior (:attr:`~rpm.priors.base.Prior.joint_views`) have
+one site ``"z"`` of event_shape (J, D) and one factor ``"x"``. Ordered views (the frames of a
+sequence) and unordered ones (augmentations) are the same model with different priors.
 """
 
 from __future__ import annotations
 
 import pyro
 import torch
-from pyro import poutine
-from pyro.distributions import Delta, TorchDistribution
-from pyro.infer.util import is_validation_enabled
-from pyro.nn import pyro_method
+from pyro.distributions import Delta, Normal, TorchDistribution
+from pyro.nn import PyroModuleList, pyro_method
+from torch.distributions import Distribution
 
-from rpm.distributed import all_gather_with_grad
-from rpm.marginals import (
-    MixtureMarginal,
-    delta_mixture_log_prob,
-    gaussian_mixture_log_prob,
-)
-from rpm.models.base import RPMBase
+from rpm._validation import check_bool
+from rpm.marginals.candidates import Candidates, LatentQueue
+from rpm.marginals.mixture_marginal import recognition_components
+from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
+from rpm.models.base import ObjectiveInputs, RPMBase
 from rpm.models.recognition import DeltaRecognition
-from rpm.priors.base import Prior
+from rpm.models.views import ENCODER_CALLS, call_encoder, check_inputs, encode_views, stack_views
+from rpm.priors.base import (
+    Prior,
+    declare_prior,
+    delta_with_density_message,
+    hook,
+    likelihood_factor,
+    likelihood_marginals,
+    prior_log_ratio,
+)
 
 __all__ = ["RPM"]
 
-
-def _accepts_delta(prior) -> bool:
-    """The prior's :attr:`~rpm.priors.base.Prior.accepts_delta_recognition` (False, the
-    default, for a plain callable)."""
-    return isinstance(prior, Prior) and prior.accepts_delta_recognition
+_GUIDES = ("recognition", "structured")
+_PAIR_PLATE, _JOINT_PLATE = "pairs", "instances"
 
 
-def _joint_over_batch(prior) -> bool:
-    """The prior's :attr:`~rpm.priors.base.Prior.joint_over_batch` (False for a plain callable)."""
-    return isinstance(prior, Prior) and prior.joint_over_batch
-
-
-def _likelihood_marginals(
-    prior, q: TorchDistribution, q2: TorchDistribution
-) -> tuple[MixtureMarginal, MixtureMarginal]:
-    """The prior's :meth:`~rpm.priors.base.Prior.likelihood_marginals` (each view's own
-    :class:`~rpm.marginals.MixtureMarginal` for a plain callable), checked."""
-    if not isinstance(prior, Prior):
-        return MixtureMarginal(q), MixtureMarginal(q2)
-    marginals = prior.likelihood_marginals(q, q2)
-    if not (isinstance(marginals, tuple) and len(marginals) == 2
-            and all(isinstance(m, MixtureMarginal) for m in marginals)):
-        raise TypeError(
-            f"{type(prior).__name__}.likelihood_marginals(q, q2) must return a pair of "
-            f"rpm.MixtureMarginal (the marginals of the likelihood factors 'x' and 'x2'), got "
-            f"{_kinds(marginals)}"
-        )
-    for name, marginal, view in (("first", marginals[0], q), ("second", marginals[1], q2)):
-        if marginal.batch_shape != view.batch_shape or marginal.event_shape != view.event_shape:
-            raise ValueError(
-                f"{type(prior).__name__}.likelihood_marginals returned for the {name} view a "
-                f"marginal of batch_shape {tuple(marginal.batch_shape)} and event_shape "
-                f"{tuple(marginal.event_shape)}; it must match the view's recognition, "
-                f"{tuple(view.batch_shape)} and {tuple(view.event_shape)} (expand it)"
-            )
-    return marginals
-
-
-def _kinds(value) -> str:
-    """The type of ``value``, or of each item of a tuple or list, for an error message."""
-    if isinstance(value, (tuple, list)):
-        return f"{type(value).__name__} of " + ", ".join(type(v).__name__ for v in value)
-    return type(value).__name__
-
-
-def _log_likelihood(q: TorchDistribution, marginal: MixtureMarginal, z: torch.Tensor) -> torch.Tensor:
-    r"""The likelihood factor :math:`\log Q(z|x) - \log Q_v(z)` of Eq. 10 (without
-    :math:`\log P_\text{true}(x)`), shape of ``q.log_prob(z)``; :math:`Q_v` is the view's
-    likelihood marginal (:meth:`~rpm.priors.base.Prior.likelihood_marginals`).
-
-    For Delta recognition a latent off the view's atoms has :math:`\log Q(z|x) = -\infty`
-    (and :math:`\log Q_v(z)` may be :math:`-\infty` too; its own prior site is
-    :math:`-\infty`): the factor is :math:`-\infty` there, not :math:`-\infty - (-\infty)` =
-    NaN."""
-    log_q = q.log_prob(z)
-    ratio = log_q - marginal.log_prob(z)
-    return torch.where(torch.isneginf(log_q), log_q, ratio)
-
-
-def _marginal_log_prob(
-    marginal: MixtureMarginal, z: torch.Tensor, global_batch: bool, block_size: int | None
-) -> torch.Tensor:
-    """log Q_v(z_i) under the mixture ``marginal`` (Eq. 11), its components gathered from every
-    rank if asked; shape (N,)."""
-    if not global_batch and block_size is None:
-        return marginal.log_prob(z)
-    if marginal.exclude_self:
-        raise ValueError(
-            "a likelihood marginal with exclude_self cannot be evaluated over a global batch or "
-            "in blocks; return a MixtureMarginal without exclude_self from likelihood_marginals"
-        )
-    if marginal.family == "generic":  # components of another family: their own log_prob
-        if global_batch:
-            family = type(getattr(marginal.q, "base_dist", marginal.q)).__name__
-            raise ValueError(
-                f"a global batch gathers the parameters of Gaussian or Delta recognition; "
-                f"{family} recognition has no such gather: train it without "
-                "global_batch (or use rpm.GaussianRecognition / rpm.DeltaRecognition)"
-            )
-        return marginal.log_prob_rows(z, block_size=block_size)
-    loc, scale = marginal.loc, marginal.scale  # (K, D), (K, D) or None
-    if global_batch:
-        if scale is None:
-            loc = all_gather_with_grad(loc)
-        else:  # one collective for both
-            loc, scale = all_gather_with_grad(torch.cat([loc, scale], dim=1)).chunk(2, dim=1)
-    if scale is None:
-        return delta_mixture_log_prob(z, loc)
-    return gaussian_mixture_log_prob(z, loc, scale, block_size=block_size)
+def _particle_rows(value: torch.Tensor, event_dim: int) -> torch.Tensor:
+    """A whole-batch event under an outer plate (vectorised particles, Predictive) has
+    batch_shape (..., 1): the 1 is the model's plate slot. Its N rows take that slot."""
+    return value.squeeze(-event_dim - 1) if value.dim() > event_dim else value
 
 
 class RPM(RPMBase):
-    r"""A recognition parameterised model with a prior over a pair of latents.
+    r"""A recognition parameterised model of N instances with J >= 2 views each and a prior
+    over their latents.
 
     .. code-block:: python
 
-        rpm = RPM(DeltaRecognition(encoder), ImplicitPrior(CosineEnergy(kappa=10.0)))
-        svi = pyro.infer.SVI(rpm.model, rpm.guide, pyro.optim.Adam({"lr": 1e-3}), RPMELBO())
+        # pairs (SimCLR, InfoNCE): today's sites "z", "z2" and factors "x", "x2"
+        model = RPM(DeltaRecognition(encoder), ImplicitPrior(CosineEnergy(kappa=10.0)))
+        svi = pyro.infer.SVI(model.model, model.guide, pyro.optim.Adam({"lr": 1e-3}), RPMELBO())
         svi.step(x, x2)   # x, x2: (N, ...) paired views
 
-    ``model(x, x2)`` declares the prior's sample sites ``"z"`` and ``"z2"`` and, inside
-    ``pyro.plate("pairs", N)``, the likelihood factors ``"x"`` and ``"x2"`` with log-densities
-    :math:`\log Q(z|x) - \log Q(z)` and :math:`\log Q(z'|x') - \log Q(z')` (Eq. 10), Q being the
-    marginals the prior names (:meth:`~rpm.priors.base.Prior.likelihood_marginals`; by default
-    each view's own minibatch mixture). ``guide(x, x2)`` samples ``"z" ~ Q(z|x)`` and
-    ``"z2" ~ Q(z'|x')``. The prior's sites are per pair (inside the plate, batch_shape (N,))
-    unless the prior couples the pairs (:attr:`~rpm.priors.base.Prior.joint_over_batch`, the
-    implicit prior): then ``"z"`` and ``"z2"`` are whole-batch events of shape (N, D) in model
-    and guide alike. Either way Pyro's ``Trace_ELBO``, ``TraceGraph_ELBO``, ``JitTrace_ELBO``,
-    vectorised particles and ``Predictive`` see honest shapes.
+        # J views of different shapes, one encoder per group, a prior over the J latents
+        model = RPM([global_net, local_net], MarkovImplicitPrior(RBFEnergy()),
+                    groups=[0, 0, 1, 1, 1, 1, 1, 1])
+        svi.step([g1, g2, l1, l2, l3, l4, l5, l6])   # a list of J tensors (N, ...)
+
+    **Calls.** ``model(x, x2)`` takes two views; ``model([x_1, ..., x_J])`` a list of J views
+    (tensors with one batch axis N, of any shapes); ``model(x)`` with x of shape (N, J, ...)
+    the J views stacked on axis 1 (the frames of N sequences). ``guide`` and ``encode`` take
+    the same arguments. View j of instance i is ``views[j][i]``.
+
+    **Sites.** For a prior in the pair form (J = 2, :attr:`~rpm.priors.base.Prior.joint_views`
+    False): the prior's sites ``"z"`` and ``"z2"`` and, inside ``pyro.plate("pairs", N)``, the
+    likelihood factors ``"x"`` and ``"x2"`` with log-densities :math:`\log Q(z|x) - \log Q(z)`
+    and :math:`\log Q(z'|x') - \log Q(z')` (Eq. 10), Q being the marginals the prior names
+    (:meth:`~rpm.priors.base.Prior.likelihood_marginals`); ``guide`` samples ``"z" ~ Q(z|x)``
+    and ``"z2" ~ Q(z'|x')``. For a prior in the joint form (any J): the prior's site ``"z"``
+    with event_shape (J, D) and, inside ``pyro.plate("instances", N)``, the factor ``"x"``,
+    :math:`\sum_j [\log Q(z_j|x_j) - \log Q_j(z_j)]`; ``guide`` samples ``"z"`` from the
+    recognition distributions made independent over the views (event (J, D)), or, with
+    ``guide="structured"``, from the prior's own posterior
+    (:meth:`~rpm.priors.base.Prior.posterior`, e.g. the Kalman smoother of the state-space
+    prior). The prior's sites are per instance (inside the plate) unless the prior couples the
+    instances (:attr:`~rpm.priors.base.Prior.joint_over_batch`, the implicit priors): then they
+    are whole-batch events ((N, D) per pair site, (N, J, D) for the joint site) in model and
+    guide alike. Pyro's ``Trace_ELBO``, ``TraceGraph_ELBO``, ``JitTrace_ELBO`` and
+    ``Predictive`` see honest shapes; :class:`~rpm.RPMELBO` computes the same ELBO with each
+    encoder evaluated once (:mod:`rpm.inference.objective`).
+
+    **Marginals of the joint form.** By default :math:`Q_j` is the mixture over the j-th views
+    of the batch (N components per view): with J = 2 the model *is* the pair model, and it stays
+    correct when the views are not exchangeable (one encoder per group, augmentations of
+    different kinds, a non-stationary sequence). ``pooled_marginal=True`` uses the mixture over
+    all N J views instead: when the views are exchangeable (a stationary video through one
+    shared encoder) it estimates the same Q with J times as many components.
+
+    **Encoders.** One recognition model for every view, one per view (a list of J), or one
+    per group (a list of G and ``groups``); how the views reach them is ``encoder_calls``
+    (:mod:`rpm.models.views`: one call per view, the pair default, or one call per group on the
+    concatenated views, as SimCLR implementations do; they differ under batch normalisation).
 
     **Parameters.** The model's ``name`` prefixes its parameters in Pyro's param store
     (``"a.prior.energy.lengthscale"``, ``"a.recognition.net$$$0.weight"`` for ``name="a"``), as
@@ -163,249 +125,347 @@ class RPM(RPMBase):
     Pyro does not copy a loaded param store back into a module's ``nn.Parameter`` s (see the
     README's section on parameters).
 
+    **Candidates.** ``queue``, a :class:`~rpm.marginals.candidates.LatentQueue`, adds K latents
+    of earlier batches to the implicit prior's normaliser (MoCo); it is a submodule, so
+    ``state_dict()`` carries it. Push into it after each step (``queue.push(...)``).
+
     :param recognition: Q(z|x), a :class:`~rpm.GaussianRecognition` or
         :class:`~rpm.DeltaRecognition` (any module returning a batch of distributions with
-        batch_shape (N,) and event_shape (D,)).
+        batch_shape (N,) and event_shape (D,)), or a list of them (one per view, or per group).
     :param prior: a :class:`~rpm.priors.base.Prior` (or a plain callable ``prior(q, q2) ->
-        (z, z2)`` declaring the sites ``"z"`` and ``"z2"``, which gets the hooks' defaults).
-    :param recognition2: Q(z'|x') for the second view; by default the first view's model is
-        shared.
+        (z, z2)`` declaring the sites ``"z"`` and ``"z2"``, a pair-form prior with the hooks'
+        defaults).
+    :param recognition2: Q(z'|x') for the second view of a pair (model index 1 of
+        ``groups``); by default the first view's model is shared.
+    :param groups: for a list of G recognition models, ``groups[j]`` is the index of view j's
+        model (a list of J integers); default: view j uses model j.
+    :param str encoder_calls: ``"per_view"`` (default) or ``"concat"``.
+    :param bool pooled_marginal: joint form: pool the marginals over all views (see above).
+    :param str guide: joint form: ``"recognition"`` (Eq. 14) or ``"structured"`` (the prior's
+        posterior).
+    :param queue: a :class:`~rpm.marginals.candidates.LatentQueue` or None.
     :param name: the prefix of the model's parameters in Pyro's param store; by default
         ``"rpm"``, ``"rpm_1"``, ... (unique in the process, :class:`~rpm.models.base.RPMBase`).
     :raises ValueError: for a deterministic encoder (Delta, no noise) with a prior that is an
-        explicit continuous density (Appendix B of Aitchison & Ganev).
+        explicit continuous density (Appendix B of Aitchison & Ganev), or a structured guide the
+        prior does not have.
     """
 
-    def __init__(self, recognition, prior, recognition2=None, name: str | None = None):
+    def __init__(self, recognition, prior, recognition2=None, *, groups: list[int] | None = None,
+                 encoder_calls: str = "per_view", pooled_marginal: bool = False,
+                 guide: str = "recognition", queue: LatentQueue | None = None,
+                 name: str | None = None):
         super().__init__(name)
-        for name, module in (("recognition", recognition), ("recognition2", recognition2)):
-            if module is not None and not callable(module):
-                raise TypeError(f"{name} must be callable (x -> distribution), got {module!r}")
+        per_view = isinstance(recognition, (list, tuple, torch.nn.ModuleList))
+        modules = list(recognition) if per_view else [recognition]
+        if recognition2 is not None:
+            if per_view:
+                raise ValueError("give either a list of recognition models or recognition2, "
+                                 "not both")
+            modules.append(recognition2)
+        if per_view and len(modules) < 1:
+            raise ValueError("the list of recognition models is empty; pass one module to share "
+                             "it over the views, or one per view or group")
+        for index, module in enumerate(modules):
+            if not callable(module):
+                label = "recognition" if index == 0 else f"recognition{index + 1}"
+                raise TypeError(f"{label} must be callable (x -> distribution), got {module!r}")
         if not callable(prior):
             raise TypeError(f"prior must be callable as prior(q, q2), got {prior!r}")
-        self.adopt(recognition=recognition, recognition2=recognition2, prior=prior)
-        if not _accepts_delta(prior):
-            for name, module in (("recognition", recognition), ("recognition2", recognition2)):
-                if isinstance(module, DeltaRecognition) and module.is_deterministic:
-                    raise ValueError(_delta_with_density_message(name, prior))
-
-    def recognise(
-        self, x: torch.Tensor, x2: torch.Tensor
-    ) -> tuple[TorchDistribution, TorchDistribution]:
-        """Validates a batch of pairs and returns the recognition distributions (q, q2),
-        each with batch_shape (N,) and event_shape (D,)."""
-        for name, value in (("x", x), ("x2", x2)):
-            if not isinstance(value, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-            if value.dim() < 1:
-                raise ValueError(f"{name} must have a batch dimension, got a scalar")
-        if x.shape[0] != x2.shape[0]:
-            raise ValueError(
-                f"x and x2 are paired views and need the same batch size, got {x.shape[0]} and "
-                f"{x2.shape[0]}; pass the two views of the same N pairs (x[i] and x2[i] form "
-                "pair i)"
-            )
-        if x.shape[0] < 2:
-            raise ValueError(
-                f"a batch of {x.shape[0]} pair has nothing to contrast: the recognition marginal "
-                "is a mixture over the batch, so use at least 2 pairs (in practice many more)"
-            )
-        if is_validation_enabled():
-            for name, value in (("x", x), ("x2", x2)):
-                _check_finite_input(name, value)
-        q = self.recognition(x)
-        q2 = (self.recognition2 or self.recognition)(x2)
-        for name, dist in (("recognition", q), ("recognition2", q2)):
-            if dist.batch_shape != (x.shape[0],) or len(dist.event_shape) != 1:
+        if groups is not None:
+            if not (isinstance(groups, (list, tuple)) and all(
+                    isinstance(g, int) and not isinstance(g, bool) and 0 <= g < len(modules)
+                    for g in groups)):
                 raise ValueError(
-                    f"{name} must return a distribution with batch_shape (N,) = ({x.shape[0]},) "
-                    f"and event_shape (D,), got batch_shape {tuple(dist.batch_shape)} and "
-                    f"event_shape {tuple(dist.event_shape)}"
-                )
-        if q.event_shape != q2.event_shape:
+                    f"groups must be a list of integers in [0, {len(modules)}) (the index of "
+                    f"each view's recognition model), got {groups!r}")
+            groups = list(groups)
+        if encoder_calls not in ENCODER_CALLS:
+            raise ValueError(f"encoder_calls must be one of {ENCODER_CALLS}, got {encoder_calls!r}")
+        check_bool("pooled_marginal", pooled_marginal)
+        if guide not in _GUIDES:
+            raise ValueError(f"guide must be one of {_GUIDES}, got {guide!r}")
+        if queue is not None:
+            if not isinstance(queue, LatentQueue):
+                raise TypeError(f"queue must be an rpm.inference.LatentQueue, got {queue!r}")
+            if not hook(prior, "accepts_queue"):
+                raise ValueError(
+                    f"the prior {type(prior).__name__} takes no queue of earlier latents (its "
+                    "normaliser is not an estimate over candidates of the marginal); use "
+                    "ImplicitPrior for MoCo's queue")
+        joint = hook(prior, "joint_views")
+        if guide == "structured" and (not isinstance(prior, Prior)
+                                      or type(prior).posterior is Prior.posterior):
             raise ValueError(
-                f"the two views' latents have different dimensions {q.event_shape[0]} and "
-                f"{q2.event_shape[0]}; both encoders must output the same latent dimension"
-            )
-        prior_dim = self.prior.dim if isinstance(self.prior, Prior) else None
-        if prior_dim is not None and prior_dim != q.event_shape[0]:
+                f"guide='structured' needs a prior with a structured posterior; "
+                f"{type(prior).__name__} has none (use guide='recognition', or StateSpacePrior)")
+        if not joint and (pooled_marginal or guide != "recognition"):
+            raise ValueError(
+                "pooled_marginal and guide='structured' belong to priors over J views (the joint "
+                f"form, e.g. StateSpacePrior); {type(prior).__name__} is a pair prior (its "
+                "likelihood_marginals hook chooses the marginals)")
+        self.adopt(recognition=PyroModuleList(modules) if per_view else recognition,
+                   recognition2=recognition2, prior=prior)
+        self.per_view = per_view
+        self.groups = groups
+        self.encoder_calls = encoder_calls
+        self.pooled_marginal = pooled_marginal
+        self.guide_kind = guide
+        self.queue = queue
+        if not hook(prior, "accepts_delta_recognition"):
+            for index, module in enumerate(modules):
+                if isinstance(module, DeltaRecognition) and module.is_deterministic:
+                    label = "recognition" if index == 0 else f"recognition{index + 1}"
+                    raise ValueError(delta_with_density_message(label, prior))
+
+    # -- the views -----------------------------------------------------------------------------
+
+    @property
+    def modules_list(self) -> list:
+        """The recognition models, in the order ``groups`` indexes them."""
+        if self.per_view:
+            return list(self.recognition)
+        if getattr(self, "recognition2", None) is not None:
+            return [self.recognition, self.recognition2]
+        return [self.recognition]
+
+    def _views(self, args: tuple) -> tuple[list[str], list[torch.Tensor], torch.Tensor | None]:
+        """The views of a call: names, the J tensors (N, ...), and the stacked input (N, J, ...)
+        when the call gave one tensor."""
+        if len(args) == 2:
+            return ["x", "x2"], list(args), None
+        if len(args) == 1 and isinstance(args[0], (list, tuple)):
+            views = list(args[0])
+            if len(views) < 2:
+                raise ValueError(f"an RPM needs J >= 2 views per instance, got a list of "
+                                 f"{len(views)}")
+            return [f"views[{j}]" for j in range(len(views))], views, None
+        if len(args) == 1:
+            x = args[0]
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"x must be a torch.Tensor or a list of views, got "
+                                f"{type(x).__name__}")
+            if x.dim() < 3:
+                raise ValueError(
+                    f"x of shape {tuple(x.shape)} is read as (N, J, ...), J views stacked on axis "
+                    f"1, which leaves no axis for the frame itself: the view axis is missing. "
+                    f"Pass x of shape (N, T, features), or the views as a list [x_1, ..., x_J] "
+                    f"(for scalar frames, x.unsqueeze(-1))")
+            if x.shape[1] < 2:
+                raise ValueError(f"an RPM needs J >= 2 views per instance (T >= 2 views per "
+                                 f"sequence), got x of shape {tuple(x.shape)} (T = {x.shape[1]})")
+            return [f"x[:, {j}]" for j in range(x.shape[1])], list(x.unbind(1)), x
+        raise TypeError(
+            f"{type(self).__name__} takes two views (x, x2), a list of J views, or one tensor "
+            f"(N, J, ...) of stacked views; got {len(args)} arguments")
+
+    def _groups(self, num_views: int) -> list[int]:
+        modules = self.modules_list
+        if self.groups is not None:
+            if len(self.groups) != num_views:
+                raise ValueError(f"groups names a recognition model for {len(self.groups)} views "
+                                 f"but the batch has J = {num_views} views")
+            return self.groups
+        if len(modules) == 1:
+            return [0] * num_views
+        if len(modules) != num_views:
+            raise ValueError(
+                f"the model has {len(modules)} recognition models but the batch has J = "
+                f"{num_views} views; give one per view, or groups=[...] naming each view's model")
+        return list(range(num_views))
+
+    def _encode(self, args: tuple) -> tuple[list[TorchDistribution], TorchDistribution | None]:
+        """The views' recognition distributions (J, each batch (N,)) and, in the joint form,
+        their stack (batch (N, J))."""
+        names, views, stacked = self._views(args)
+        groups = self._groups(len(views))
+        modules = self.modules_list
+        batch_size = check_inputs(names, views)
+        joint = hook(self.prior, "joint_views")
+        if not joint and len(views) != 2:
+            raise ValueError(
+                f"the prior {type(self.prior).__name__} is a pair prior (sites 'z' and 'z2') but "
+                f"the batch has J = {len(views)} views; use a prior over J views (the joint "
+                "form, e.g. MarkovImplicitPrior, StateSpacePrior)")
+        if stacked is not None and self.encoder_calls == "concat" and len(modules) == 1:
+            # One call on all N J frames in their memory order (N, J, ...) -> (N J, ...).
+            flat = stacked.reshape(batch_size * len(views), *stacked.shape[2:])
+            dist = call_encoder(modules[0], flat, "x")
+            encoded = _split_rows(dist, batch_size, len(views))
+        else:
+            encoded = encode_views(names, views, modules, groups, self.encoder_calls, batch_size)
+        dim = encoded[0].event_shape[0]
+        prior_dim = hook(self.prior, "dim")
+        if prior_dim is not None and prior_dim != dim:
             raise ValueError(
                 f"the prior was built for latent dimension {prior_dim} but the encoder outputs "
-                f"dimension {q.event_shape[0]}; make them agree (e.g. dim={q.event_shape[0]})"
+                f"dimension {dim}; make them agree (e.g. dim={dim})"
             )
-        if not _accepts_delta(self.prior):
-            for name, dist in (("recognition", q), ("recognition2", q2)):
+        if not hook(self.prior, "accepts_delta_recognition"):
+            for j, dist in enumerate(encoded):
                 if isinstance(dist, Delta):
-                    raise ValueError(_delta_with_density_message(name, self.prior))
-        return q, q2
+                    name = "recognition" if groups[j] == 0 else f"recognition{groups[j] + 1}"
+                    raise ValueError(delta_with_density_message(name, self.prior))
+        return encoded, (stack_views(encoded) if joint else None)
+
+    def recognise(self, *args):
+        """Validates a batch and returns its recognition distributions: for a pair prior
+        ``(q, q2)``, each with batch_shape (N,) and event_shape (D,); for a prior over J views
+        the J views' distributions as one, batch_shape (N, J), event_shape (D,)."""
+        encoded, stacked = self._encode(args)
+        return stacked if stacked is not None else tuple(encoded)
+
+    def candidates(self, global_batch: bool = False) -> Candidates:
+        """The step's :class:`~rpm.marginals.candidates.Candidates`: the batch, every process's
+        batch (``global_batch``), and this model's queue."""
+        return Candidates(global_batch=global_batch, queue=self.queue)
+
+    def marginal(self, q: TorchDistribution, block_size: int | None = None,
+                 candidates: Candidates | None = None) -> SequenceMixtureMarginal:
+        r"""The joint form's recognition marginals :math:`\prod_j Q_j` (per view or pooled)."""
+        return SequenceMixtureMarginal(q, pooled=self.pooled_marginal, block_size=block_size,
+                                       candidates=candidates)
+
+    def guide_distribution(self, q: TorchDistribution) -> TorchDistribution:
+        """The joint form's guide distribution of ``"z"``: batch_shape (N,), event_shape (J, D)."""
+        if self.guide_kind == "structured":
+            return self.prior.posterior(q)
+        return q.to_event(1)
+
+    # -- the Pyro program ---------------------------------------------------------------------
+
+    def _prior_args(self, *args):
+        """The prior's arguments, with the candidates when a queue is set."""
+        return (*args, self.candidates()) if self.queue is not None else args
 
     @pyro_method
     def sample_prior(self, q: TorchDistribution, q2: TorchDistribution):
-        """Runs the prior inside the current plate and checks it declared ``"z"`` and ``"z2"``."""
-        with poutine.trace() as tracer:
-            result = self.prior(q, q2)
-        missing = [name for name in ("z", "z2") if name not in tracer.trace.nodes]
-        if missing:
-            raise ValueError(
-                f"the prior {type(self.prior).__name__} did not declare the sample site(s) "
-                f"{missing}; a prior must call pyro.sample('z', ...) and pyro.sample('z2', ...) "
-                "and return (z, z2)"
-            )
-        if not (isinstance(result, tuple) and len(result) == 2):
-            got = type(result).__name__
-            if isinstance(result, (tuple, list)):
-                got += f" of length {len(result)}"
-            raise ValueError(
-                f"the prior {type(self.prior).__name__} must return the pair (z, z2), got "
-                f"{got}; end its forward with `return z, z2`"
-            )
-        return result
+        """Runs the pair-form prior inside the current plate and checks it declared ``"z"``
+        and ``"z2"`` (:func:`~rpm.priors.base.declare_prior`)."""
+        return declare_prior(self.prior, *self._prior_args(q, q2), sites=("z", "z2"))
 
     @pyro_method
-    def model(self, x: torch.Tensor, x2: torch.Tensor):
-        r"""The generative model of Eq. 9-10: prior sites "z", "z2"; likelihood factors "x", "x2".
-
-        The factors are per pair, inside ``pyro.plate("pairs", N)``; so are the prior's sites,
-        unless the prior is :attr:`~rpm.priors.base.Prior.joint_over_batch` (the implicit
-        prior), whose sites are whole-batch events declared outside the plate."""
-        q, q2 = self.recognise(x, x2)
-        pairs = pyro.plate("pairs", x.shape[0])
-        if _joint_over_batch(self.prior):
+    def model(self, *args):
+        r"""The generative model of Eq. 9-10 (class docstring): pair form, prior sites
+        ``"z"``, ``"z2"`` and likelihood factors ``"x"``, ``"x2"``; joint form, prior site
+        ``"z"`` (event (J, D)) and the factor ``"x"``."""
+        encoded, q = self._encode(args)
+        batch_size = encoded[0].batch_shape[0]
+        joint_over_batch = hook(self.prior, "joint_over_batch")
+        if q is not None:  # the joint form
+            marginal = self.marginal(q)
+            plate = pyro.plate(_JOINT_PLATE, batch_size)
+            if joint_over_batch:
+                z = declare_prior(self.prior, q, marginal, sites=("z",))
+                rows = _particle_rows(z, 3)
+            else:
+                with plate:
+                    z = rows = declare_prior(self.prior, q, marginal, sites=("z",))
+            with plate:
+                pyro.factor("x", likelihood_factor(q.log_prob(rows).sum(-1), marginal.log_prob(rows)))
+            return z
+        q, q2 = encoded
+        pairs = pyro.plate(_PAIR_PLATE, batch_size)
+        if joint_over_batch:
             z, z2 = self.sample_prior(q, q2)
-            # A whole-batch event under an outer plate (vectorised particles, Predictive) has
-            # batch_shape (..., 1): the 1 is this plate's slot. Its N rows take that slot.
-            rows, rows2 = (value.squeeze(-3) if value.dim() > 2 else value for value in (z, z2))
+            rows, rows2 = _particle_rows(z, 2), _particle_rows(z2, 2)
         else:
             with pairs:
                 z, z2 = self.sample_prior(q, q2)
             rows, rows2 = z, z2
-        marginal, marginal2 = _likelihood_marginals(self.prior, q, q2)
+        marginal, marginal2 = likelihood_marginals(self.prior, q, q2)
         with pairs:
-            pyro.factor("x", _log_likelihood(q, marginal, rows))
-            pyro.factor("x2", _log_likelihood(q2, marginal2, rows2))
+            pyro.factor("x", likelihood_factor(q.log_prob(rows), marginal.log_prob(rows)))
+            pyro.factor("x2", likelihood_factor(q2.log_prob(rows2), marginal2.log_prob(rows2)))
         return z, z2
 
     @pyro_method
-    def guide(self, x: torch.Tensor, x2: torch.Tensor):
-        r"""The approximate posterior of Eq. 14: the recognition models, Q(z|x) Q(z'|x').
-
-        Per pair inside ``pyro.plate("pairs", N)``, or, for a prior that is
-        :attr:`~rpm.priors.base.Prior.joint_over_batch`, as whole-batch events
-        ``Q(z|x).to_event(1)`` (the same draws, the same log-density summed over the pairs)."""
-        q, q2 = self.recognise(x, x2)
-        if _joint_over_batch(self.prior):
+    def guide(self, *args):
+        r"""The approximate posterior: the recognition models (Eq. 14), per instance inside the
+        plate, or as whole-batch events for a prior that is
+        :attr:`~rpm.priors.base.Prior.joint_over_batch` (the same draws, the same log-density
+        summed over the instances); in the joint form optionally the prior's structured
+        posterior."""
+        encoded, q = self._encode(args)
+        batch_size = encoded[0].batch_shape[0]
+        joint_over_batch = hook(self.prior, "joint_over_batch")
+        if q is not None:
+            guide = self.guide_distribution(q)
+            if joint_over_batch:
+                return pyro.sample("z", guide.to_event(1))
+            with pyro.plate(_JOINT_PLATE, batch_size):
+                return pyro.sample("z", guide)
+        q, q2 = encoded
+        if joint_over_batch:
             z = pyro.sample("z", q.to_event(1))
             z2 = pyro.sample("z2", q2.to_event(1))
         else:
-            with pyro.plate("pairs", x.shape[0]):
+            with pyro.plate(_PAIR_PLATE, batch_size):
                 z = pyro.sample("z", q)
                 z2 = pyro.sample("z2", q2)
         return z, z2
+
+    # -- what the objective needs (rpm.inference.objective) -------------------------------------
+
+    def objective_inputs(self, *args, global_batch: bool = False,
+                         block_size: int | None = None) -> ObjectiveInputs:
+        """The recognition distributions, the guide's distributions (in its order) and the
+        candidates of one batch, each encoder evaluated once (for :class:`~rpm.RPMELBO`)."""
+        candidates = self.candidates(global_batch)
+        encoded, q = self._encode(args)
+        if q is None:
+            return ObjectiveInputs(prior=self.prior, guides=tuple(encoded),
+                                   recognitions=tuple(encoded), plate=_PAIR_PLATE,
+                                   candidates=candidates)
+        marginal = self.marginal(q, block_size=block_size, candidates=candidates)
+        guide = self.guide_distribution(q)
+        return ObjectiveInputs(prior=self.prior, guides=(guide,), recognitions=(q, marginal),
+                               plate=_JOINT_PLATE, candidates=candidates,
+                               structured=self.guide_kind == "structured")
 
     @pyro_method
     def log_ratio(
         self, z: torch.Tensor, z2: torch.Tensor, q: TorchDistribution, q2: TorchDistribution,
         global_batch: bool = False, block_size: int | None = None,
     ) -> torch.Tensor:
-        r"""Total :math:`\sum_i \log P(z_i, z'_i) - \log Q(z_i) - \log Q(z'_i)` over the batch.
-
-        The prior's own :meth:`~rpm.priors.base.Prior.log_ratio` (analytic cancellations) when
-        it returns one; otherwise the prior traced with ``"z"``, ``"z2"`` conditioned on the
-        given values, minus the marginals of the likelihood factors
-        (:meth:`~rpm.priors.base.Prior.likelihood_marginals`; by default each view's own
-        minibatch mixture, Eq. 11).
+        r"""Pair form: total :math:`\sum_i \log P(z_i, z'_i) - \log Q(z_i) - \log Q(z'_i)` over
+        the batch (:func:`~rpm.priors.base.prior_log_ratio`: the prior's analytic log-ratio, or
+        the traced prior minus the likelihood marginals).
 
         :param torch.Tensor z: first-view latents, shape (N, D).
         :param torch.Tensor z2: second-view latents, shape (N, D).
         :param q: first-view recognition distributions, batch_shape (N,).
         :param q2: second-view recognition distributions, batch_shape (N,).
         :param bool global_batch: evaluate the marginals (and the prior's normaliser) over the
-            batches of every rank, gathered with :func:`~rpm.distributed.all_gather_with_grad`;
-            the return value is this rank's share.
+            batches of every process; the return value is this process's share.
         :param block_size: stream the O(N^2) parts in blocks of this size (``None``: by size).
         :return: a scalar.
         """
-        if isinstance(self.prior, Prior):
-            negatives = all_gather_with_grad(z2) if global_batch else None
-            ratio = self.prior.log_ratio(z, z2, q, q2, negatives=negatives,
-                                         block_size=block_size)
-            if ratio is not None:
-                return ratio.sum()
-        conditioned = poutine.condition(self.sample_prior, data={"z": z, "z2": z2})
-        if _joint_over_batch(self.prior):
-            trace = poutine.trace(conditioned).get_trace(q, q2)
-        else:
-            with pyro.plate("pairs", z.shape[0]):
-                trace = poutine.trace(conditioned).get_trace(q, q2)
-        trace.compute_log_prob()
-        log_prior = sum(
-            site["log_prob"].sum() for site in trace.nodes.values() if site["type"] == "sample"
-        )
-        marginal, marginal2 = _likelihood_marginals(self.prior, q, q2)
-        log_marginals = (_marginal_log_prob(marginal, z, global_batch, block_size).sum()
-                         + _marginal_log_prob(marginal2, z2, global_batch, block_size).sum())
-        return log_prior - log_marginals
+        return prior_log_ratio(self.prior, (z, z2), (q, q2), _PAIR_PLATE,
+                               self.candidates(global_batch), block_size)
 
     @pyro_method
-    def elbo(self, x: torch.Tensor, x2: torch.Tensor, num_particles: int = 1,
-             global_batch: bool = False, block_size: int | None = None) -> torch.Tensor:
-        r"""The ELBO of Eq. 15 summed over the N pairs, each encoder evaluated once.
-
-        .. math::
-
-            \mathcal{L} = \frac1S \sum_{s=1}^S \sum_i \big[\log P(z^s_i, z'^s_i)
-            - \log Q(z^s_i) - \log Q(z'^s_i)\big], \qquad z^s_i \sim Q(z|x_i),\
-            z'^s_i \sim Q(z'|x'_i),
-
-        the recognition log-densities of the likelihood (Eq. 10) and of the guide cancelled
-        analytically; the samples are drawn as :meth:`guide` draws them (``"z"`` then ``"z2"``),
-        so with the same random numbers it equals ``-Trace_ELBO`` on ``(model, guide)``. See
-        :meth:`~rpm.models.base.RPMBase.elbo` for the contract.
-
-        :param torch.Tensor x: first views, shape (N, ...).
-        :param torch.Tensor x2: second views, shape (N, ...).
-        :param int num_particles: S, the number of samples averaged.
-        :param bool global_batch: marginals and normaliser over every rank's batch.
-        :param block_size: block edge for the O(N^2) kernels; None decides by size.
-        :return: a scalar tensor.
-        """
-        q, q2 = self.recognise(x, x2)
-        total = 0.0
-        for _ in range(num_particles):
-            z = q.rsample()  # (N, D): the guide's site "z"
-            z2 = q2.rsample()  # (N, D): the guide's site "z2"
-            total = total + self.log_ratio(z, z2, q, q2, global_batch=global_batch,
-                                           block_size=block_size)
-        return total / num_particles
-
-    @pyro_method
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """The recognition mean of the first view, shape (N, D): the learned representation."""
-        return self.recognition(x).mean
+    def encode(self, *args) -> torch.Tensor:
+        """The learned representation: for one tensor x (N, ...) the recognition mean of the
+        first view's model, shape (N, D); for the views of a batch (as :meth:`model` takes
+        them) the means of every view, shape (N, J, D)."""
+        if len(args) == 1 and isinstance(args[0], torch.Tensor) and not hook(
+                self.prior, "joint_views"):
+            return self.modules_list[0](args[0]).mean
+        encoded, _ = self._encode(args)
+        return torch.stack([dist.mean for dist in encoded], dim=1)
 
 
-def _check_finite_input(name: str, value: torch.Tensor) -> None:
-    """Raises ValueError naming the rows of ``value`` (N, ...) that hold NaN or infinite entries."""
-    if not value.is_floating_point() and not value.is_complex():
-        return
-    if torch.isfinite(value).all():  # one reduction per step; the rows only for the message
-        return
-    finite = torch.isfinite(value).reshape(value.shape[0], -1).all(-1)  # (N,)
-    if not finite.all():
-        rows = torch.nonzero(~finite).flatten().tolist()
-        shown = ", ".join(str(row) for row in rows[:5]) + (", ..." if len(rows) > 5 else "")
+def _split_rows(dist: TorchDistribution, batch_size: int, num_views: int) -> list[TorchDistribution]:
+    """Recognition distributions of N J frames in (N, J) order, split into the J views."""
+    if not isinstance(dist, Distribution) or dist.batch_shape != (batch_size * num_views,):
+        got = tuple(dist.batch_shape) if isinstance(dist, Distribution) else type(dist).__name__
         raise ValueError(
-            f"{name} has NaN or infinite entries in {len(rows)} of its {value.shape[0]} rows "
-            f"(rows {shown}); clean or drop those pairs before training (this check runs "
-            "under pyro.enable_validation)"
-        )
-
-
-def _delta_with_density_message(name: str, prior) -> str:
-    return (
-        f"{name} is deterministic (DeltaRecognition with noise_scale=0) but the prior "
-        f"{type(prior).__name__} is an explicit continuous density: the recognition marginal "
-        "Q(z) is then a discrete distribution on the batch points and log P(z) - log Q(z) is "
-        "ill-defined (Appendix B of Aitchison & Ganev). Use DeltaRecognition(net, "
-        "noise_scale=1e-2) (any eps > 0) or a GaussianRecognition, or an ImplicitPrior"
-    )
+            f"the recognition model returned batch_shape {got} for {batch_size * num_views} "
+            "frames; it must return batch_shape (N,) for N frames")
+    loc, scale = recognition_components(dist)
+    loc = loc.reshape(batch_size, num_views, -1)
+    if scale is None:
+        return [Delta(loc[:, j], event_dim=1) for j in range(num_views)]
+    scale = scale.reshape(loc.shape)
+    return [Normal(loc[:, j], scale[:, j]).to_event(1) for j in range(num_views)]

@@ -29,13 +29,27 @@ P_\text{true}(x) / Q(z)` (Eq. 10) divides by are the prior's to choose
 
 from __future__ import annotations
 
+import pyro
 import torch
+from pyro import poutine
 from pyro.distributions import TorchDistribution
 
 from rpm.marginals import MixtureMarginal
+from rpm.marginals.candidates import Candidates
+from rpm.marginals.mixture_marginal import delta_mixture_log_prob
 from rpm.nn import NamedModule
+from rpm.ops.gaussian_mixture import gaussian_mixture_log_prob
 
-__all__ = ["Energy", "Prior", "positive_hyperparameter"]
+__all__ = [
+    "Energy",
+    "Prior",
+    "declare_prior",
+    "delta_with_density_message",
+    "likelihood_factor",
+    "likelihood_marginals",
+    "positive_hyperparameter",
+    "prior_log_ratio",
+]
 
 
 def positive_hyperparameter(name: str, value) -> torch.Tensor:
@@ -64,30 +78,48 @@ def positive_hyperparameter(name: str, value) -> torch.Tensor:
 
 
 class Prior(NamedModule):
-    r"""Base class of priors :math:`P(z, z')` over the latents of a pair (Eq. 9 of Aitchison &
-    Ganev).
+    r"""Base class of priors :math:`P(z_1, \dots, z_J)` over the latents of J >= 2 views of an
+    instance (Eq. 9 of Aitchison & Ganev; ``docs/theory.md``, J views and sequences).
+
+    One protocol, two call forms, chosen by :attr:`joint_views`:
+
+    * **pair form** (``joint_views = False``, J = 2): ``forward(q, q2)`` declares the sample
+      sites ``"z"`` and ``"z2"`` and returns ``(z, z2)``, q and q2 being the two views'
+      recognition distributions (batch_shape (N,), event_shape (D,));
+    * **joint form** (``joint_views = True``, any J, e.g. T frames of a sequence or J
+      augmentations): ``forward(q, marginal)`` declares one site ``"z"`` with event_shape
+      (J, D) and returns its value (N, J, D); q has batch_shape (N, J), and ``marginal`` is the
+      model's :class:`~rpm.marginals.SequenceMixtureMarginal` :math:`\prod_j Q_j`
+      (:class:`~rpm.priors.SequencePrior` is this form's base class).
 
     Implement :meth:`forward`; override the other hooks when their defaults do not fit:
 
-    ==============================  =========================================================
-    hook                            default
-    ==============================  =========================================================
-    :meth:`forward` (required)      declares ``"z"`` and ``"z2"`` and returns their values
-    :meth:`log_ratio`               ``None``: no analytic cancellation, the ELBO traces
-                                    :meth:`forward` and subtracts the mixture marginals
-    :attr:`accepts_delta_recognition`  ``False``: the prior is a density on
-                                    :math:`\mathbb{R}^D \times \mathbb{R}^D`, so Delta
-                                    encoders are refused (Appendix B)
-    :attr:`dim`                     ``None``: any latent dimension
-    :attr:`joint_over_batch`        ``False``: the sites are per pair, declared inside the
-                                    model's plate over the pairs
-    :meth:`likelihood_marginals`    each view's own minibatch mixture, ``MixtureMarginal(q)``
-                                    and ``MixtureMarginal(q2)``
-    ==============================  =========================================================
+    ==================================  =======================================================
+    hook                                default
+    ==================================  =======================================================
+    :meth:`forward` (required)          declares the sites (above) and returns their values
+    :meth:`log_ratio`                   ``None``: no analytic cancellation, the ELBO traces
+                                        :meth:`forward` and subtracts the mixture marginals
+                                        (:func:`prior_log_ratio`)
+    :attr:`joint_views`                 ``False``: the pair form
+    :attr:`accepts_delta_recognition`   ``False``: the prior is a density on
+                                        :math:`\mathbb{R}^{J D}`, so Delta encoders are refused
+                                        (Appendix B)
+    :attr:`dim`                         ``None``: any latent dimension
+    :attr:`joint_over_batch`            ``False``: the sites are per instance, declared inside
+                                        the model's plate over the N instances
+    :attr:`accepts_queue`               ``False``: the normaliser takes no queued latents
+    :meth:`likelihood_marginals`        pair form: each view's own minibatch mixture
+    :meth:`posterior`                   ``None``: no structured guide of the prior's own
+    ==================================  =======================================================
 
     A plain callable ``prior(q, q2)`` (not a :class:`Prior`) is accepted by :class:`~rpm.RPM`
-    with all the defaults.
+    as a pair-form prior with all the defaults.
     """
+
+    #: False: the pair form, ``forward(q, q2)`` declaring ``"z"`` and ``"z2"``. True: the joint
+    #: form over J views, ``forward(q, marginal)`` declaring ``"z"`` with event_shape (J, D).
+    joint_views: bool = False
 
     #: True when :math:`P(z, z')` is defined relative to the recognition marginals (as the
     #: implicit prior's :math:`P(z) = Q(z)`, :math:`P(z'|z) \propto Q(z') e^{f}`), so that
@@ -100,22 +132,33 @@ class Prior(NamedModule):
     #: checks the encoders' output against it.
     dim: int | None = None
 
-    #: False (the default): the pairs are independent under the prior, and :meth:`forward` is
-    #: called inside the model's ``pyro.plate("pairs", N)``, declaring per-pair sites (batch
-    #: (N,), event (D,)). True when the prior couples the pairs of a batch (the implicit
-    #: prior's conditional is normalised over the batch's own latents): :meth:`forward` is then
-    #: called outside the plate and declares ``"z"`` and ``"z2"`` each as one event of shape
-    #: (N, D), and the :class:`~rpm.RPM`'s guide declares its two sites the same way, so that
-    #: model and guide agree on every site's shape and Pyro's batch semantics hold.
+    #: False (the default): the instances are independent under the prior, and
+    #: :meth:`forward` is called inside the model's ``pyro.plate`` over the N instances,
+    #: declaring per-instance sites (batch (N,)). True when the prior couples the instances of
+    #: a batch (the implicit prior's conditional is normalised over the batch's own latents):
+    #: :meth:`forward` is then called outside the plate and declares each site as one event
+    #: over the whole batch ((N, D) for a pair site, (N, J, D) for the joint form), and the
+    #: :class:`~rpm.RPM`'s guide declares its sites the same way, so that model and guide
+    #: agree on every site's shape and Pyro's batch semantics hold.
     joint_over_batch: bool = False
 
+    #: True when the normaliser of :meth:`log_ratio` and :meth:`forward` takes the latents of
+    #: a :class:`~rpm.marginals.candidates.LatentQueue` as extra candidates (the implicit
+    #: prior: MoCo); :class:`~rpm.RPM` refuses a queue for a prior that does not.
+    accepts_queue: bool = False
+
     def forward(self, q: TorchDistribution, q2: TorchDistribution):
-        r"""Declares the sample sites ``"z"`` and ``"z2"`` inside the model's plate over the N
-        pairs and returns their values ``(z, z2)``, each of shape (N, D).
+        r"""Declares the prior's sample sites and returns their values.
+
+        Pair form: ``"z"`` and ``"z2"``, each (N, D), inside the model's plate over the N pairs
+        (or as whole-batch events, :attr:`joint_over_batch`). Joint form: ``forward(q,
+        marginal)`` declaring ``"z"`` (N, J, D).
 
         :param q: the first view's recognition distributions, batch_shape (N,), event_shape
-            (D,) (the implicit prior's marginal is built from them; explicit priors ignore them).
-        :param q2: the second view's, likewise.
+            (D,) (the implicit prior's marginal is built from them; explicit priors ignore them);
+            in the joint form all J views', batch_shape (N, J).
+        :param q2: the second view's, likewise; in the joint form the marginal
+            :math:`\prod_j Q_j`.
         """
         raise NotImplementedError(
             f"{type(self).__name__} must implement forward(q, q2), declaring the sample sites "
@@ -124,9 +167,9 @@ class Prior(NamedModule):
 
     def log_ratio(
         self, z: torch.Tensor, z2: torch.Tensor, q: TorchDistribution, q2: TorchDistribution,
-        negatives: torch.Tensor | None = None, block_size: int | None = None,
+        candidates: Candidates | None = None, block_size: int | None = None,
     ) -> torch.Tensor | None:
-        r"""The per-pair ELBO term after analytic cancellation, or None (the default).
+        r"""The per-instance ELBO term after analytic cancellation, or None (the default).
 
         .. math::
 
@@ -135,17 +178,21 @@ class Prior(NamedModule):
         (Eq. 15 of Aitchison & Ganev, the terms inside the expectation), for a prior whose
         log-density cancels the recognition marginals in closed form: the implicit prior
         returns :math:`f(z_i, z'_i) - \log \frac1M \sum_j e^{f(z_i, z'_j)}` (Eq. 23-25)
-        without evaluating any mixture. Returning None makes :class:`~rpm.RPMELBO` trace
-        :meth:`forward` with ``"z"``, ``"z2"`` conditioned on the samples and subtract the
-        minibatch-mixture marginals; both routes must agree with ``Trace_ELBO``.
+        without evaluating any mixture. Returning None makes the ELBO trace :meth:`forward`
+        with its sites conditioned on the samples and subtract the minibatch-mixture marginals
+        (:func:`prior_log_ratio`); both routes must agree with ``Trace_ELBO``.
+
+        In the joint form the signature is ``log_ratio(z (N, J, D), q (N, J), marginal,
+        candidates=None, block_size=None)`` and the term is :math:`\log P(z_{i,1:J}) - \sum_j
+        \log Q_j(z_{i,j})`.
 
         :param torch.Tensor z: first-view latents, shape (N, D).
         :param torch.Tensor z2: second-view latents, shape (N, D), paired with z.
         :param q: first-view recognition distributions, batch_shape (N,).
         :param q2: second-view recognition distributions, batch_shape (N,).
-        :param negatives: the candidates :math:`z'_{1:M}` of a normaliser over a global batch
-            (every rank's z2, gathered by :class:`~rpm.RPMELBO` with ``global_batch=True``),
-            shape (M, D); None means the batch's own z2.
+        :param candidates: where the normaliser's candidates come from
+            (:class:`~rpm.marginals.candidates.Candidates`: the batch, every process's batch,
+            a queue); None means the batch's own z2.
         :param block_size: stream the O(N M) parts in blocks of this many rows; None decides by
             size.
         :return: shape (N,), or None.
@@ -155,7 +202,8 @@ class Prior(NamedModule):
     def likelihood_marginals(
         self, q: TorchDistribution, q2: TorchDistribution
     ) -> tuple[MixtureMarginal, MixtureMarginal]:
-        r"""The recognition marginals :math:`(Q_1, Q_2)` that the likelihood factors divide by.
+        r"""The recognition marginals :math:`(Q_1, Q_2)` that the likelihood factors divide by
+        (pair form).
 
         .. math::
 
@@ -168,7 +216,9 @@ class Prior(NamedModule):
         :math:`\log Q_1(z_i) + \log Q_2(z'_i)`. The default is each view's own minibatch mixture,
         :math:`Q_1 = \frac1N \sum_n Q(z|x_n)` and :math:`Q_2 = \frac1N \sum_n Q(z'|x'_n)`
         (Eq. 11). A prior built on another estimate of the recognition marginal returns that one
-        (the pooled prior of NT-Xent: the mixture over both views, for both).
+        (the pooled prior of NT-Xent: the mixture over both views, for both). In the joint form
+        the model's :class:`~rpm.marginals.SequenceMixtureMarginal` is used (per view, or
+        pooled over the views).
 
         :param q: first-view recognition distributions, batch_shape (N,), event_shape (D,).
         :param q2: second-view recognition distributions, likewise.
@@ -177,6 +227,12 @@ class Prior(NamedModule):
             :math:`\log Q_v(z_i)`.
         """
         return MixtureMarginal(q), MixtureMarginal(q2)
+
+    def posterior(self, q: TorchDistribution) -> TorchDistribution | None:
+        r"""A structured guide :math:`Q(z_{1:J}|x_{1:J})` built from the recognition
+        distributions (joint form, q of batch_shape (N, J)), with batch_shape (N,) and
+        event_shape (J, D); None (the default) when the prior has none."""
+        return None
 
 
 class Energy(NamedModule):
@@ -309,3 +365,207 @@ class Energy(NamedModule):
                 f"produced dimension {z.shape[1]}; build the energy with dim={z.shape[1]} or "
                 "change the encoder's output size"
             )
+
+
+# ----------------------------------------------------------------------------------------------
+# Running a prior by its protocol: shared by the RPM's Pyro program and the objective
+# (rpm.inference.objective), so that the checks, the traced fallback and the messages exist once.
+# ----------------------------------------------------------------------------------------------
+
+def hook(prior, name: str):
+    """The prior's hook ``name`` (an attribute of :class:`Prior`), or :class:`Prior`'s default
+    for a plain callable."""
+    return getattr(prior if isinstance(prior, Prior) else Prior, name)
+
+
+def delta_with_density_message(what: str, prior) -> str:
+    """The one error message for a deterministic encoder under an explicit density prior
+    (Appendix B of Aitchison & Ganev), naming the three fixes."""
+    return (
+        f"{what} is deterministic (DeltaRecognition with noise_scale=0) but the prior "
+        f"{type(prior).__name__} is an explicit continuous density: the recognition marginal "
+        "Q(z) is then a discrete distribution on the batch points and log P(z) - log Q(z) is "
+        "ill-defined (Appendix B of Aitchison & Ganev). Use DeltaRecognition(net, "
+        "noise_scale=1e-2) (any eps > 0) or a GaussianRecognition, or an implicit prior "
+        "(ImplicitPrior, MarkovImplicitPrior)"
+    )
+
+
+def _kinds(value) -> str:
+    """The type of ``value``, or of each item of a tuple or list, for an error message."""
+    if isinstance(value, (tuple, list)):
+        return f"{type(value).__name__} of " + ", ".join(type(v).__name__ for v in value)
+    return type(value).__name__
+
+
+def likelihood_marginals(
+    prior, q: TorchDistribution, q2: TorchDistribution
+) -> tuple[MixtureMarginal, MixtureMarginal]:
+    """The pair-form prior's :meth:`Prior.likelihood_marginals` (each view's own
+    :class:`~rpm.marginals.MixtureMarginal` for a plain callable), checked."""
+    if not isinstance(prior, Prior):
+        return MixtureMarginal(q), MixtureMarginal(q2)
+    marginals = prior.likelihood_marginals(q, q2)
+    if not (isinstance(marginals, tuple) and len(marginals) == 2
+            and all(isinstance(m, MixtureMarginal) for m in marginals)):
+        raise TypeError(
+            f"{type(prior).__name__}.likelihood_marginals(q, q2) must return a pair of "
+            f"rpm.MixtureMarginal (the marginals of the likelihood factors 'x' and 'x2'), got "
+            f"{_kinds(marginals)}"
+        )
+    for name, marginal, view in (("first", marginals[0], q), ("second", marginals[1], q2)):
+        if marginal.batch_shape != view.batch_shape or marginal.event_shape != view.event_shape:
+            raise ValueError(
+                f"{type(prior).__name__}.likelihood_marginals returned for the {name} view a "
+                f"marginal of batch_shape {tuple(marginal.batch_shape)} and event_shape "
+                f"{tuple(marginal.event_shape)}; it must match the view's recognition, "
+                f"{tuple(view.batch_shape)} and {tuple(view.event_shape)} (expand it)"
+            )
+    return marginals
+
+
+def likelihood_factor(log_q: torch.Tensor, log_marginal: torch.Tensor) -> torch.Tensor:
+    r"""The likelihood factor :math:`\log Q(z|x) - \log Q_v(z)` of Eq. 10 (without
+    :math:`\log P_\text{true}(x)`).
+
+    For Delta recognition a latent off the view's atoms has :math:`\log Q(z|x) = -\infty`
+    (and :math:`\log Q_v(z)` may be :math:`-\infty` too; its own prior site is
+    :math:`-\infty`): the factor is :math:`-\infty` there, not :math:`-\infty - (-\infty)` =
+    NaN.
+
+    :param torch.Tensor log_q: :math:`\log Q(z|x)`.
+    :param torch.Tensor log_marginal: :math:`\log Q_v(z)`, of the same shape.
+    """
+    return torch.where(torch.isneginf(log_q), log_q, log_q - log_marginal)
+
+
+def marginal_log_prob(marginal: MixtureMarginal, z: torch.Tensor, candidates: Candidates | None,
+                      block_size: int | None) -> torch.Tensor:
+    """:math:`\\log Q_v(z_i)` under the mixture ``marginal`` (Eq. 11), its components
+    gathered from every process when the candidates are a global batch; shape (N,)."""
+    is_global = candidates is not None and candidates.is_global
+    if marginal.family == "generic":  # components of another family: their own log_prob
+        if candidates is not None and candidates.global_batch:
+            family = type(getattr(marginal.q, "base_dist", marginal.q)).__name__
+            raise ValueError(
+                f"a global batch gathers the parameters of Gaussian or Delta recognition; "
+                f"{family} recognition has no such gather: train it without "
+                "global_batch (or use rpm.GaussianRecognition / rpm.DeltaRecognition)"
+            )
+        if block_size is None:
+            return marginal.log_prob(z)
+    if not is_global and block_size is None:
+        return marginal.log_prob(z)
+    if marginal.exclude_self:
+        raise ValueError(
+            "a likelihood marginal with exclude_self cannot be evaluated over a global batch or "
+            "in blocks; return a MixtureMarginal without exclude_self from likelihood_marginals"
+        )
+    if marginal.family == "generic":
+        return marginal.log_prob_rows(z, block_size=block_size)
+    loc, scale = marginal.loc, marginal.scale  # (K, D), (K, D) or None
+    if is_global:
+        if scale is None:
+            loc = candidates.gather(loc)
+        else:  # one collective for both
+            loc, scale = candidates.gather(torch.cat([loc, scale], dim=1)).chunk(2, dim=1)
+    if scale is None:
+        return delta_mixture_log_prob(z, loc)
+    return gaussian_mixture_log_prob(z, loc, scale, block_size=block_size)
+
+
+def declare_prior(prior, *args, sites: tuple[str, ...] = ("z", "z2")):
+    r"""Runs ``prior(*args)`` (inside whatever plate is active) and checks that it declared
+    ``sites`` and returned one value per site.
+
+    A site whose distribution has the latent axis D as a batch dimension (a prior that forgot
+    ``.to_event(1)``) makes Pyro's plate refuse the shapes; that is reported here, in one line
+    naming the fix.
+
+    :return: the prior's return value: ``(z, z2)`` for the pair form, z for the joint form.
+    """
+    name = type(prior).__name__
+    try:
+        with poutine.trace() as tracer:
+            result = prior(*args)
+    except ValueError as error:
+        if "Shape mismatch inside plate" not in str(error):
+            raise
+        raise ValueError(
+            f"the prior {name} declared a site whose batch shape does not fit the model's plate "
+            f"over the batch ({str(error).splitlines()[0]}): each instance's latent is one event "
+            "of D numbers, so declare it with .to_event(1), e.g. pyro.sample('z', "
+            "dist.Normal(loc, scale).to_event(1))"
+        ) from None
+    missing = [site for site in sites if site not in tracer.trace.nodes]
+    if missing:
+        calls = " and ".join(f"pyro.sample({site!r}, ...)" for site in sites)
+        raise ValueError(
+            f"the prior {name} did not declare the sample site(s) {missing}; a prior must call "
+            f"{calls} and return {'(z, z2)' if len(sites) == 2 else 'z'}"
+        )
+    if len(sites) == 2 and not (isinstance(result, tuple) and len(result) == 2):
+        got = type(result).__name__
+        if isinstance(result, (tuple, list)):
+            got += f" of length {len(result)}"
+        raise ValueError(
+            f"the prior {name} must return the pair (z, z2), got {got}; end its forward with "
+            "`return z, z2`"
+        )
+    return result
+
+
+def prior_log_ratio(prior, latents, recognitions, plate: str, candidates: Candidates | None = None,
+                    block_size: int | None = None) -> torch.Tensor:
+    r"""The batch's total :math:`\sum_i \log P(z_{i,1:J}) - \sum_j \log Q_j(z_{i,j})`, the
+    terms of the RPM ELBO (Eq. 15 of Aitchison & Ganev; with J views, ``docs/theory.md``) that
+    do not cancel against the recognition guide.
+
+    The prior's own :meth:`Prior.log_ratio` (analytic cancellations) when it returns one;
+    otherwise, the one traced fallback: the prior run with its sites conditioned on the
+    latents (inside ``pyro.plate(plate, N)`` unless it is :attr:`~Prior.joint_over_batch`),
+    its log-density summed, minus the likelihood marginals (pair form:
+    :func:`likelihood_marginals`; joint form: the model's marginal).
+
+    :param prior: a pair-form prior (or plain callable) or a joint-form :class:`Prior`.
+    :param latents: pair form ``(z, z2)``, each (N, D); joint form z, (N, J, D).
+    :param recognitions: pair form ``(q, q2)``, each batch_shape (N,); joint form
+        ``(q, marginal)``, q of batch_shape (N, J), marginal the model's
+        :class:`~rpm.marginals.SequenceMixtureMarginal`.
+    :param str plate: the name of the model's plate over the N instances.
+    :param candidates: the step's :class:`~rpm.marginals.candidates.Candidates`; None: the
+        batch.
+    :param block_size: stream the O(N^2) parts in blocks of this size (``None``: by size).
+    :return: a scalar.
+    """
+    joint = hook(prior, "joint_views")
+    if joint:
+        z, (q, marginal) = latents, recognitions
+        if isinstance(prior, Prior):
+            ratio = prior.log_ratio(z, q, marginal, candidates, block_size)
+            if ratio is not None:
+                return ratio.sum()
+        data, args, sites, num = {"z": z}, (q, marginal), ("z",), z.shape[0]
+    else:
+        (z, z2), (q, q2) = latents, recognitions
+        if isinstance(prior, Prior):
+            ratio = prior.log_ratio(z, z2, q, q2, candidates, block_size)
+            if ratio is not None:
+                return ratio.sum()
+        data, args, sites, num = {"z": z, "z2": z2}, (q, q2), ("z", "z2"), z.shape[0]
+    conditioned = poutine.condition(lambda *a: declare_prior(prior, *a, sites=sites), data=data)
+    if hook(prior, "joint_over_batch"):
+        trace = poutine.trace(conditioned).get_trace(*args)
+    else:
+        with pyro.plate(plate, num):
+            trace = poutine.trace(conditioned).get_trace(*args)
+    trace.compute_log_prob()
+    log_prior = sum(
+        site["log_prob"].sum() for site in trace.nodes.values() if site["type"] == "sample"
+    )
+    if joint:  # the model's marginal already runs over the candidates (a global batch)
+        return log_prior - marginal.log_prob(z).sum()
+    marginal, marginal2 = likelihood_marginals(prior, q, q2)
+    log_marginals = (marginal_log_prob(marginal, z, candidates, block_size).sum()
+                     + marginal_log_prob(marginal2, z2, candidates, block_size).sum())
+    return log_prior - log_marginals

@@ -40,6 +40,7 @@ from pyro.distributions import Categorical, TorchDistribution
 from torch.distributions import constraints
 
 from rpm.marginals import MixtureMarginal
+from rpm.marginals.candidates import Candidates
 from rpm.marginals.mixture_marginal import Atoms
 from rpm.ops.dispatch import use_streaming
 from rpm.ops.logsumexp import safe_logsumexp, streaming_matmul_logsumexp
@@ -276,14 +277,20 @@ class ImplicitConditional(TiltedConditional):
     the support of the recognition distributions (:math:`\mathbb{R}^{N \times D}` for Gaussian
     recognition); off the atoms the log-density is :math:`-\infty`.
 
+    With ``queued`` latents :math:`c_{1:K}` (a :class:`~rpm.marginals.candidates.LatentQueue`,
+    MoCo) the normaliser runs over the batch's N latents and the K queued ones,
+    :math:`\hat Z(z_i) = \frac{1}{N + K} (\sum_j e^{f(z_i, z'_j)} + \sum_k e^{f(z_i, c_k)})`.
+
     :param torch.Tensor z: first-view latents, shape (..., N, D).
     :param q2: second-view recognition distributions, batch_shape (N,), event_shape (D,).
     :param Energy energy: the energy f.
+    :param queued: extra candidates of the normaliser, shape (K, D), detached; or None.
     """
 
     def __init__(self, z: torch.Tensor, q2: TorchDistribution, energy: Energy,
-                 validate_args=None):
+                 queued: torch.Tensor | None = None, validate_args=None):
         self.q2 = q2
+        self.queued = queued
         marginal = MixtureMarginal(q2)
         super().__init__(z, marginal, energy, marginal.batch_shape[0], validate_args=validate_args)
 
@@ -293,8 +300,13 @@ class ImplicitConditional(TiltedConditional):
         return self.anchor
 
     def tilt(self, anchor: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        r""":math:`f(z_i, z'_i) - \log \frac1N \sum_j e^{f(z_i, z'_j)}` (:func:`implicit_log_ratio`)."""
-        return implicit_log_ratio(self.energy(anchor, value))
+        r""":math:`f(z_i, z'_i) - \log \frac1N \sum_j e^{f(z_i, z'_j)}` (:func:`implicit_log_ratio`),
+        the queued latents joining the normaliser's candidates."""
+        if self.queued is None:
+            return implicit_log_ratio(self.energy(anchor, value))
+        logits = torch.cat([self.energy(anchor, value), self.energy(anchor, self.queued)], -1)
+        return (torch.diagonal(logits[:, :value.shape[0]]) - safe_logsumexp(logits, dim=-1)
+                + math.log(logits.shape[-1]))
 
     def candidates(self) -> torch.Tensor:
         """One draw from each second-view recognition distribution, shape (N, D)."""
@@ -331,6 +343,9 @@ class ImplicitPrior(Prior):
     #: The conditional is normalised over the batch's own z2: the sites are whole-batch events.
     joint_over_batch = True
 
+    #: The normaliser may take a queue's latents as extra candidates (MoCo).
+    accepts_queue = True
+
     @property
     def dim(self) -> int | None:
         """The energy's latent dimension (None for an energy built for any)."""
@@ -345,17 +360,20 @@ class ImplicitPrior(Prior):
             )
         self.energy = energy
 
-    def forward(self, q: TorchDistribution, q2: TorchDistribution):
+    def forward(self, q: TorchDistribution, q2: TorchDistribution,
+                candidates: Candidates | None = None):
         """Declares ``z ~ Q(z)`` and ``z2 ~ P(z'|z)``, each one event over the batch (shape
         (N, D), outside the plate over the pairs, :attr:`joint_over_batch`); returns
-        ``(z, z2)``."""
+        ``(z, z2)``. The queue of ``candidates``, if any, joins the normaliser."""
+        queued = None if candidates is None else candidates.queued()
         z = pyro.sample("z", MixtureMarginal(q).to_event(1))
-        z2 = pyro.sample("z2", ImplicitConditional(z, q2, self.energy))
+        z2 = pyro.sample("z2", ImplicitConditional(z, q2, self.energy, queued=queued))
         return z, z2
 
     def log_ratio(
         self, z: torch.Tensor, z2: torch.Tensor, q=None, q2=None,
-        negatives: torch.Tensor | None = None, block_size: int | None = None,
+        candidates: Candidates | torch.Tensor | None = None, block_size: int | None = None,
+        negatives: torch.Tensor | None = None,
     ) -> torch.Tensor:
         r"""Per-pair :math:`\log P(z_i, z'_i) - \log Q(z_i) - \log Q(z'_i)`, the terms of Eq. 15
         that remain after the analytic cancellation (shape (N,)):
@@ -373,9 +391,19 @@ class ImplicitPrior(Prior):
 
         :param torch.Tensor z: shape (N, D).
         :param torch.Tensor z2: shape (N, D), paired with z.
-        :param negatives: the candidates, shape (M, D); default z2.
+        :param candidates: a :class:`~rpm.marginals.candidates.Candidates` (every process's z2,
+            then a queue's latents: :meth:`~rpm.marginals.candidates.Candidates.negatives`), or
+            the candidate latents themselves, shape (M, D); default the batch's z2.
         :param block_size: block edge of the streamed normaliser; ``None`` decides by size.
+        :param negatives: the candidate latents, shape (M, D) (the same as a tensor given as
+            ``candidates``).
         """
+        if isinstance(negatives, Candidates):  # an override passing the candidates on by the old name
+            candidates, negatives = negatives, None
+        if isinstance(candidates, Candidates):
+            negatives = None if candidates.is_local else candidates.negatives(z2)
+        elif candidates is not None:
+            negatives = candidates
         candidates = z2 if negatives is None else negatives
         ratio = self._log_ratio(z, z2, candidates, negatives is None, block_size)
         check_implicit_log_ratio(type(self).__name__, self.energy, [z, z2, candidates], ratio)

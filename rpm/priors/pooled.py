@@ -83,8 +83,8 @@ import pyro
 import torch
 from pyro.distributions import Delta, Independent, Normal, TorchDistribution
 
-from rpm.distributed import all_gather_with_grad, global_rank, is_distributed
 from rpm.marginals import MixtureMarginal
+from rpm.marginals.candidates import Candidates
 from rpm.marginals.concatenated import ConcatenatedBatch
 from rpm.marginals.mixture_marginal import fast_components
 from rpm.ops.dispatch import default_block_size, ieee_float32_matmul, use_streaming
@@ -401,9 +401,14 @@ class PooledImplicitPrior(ImplicitPrior):
         pool = pooled_marginal(q, q2)
         return pool, pool
 
+    #: NT-Xent's normaliser runs over the batch's pooled latents; a queue has no place in it
+    #: (the queue's form is ImplicitPrior's, MoCo).
+    accepts_queue = False
+
     def log_ratio(
         self, z: torch.Tensor, z2: torch.Tensor, q=None, q2=None,
-        negatives: torch.Tensor | None = None, block_size: int | None = None,
+        candidates: Candidates | None = None, block_size: int | None = None,
+        negatives: torch.Tensor | None = None,
     ) -> torch.Tensor:
         r"""Per-pair ELBO terms after the analytic cancellation of the marginals (shape (N,)):
 
@@ -416,25 +421,33 @@ class PooledImplicitPrior(ImplicitPrior):
 
         :param torch.Tensor z: shape (N, D).
         :param torch.Tensor z2: shape (N, D), paired with z.
-        :param negatives: None (the batch's own pairs) or, under ``torch.distributed``, every
-            rank's z2 gathered by :class:`~rpm.RPMELBO` with ``global_batch=True``; the
-            first-view latents are then gathered here too, so the candidates are the 2M - 1
-            other latents of the global batch of M pairs and the return value is this rank's
-            share (summed over the ranks, the single-process value of the concatenated batch).
+        :param candidates: None (the batch's own pairs) or a
+            :class:`~rpm.marginals.candidates.Candidates` with a global batch: both views'
+            latents are then gathered from every process, the candidates are the 2M - 1 other
+            latents of the global batch of M pairs, and the return value is this process's share
+            (summed over the processes, the single-process value of the concatenated batch).
         :param block_size: block edge of the streamed normaliser; ``None`` decides by size.
+        :param negatives: accepted only as the batch's own z2 (the pooled candidates are not
+            a free set of latents; a global batch comes through ``candidates``).
         """
         pool, offset = None, 0
-        if negatives is not None and negatives is not z2:
-            if not is_distributed():
+        if isinstance(negatives, Candidates):  # an override passing the candidates on by the old name
+            candidates, negatives = negatives, None
+        if isinstance(candidates, Candidates):
+            if candidates.queued() is not None:
                 raise ValueError(
-                    "PooledImplicitPrior takes as negatives only every rank's z2 of a global "
-                    "batch (RPMELBO(global_batch=True) under torch.distributed): its candidates "
-                    "are the pooled latents of both views, so other negatives are not supported"
-                )
-            big_z = all_gather_with_grad(z)
-            sizes = all_gather_with_grad(torch.tensor([z.shape[0]], device=z.device))
-            offset = int(sizes[:global_rank()].sum())
-            pool = (big_z, negatives)
+                    "PooledImplicitPrior (NT-Xent) has no queue form: its candidates are the "
+                    "batch's pooled latents. For a queue of earlier latents (MoCo) use "
+                    "ImplicitPrior")
+            if candidates.is_global:
+                pool = (candidates.gather(z), candidates.gather(z2))
+                offset = candidates.offset(z.shape[0])
+        elif candidates is not None or (negatives is not None and negatives is not z2):
+            raise ValueError(
+                "PooledImplicitPrior takes its global batch from an rpm.inference.Candidates "
+                "(RPMELBO(global_batch=True) under torch.distributed), not from a tensor of "
+                "negatives: its candidates are the pooled latents of both views"
+            )
         forward, backward = pooled_log_ratios(self.energy, z, z2, self.direction, block_size,
                                               pool=pool, offset=offset)
         if backward is None:

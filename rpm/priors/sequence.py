@@ -33,8 +33,8 @@ from pyro import poutine
 from pyro.distributions import Categorical, TorchDistribution
 from torch.distributions import constraints
 
+from rpm.marginals.candidates import Candidates
 from rpm.marginals.sequence_marginal import SequenceMixtureMarginal, view
-from rpm.nn import NamedModule
 from rpm.priors.base import Prior
 from rpm.priors.implicit import ImplicitPrior, implicit_log_ratio
 
@@ -42,57 +42,46 @@ __all__ = ["MarkovChain", "MarkovImplicitChain", "MarkovImplicitPrior", "MarkovP
            "SequencePrior"]
 
 
-class SequencePrior(NamedModule):
-    r"""Base class of priors :math:`P(z_{1:T})` over the latents of T views.
+class SequencePrior(Prior):
+    r"""Base class of the joint form of :class:`~rpm.priors.base.Prior`: a prior
+    :math:`P(z_{1:J})` over the latents of J views (T frames of a sequence, J augmentations),
+    ordered or not.
 
-    Implement :meth:`forward`; override the other hooks when their defaults do not fit:
-
-    ================================  =======================================================
-    hook                              default
-    ================================  =======================================================
-    :meth:`forward` (required)        declares ``"z"`` (event_shape (T, D)), returns z
-    :meth:`log_ratio`                 ``None``: no analytic cancellation; the ELBO traces
-                                      :meth:`forward` and subtracts the marginals
-    :meth:`posterior`                 ``None``: no structured guide of the prior's own
-    :attr:`accepts_delta_recognition` ``False``: a density on :math:`\mathbb{R}^{T D}`, so
-                                      Delta encoders need noise (Appendix B)
-    :attr:`dim`                       ``None``: any latent dimension
-    ================================  =======================================================
+    Implement :meth:`forward`; the other hooks and their defaults are
+    :class:`~rpm.priors.base.Prior`'s (:meth:`log_ratio` None: the ELBO traces :meth:`forward`
+    and subtracts the marginals; :meth:`posterior` None: no structured guide;
+    :attr:`accepts_delta_recognition` False: Delta encoders need noise, Appendix B;
+    :attr:`~rpm.priors.base.Prior.joint_over_batch` False: ``"z"`` is declared inside the
+    model's plate over the N instances).
     """
 
-    #: True when P is defined relative to the recognition marginals (Delta encoders allowed).
-    accepts_delta_recognition: bool = False
-
-    #: The latent dimension D the prior was built for, or None for any.
-    dim: int | None = None
+    joint_views = True
 
     def forward(self, q: TorchDistribution, marginal: SequenceMixtureMarginal) -> torch.Tensor:
-        r"""Declares the sample site ``"z"`` with event_shape (T, D) inside the model's plate
-        over the N sequences and returns its value, shape (N, T, D).
+        r"""Declares the sample site ``"z"`` with event_shape (J, D) inside the model's plate
+        over the N instances (or as one event (N, J, D) for a prior that is
+        :attr:`~rpm.priors.base.Prior.joint_over_batch`) and returns its value, (N, J, D).
 
-        :param q: the recognition distributions, batch_shape (N, T), event_shape (D,).
-        :param marginal: the model's recognition marginals :math:`\prod_t Q_t`, batch_shape
-            (N,), event_shape (T, D) (implicit priors are built from them).
+        :param q: the recognition distributions, batch_shape (N, J), event_shape (D,).
+        :param marginal: the model's recognition marginals :math:`\prod_j Q_j`, batch_shape
+            (N,), event_shape (J, D) (implicit priors are built from them).
         """
         raise NotImplementedError(
             f"{type(self).__name__} must implement forward(q, marginal), declaring the sample "
-            "site 'z' with event_shape (T, D) and returning its value")
+            "site 'z' with event_shape (J, D) and returning its value")
 
     def log_ratio(self, z: torch.Tensor, q: TorchDistribution,
-                  marginal: SequenceMixtureMarginal) -> torch.Tensor | None:
-        r"""Per-sequence :math:`\log P(z_{1:T}) - \sum_t \log Q_t(z_t)` after analytic
+                  marginal: SequenceMixtureMarginal, candidates: Candidates | None = None,
+                  block_size: int | None = None) -> torch.Tensor | None:
+        r"""Per-instance :math:`\log P(z_{1:J}) - \sum_j \log Q_j(z_j)` after analytic
         cancellation, shape (N,), or None (the default: the ELBO traces :meth:`forward`).
 
-        :param torch.Tensor z: latents, shape (N, T, D).
-        :param q: recognition distributions, batch_shape (N, T).
-        :param marginal: the model's marginals :math:`\prod_t Q_t`.
+        :param torch.Tensor z: latents, shape (N, J, D).
+        :param q: recognition distributions, batch_shape (N, J).
+        :param marginal: the model's marginals :math:`\prod_j Q_j`.
+        :param candidates: the step's :class:`~rpm.marginals.candidates.Candidates`.
+        :param block_size: block edge of the O(N^2) kernels; None decides by size.
         """
-        return None
-
-    def posterior(self, q: TorchDistribution) -> TorchDistribution | None:
-        r"""A structured guide :math:`Q(z_{1:T}|x_{1:T})` built from the recognition
-        distributions (batch_shape (N, T)), with batch_shape (N,) and event_shape (T, D); None
-        (the default) when the prior has none."""
         return None
 
 
@@ -133,48 +122,76 @@ class _BatchChain(TorchDistribution):
         return torch.stack(draws).reshape(self._extended_shape(sample_shape))
 
 
-class MarkovImplicitChain(_BatchChain):
-    r"""The Markov chain of implicit conditionals over the batch of sequences.
+class MarkovImplicitChain(TorchDistribution):
+    r"""The Markov chain of implicit conditionals over the batch of sequences, one event over the
+    whole batch.
 
     .. math::
 
-        \log P(z_{1:T}) = \sum_t \log Q_t(z_t) + \sum_{t=1}^{T-1} \Big[f(z_t, z_{t+1})
-            - \log \frac1N \sum_j e^{f(z_t, z_{j,t+1})}\Big]
+        \log P(z_{1:N, 1:T}) = \sum_n \Big(\sum_t \log Q_t(z_{n,t}) + \sum_{t=1}^{T-1}
+            \Big[f(z_{n,t}, z_{n,t+1}) - \log \frac1N \sum_j e^{f(z_{n,t}, z_{j,t+1})}\Big]\Big)
 
-    for each sequence: :math:`P(z_1) = Q_1(z_1)` and :math:`P(z_{t+1}|z_t) = Q_{t+1}(z_{t+1})
-    e^{f(z_t, z_{t+1})} / \hat Z(z_t)`, with :math:`\hat Z` estimated over the batch's own
-    (t+1)-th views, positive included (Eq. 21-25 of Aitchison & Ganev per step). As for the
-    pair's implicit conditional, ``log_prob`` takes exactly the batch (N, T, D): the normaliser
-    couples the sequences. ``sample`` draws :math:`z_1 \sim Q_1` and each next view by
-    self-normalised importance sampling of the tilted marginal over N candidates.
+    :math:`P(z_1) = Q_1(z_1)` and :math:`P(z_{t+1}|z_t) = Q_{t+1}(z_{t+1}) e^{f(z_t, z_{t+1})} /
+    \hat Z(z_t)`, with :math:`\hat Z` estimated over the batch's own (t+1)-th views, positive
+    included (Eq. 21-25 of Aitchison & Ganev per step). The normaliser couples the sequences,
+    so, like the pair's :class:`~rpm.priors.ImplicitConditional`, the chain is one event of
+    shape (N, T, D) (batch_shape () for one batch, or the leading dimensions of a value, e.g.
+    a plate of particles, through ``expand``): the model declares it outside its plate over the
+    sequences (:attr:`~rpm.priors.base.Prior.joint_over_batch`). ``sample`` draws
+    :math:`z_1 \sim Q_1` and each next view by self-normalised importance sampling of the
+    tilted marginal over N candidates.
 
     :param SequenceMixtureMarginal marginal: the :math:`Q_t`, batch_shape (N,).
     :param energy: f, mapping (N, D) and (M, D) latents to an (N, M) matrix.
     """
 
-    _what = "implicit chain"
+    arg_constraints: dict = {}
+    support = constraints.independent(constraints.real, 3)
+    has_rsample = False
 
-    def __init__(self, marginal: SequenceMixtureMarginal, energy, validate_args=None):
+    def __init__(self, marginal: SequenceMixtureMarginal, energy, batch_shape=torch.Size(),
+                 validate_args=None):
         self.marginal = marginal
         self.energy = energy
-        super().__init__(marginal.batch_shape, marginal.event_shape, validate_args=validate_args)
+        event_shape = marginal.batch_shape + marginal.event_shape                 # (N, T, D)
+        super().__init__(torch.Size(batch_shape), event_shape, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        return MarkovImplicitChain(self.marginal, self.energy, batch_shape,
+                                   validate_args=self._validate_args)
+
+    def _log_prob_batch(self, value: torch.Tensor) -> torch.Tensor:
+        total = self.marginal.log_prob(value).sum()
+        for t in range(value.shape[1] - 1):
+            total = total + implicit_log_ratio(self.energy(value[:, t], value[:, t + 1])).sum()
+        return total
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        self._check_value(value)
-        total = self.marginal.log_prob(value)
-        for t in range(value.shape[1] - 1):
-            total = total + implicit_log_ratio(self.energy(value[:, t], value[:, t + 1]))
-        return total
+        if value.dim() < 3 or value.shape[-3:] != self.event_shape:
+            raise ValueError(
+                f"the implicit chain is evaluated at the whole batch of sequences, shape "
+                f"(..., {', '.join(map(str, self.event_shape))}) (N, T, D); got {tuple(value.shape)}")
+        lead = value.shape[:-3]
+        flat = value.reshape((-1,) + self.event_shape)
+        result = torch.stack([self._log_prob_batch(batch) for batch in flat])
+        return result.reshape(lead)
 
     def _sample_batch(self) -> torch.Tensor:
         state = self.marginal.sample()[:, 0]
         values = [state]
-        for t in range(1, self.event_shape[0]):
+        for t in range(1, self.event_shape[1]):
             candidates = self.marginal.sample()[:, t]  # (N, D) draws from Q_t
             index = Categorical(logits=self.energy(state, candidates)).sample()
             state = candidates[index]
             values.append(state)
         return torch.stack(values, dim=1)
+
+    def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
+        shape = self._extended_shape(sample_shape)
+        num_draws = shape[:-3].numel()
+        with torch.no_grad():
+            draws = [self._sample_batch() for _ in range(num_draws)]
+        return torch.stack(draws).reshape(shape)
 
 
 class MarkovImplicitPrior(SequencePrior):
@@ -202,6 +219,9 @@ class MarkovImplicitPrior(SequencePrior):
 
     accepts_delta_recognition = True
 
+    #: The normaliser of each step couples the sequences: ``"z"`` is one event (N, T, D).
+    joint_over_batch = True
+
     def __init__(self, energy):
         super().__init__()
         self.pair = ImplicitPrior(energy)  # validates the energy
@@ -217,12 +237,16 @@ class MarkovImplicitPrior(SequencePrior):
         return pyro.sample("z", MarkovImplicitChain(marginal, self.energy))
 
     def log_ratio(self, z: torch.Tensor, q: TorchDistribution,
-                  marginal: SequenceMixtureMarginal) -> torch.Tensor:
+                  marginal: SequenceMixtureMarginal, candidates: Candidates | None = None,
+                  block_size: int | None = None) -> torch.Tensor:
+        """Per-sequence sum of the consecutive views' InfoNCE terms, shape (N,); over a global
+        batch each step's normaliser runs over every process's (t+1)-th views."""
         total = z.new_zeros(z.shape[0])
-        block_size = getattr(marginal, "block_size", None)  # RPMELBO(block_size=...)
+        if block_size is None:  # RPMELBO(block_size=...) reaches the marginal too
+            block_size = getattr(marginal, "block_size", None)
         for t in range(z.shape[1] - 1):
             total = total + self.pair.log_ratio(z[:, t], z[:, t + 1], view(q, t), view(q, t + 1),
-                                                block_size=block_size)
+                                                candidates, block_size)
         return total
 
 

@@ -10,6 +10,7 @@ from pyro import poutine
 from pyro.infer import Trace_ELBO
 
 from rpm import RPM, RPMELBO, DeltaRecognition, GaussianRecognition, MixtureMarginal
+from rpm.inference import elbo
 from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
 from rpm.models.sequence import SequenceRPM
 from rpm.priors import (
@@ -132,7 +133,7 @@ def test_structured_guide_is_tighter_when_the_recognition_is_broad():
     for guide in ("recognition", "structured"):
         model = SequenceRPM(GaussianRecognition(Broad()), prior, guide=guide)
         with torch.no_grad():
-            samples = torch.stack([model.elbo(x) for _ in range(40)])
+            samples = torch.stack([elbo(model.objective_inputs(x)) for _ in range(40)])
         values[guide] = (samples.mean(), samples.std() / 40 ** 0.5)
     gap = values["structured"][0] - values["recognition"][0]
     assert gap > 5 * (values["structured"][1] + values["recognition"][1])
@@ -155,7 +156,7 @@ def test_markov_implicit_prior_with_two_views_is_the_pair_model(name):
     assert torch.allclose(sequence_loss, pair_loss, rtol=1e-12, atol=1e-12)
     for a, b in zip(sequence_grads, pair_grads, strict=True):
         assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
-    assert torch.allclose(-sequence.elbo(x), pair_loss, rtol=1e-12)
+    assert torch.allclose(-elbo(sequence.objective_inputs(x)), pair_loss, rtol=1e-12)
 
 
 def conditioned_loss(model, guide, data, *args):
@@ -221,7 +222,8 @@ def test_markov_implicit_chain_log_prob_is_the_equation(pooled):
             f = lambda a, b: -((a - b) ** 2).sum() / (2 * 0.8 ** 2)  # noqa: E731
             normaliser = torch.logsumexp(torch.stack([f(z[n, t], z[j, t + 1]) for j in range(N)]), 0)
             expected[n] += f(z[n, t], z[n, t + 1]) - normaliser + math.log(N)
-    assert torch.allclose(chain.log_prob(z), expected, atol=1e-12)
+    # one event over the whole batch (the normaliser couples the sequences): the sum
+    assert torch.allclose(chain.log_prob(z), expected.sum(), atol=1e-12)
     # and the analytic cancellation of MarkovImplicitPrior.log_ratio
     prior = MarkovImplicitPrior(energy)
     assert torch.allclose(prior.log_ratio(z, q, marginal), expected - marginal.log_prob(z), atol=1e-12)
@@ -292,8 +294,15 @@ def test_the_chains_draw_whole_batches_and_refuse_other_batches_and_shapes():
         torch.manual_seed(3)
         one_by_one = torch.stack([chain.sample(), chain.sample()])
         assert both.shape == (2, N, T, D) and torch.equal(both, one_by_one)
-        with pytest.raises(ValueError, match="use a plate of the number of sequences"):
-            chain.expand((N + 1,))
-        assert chain.expand((N,)) is chain
-        with pytest.raises(ValueError, match=rf"whole batch of sequences, shape \({N}, {T}, {D}\)"):
+        with pytest.raises(ValueError, match=rf"whole batch of sequences, shape \(.*{N}, {T}, {D}\)"):
             chain.log_prob(torch.zeros(N - 1, T, D))
+    markov = chains[1]  # per-sequence factors: batch (N,), refusing another batch
+    with pytest.raises(ValueError, match="use a plate of the number of sequences"):
+        markov.expand((N + 1,))
+    assert markov.expand((N,)) is markov
+    # The implicit chain is one event over the batch: batch_shape (), expandable (particles)
+    implicit = chains[0]
+    assert implicit.batch_shape == () and implicit.event_shape == (N, T, D)
+    z = torch.randn(N, T, D)
+    particles = implicit.expand((3,)).log_prob(z.expand(3, N, T, D))
+    assert particles.shape == (3,) and torch.allclose(particles, implicit.log_prob(z).expand(3))
