@@ -32,11 +32,11 @@ import torch
 import rpm
 from rpm.evaluation import knn_accuracy, label_efficiency, representations
 from rpm.experiments.common import derived_seed, seed_everything
-from rpm.experiments.digits.model import MIN_SCALE, build_method, torch_ntxent_loss
+from rpm.experiments.digits.model import MIN_SCALE, DigitsEncoder, build_method, torch_ntxent_loss
 from rpm.training.trainer import Trainer
 
-__all__ = ["LABELS_PER_CLASS", "batch_views", "cosine_schedule", "score_features", "train_method",
-           "validation_rows"]
+__all__ = ["LABELS_PER_CLASS", "batch_views", "cosine_schedule", "score_encoder", "score_features",
+           "train_method", "validation_rows"]
 
 #: The label counts of the label-efficiency curve (``None``: all labels).
 LABELS_PER_CLASS = (1, 5, 10, None)
@@ -142,30 +142,44 @@ def train_method(name: str, args: argparse.Namespace, data, transform, device, o
         print(f"{name}: finished earlier ({step}/{args.steps} steps), reloaded"
               if step == args.steps else f"{name}: resuming at step {step}/{args.steps}", flush=True)
     history = trainer.fit(resume=resume)
-    train_features = representations(encoder.backbone, data.train.images.to(device))
-    test_features = representations(encoder.backbone, data.test.images.to(device))
     result = {
         "kind": "plain torch" if name == "torch_ntxent" else "rpm",
-        **score_features(train_features, data.train.labels, test_features, data.test.labels,
-                         args.draws, args.seed),
+        **score_encoder(encoder, data, device, args.draws, args.seed),
         "losses": history["losses"],
         "evaluations": history["evaluations"],
         "train_seconds": history["evaluations"][-1]["wall_time"],
         "steps": args.steps,
     }
     if name == "gaussian":  # the encoder's standard deviations on the training images
-        scale = representations(_Scale(encoder), data.train.images.to(device))
+        scale = representations(_Output(encoder, scale=True), data.train.images.to(device))
         result["mean_scale"] = float(scale.mean())
         result["min_scale_floor"] = MIN_SCALE
     return result
 
 
-class _Scale(torch.nn.Module):
-    """The Gaussian encoder's standard deviations as a module (for :func:`representations`)."""
+class _Output(torch.nn.Module):
+    """One output of the encoder as a module (for :func:`representations`): the latent z (the
+    mean for a Gaussian encoder) or the Gaussian encoder's standard deviations."""
 
-    def __init__(self, encoder: torch.nn.Module) -> None:
+    def __init__(self, encoder: DigitsEncoder, scale: bool = False) -> None:
         super().__init__()
         self.encoder = encoder
+        self.scale = scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.encoder(x)[1]
+        out = self.encoder(x)
+        if not self.encoder.gaussian:
+            return out
+        return out[1] if self.scale else out[0]
+
+
+def score_encoder(encoder: DigitsEncoder, data, device, num_draws: int, seed: int) -> dict:
+    """:func:`score_features` of the backbone's representation h (the top-level keys) and of
+    the latent z, the projection head's output (the mean for a Gaussian encoder), under
+    ``"latent"``; both in eval mode (:func:`rpm.evaluation.representations`)."""
+    train, test = data.train.images.to(device), data.test.images.to(device)
+    scores = {}
+    for key, module in (("backbone", encoder.backbone), ("latent", _Output(encoder))):
+        scores[key] = score_features(representations(module, train), data.train.labels,
+                                     representations(module, test), data.test.labels, num_draws, seed)
+    return {**scores["backbone"], "latent": scores["latent"]}

@@ -43,11 +43,14 @@ def test_end_to_end_run_writes_results_figures_and_resumes(tmp_path, capsys):
     assert {"config", "environment", "methods", "checks", "evaluation", "wall_time"} <= set(summary)
     methods = summary["methods"]
     assert list(methods) == ["ntxent", "torch_ntxent", "gaussian", "raw_pixels", "untrained"]
-    for result in methods.values():
-        for classifier in ("linear_probe", "knn"):
-            assert list(result[classifier]) == ["1", "5", "10", "all"]
-            assert all(0.0 <= v <= 1.0 for v in result[classifier].values())
-            assert [len(result[f"{classifier}_draws"][k]) for k in ("1", "5", "10", "all")] == [2, 2, 2, 1]
+    for name, result in methods.items():
+        assert ("latent" in result) == (name != "raw_pixels")
+        for scores in (result, result.get("latent", result)):
+            for classifier in ("linear_probe", "knn"):
+                assert list(scores[classifier]) == ["1", "5", "10", "all"]
+                assert all(0.0 <= v <= 1.0 for v in scores[classifier].values())
+                draws = [len(scores[f"{classifier}_draws"][k]) for k in ("1", "5", "10", "all")]
+                assert draws == [2, 2, 2, 1]
     # raw pixels of the digits are far above chance (10%) with all labels
     assert methods["raw_pixels"]["linear_probe"]["all"] > 0.9
     # the same objective from the same start on the same batches: the same losses
