@@ -41,14 +41,14 @@ noise scales :math:`w_k` learned (one r and w per ball, because each feature map
 ball out at its own scale). Being an explicit density it needs a recognition model with a
 density (``DeltaRecognition(net, noise_scale=eps)``, Appendix B).
 
-What it learns (``rpm bouncing-balls``, eps = 0.3, 3 seeds): :math:`r_k \approx 0.44` and
-:math:`w_k \approx 0.45 \approx \sqrt2\,\epsilon`, the noise of the two frames' recognition
-models alone, so the encoder's means do move by an almost constant step. With a ring as wide as
-its radius the density is close to a Gaussian random walk, and indeed a Gaussian random walk
-with the same recognition noise reached the same held-out R^2 (0.990 on seed 0): what lifts the
-explicit prior above the RBF prior here (0.991 against 0.985) is an explicit, normalised
-transition density with small recognition noise; the constant-speed ring costs nothing and
-states the physics.
+What it learns (``rpm bouncing-balls``, eps = 0.3): a step noise :math:`w_k` close to
+:math:`\sqrt2\,\epsilon`, the noise of the two frames' recognition models alone, so the
+encoder's means do move by an almost constant step, and a ring about as wide as its radius,
+whose density is close to a Gaussian random walk; a Gaussian random walk with the same
+recognition noise reaches the same held-out R^2. What lifts the explicit prior above the RBF
+prior is therefore an explicit, normalised transition density with small recognition noise;
+the constant-speed ring costs nothing and states the physics. The learned values and the
+scores over seeds are in ``benchmarks/README.md`` (measured numbers go stale in a docstring).
 
 References:
     L. Aitchison and S. Ganev, "InfoNCE is variational inference in a recognition
