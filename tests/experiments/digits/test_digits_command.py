@@ -67,3 +67,19 @@ def test_end_to_end_run_writes_results_figures_and_resumes(tmp_path, capsys):
     again = json.loads((out / "results.json").read_text())
     assert again["methods"]["ntxent"]["linear_probe"] == methods["ntxent"]["linear_probe"]
     assert len(again["segments"]) == 2
+
+
+def test_step_benchmark_times_every_method(capsys):
+    """benchmarks/digits_step.py at toy size: a row per method, torch_ntxent's ratio 1."""
+    import importlib.util
+    from pathlib import Path
+
+    from rpm.experiments.digits.model import METHODS
+
+    path = Path(__file__).parents[3] / "benchmarks" / "digits_step.py"
+    spec = importlib.util.spec_from_file_location("digits_step_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--batch-size", "16", "--rounds", "1", "--steps", "1"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
+    assert set(rows) == set(METHODS) and rows["torch_ntxent"][-1] == "1.000"
