@@ -41,7 +41,7 @@ from rpm.marginals.candidates import Candidates
 from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
 from rpm.models.base import ObjectiveInputs
 from rpm.models.views import stack_views
-from rpm.priors.base import delta_with_density_message, hook, prior_log_ratio
+from rpm.priors.base import Prior, delta_with_density_message, hook, prior_log_ratio
 
 __all__ = ["elbo", "rpm_elbo"]
 
@@ -73,11 +73,17 @@ def elbo(inputs: ObjectiveInputs, num_particles: int = 1,
         latents = tuple(guide.rsample() for guide in inputs.guides)
         if joint:
             (z,) = latents  # (N, J, D): the guide's site "z"
-            value = prior_log_ratio(inputs.prior, z, inputs.recognitions, inputs.plate,
-                                    inputs.candidates, block_size)
-            if inputs.structured:
-                q = inputs.recognitions[0]
-                value = value + (q.log_prob(z).sum(-1) - inputs.guides[0].log_prob(z)).sum()
+            q, marginal = inputs.recognitions
+            terms = None
+            if inputs.structured and isinstance(inputs.prior, Prior):
+                terms = inputs.prior.posterior_log_ratio(z, q, inputs.guides[0])
+            if terms is not None:  # log P + sum log Q(z|x) - log guide, in closed form
+                value = terms.sum() - marginal.log_prob(z).sum()
+            else:
+                value = prior_log_ratio(inputs.prior, z, inputs.recognitions, inputs.plate,
+                                        inputs.candidates, block_size)
+                if inputs.structured:
+                    value = value + (q.log_prob(z).sum(-1) - inputs.guides[0].log_prob(z)).sum()
         else:  # (z, z2), each (N, D): the guide's sites "z" then "z2"
             value = prior_log_ratio(inputs.prior, latents, inputs.recognitions, inputs.plate,
                                     inputs.candidates, block_size)

@@ -23,6 +23,8 @@ process's N.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from pyro.distributions import Delta, Independent, Normal, TorchDistribution
 from torch.distributions import constraints
@@ -33,6 +35,11 @@ from rpm.marginals.mixture_marginal import delta_mixture_log_prob
 from rpm.ops import gaussian_mixture_log_prob
 
 __all__ = ["SequenceMixtureMarginal", "sequence_components", "view"]
+
+# Per-view Gaussian mixtures of at most this many (point, component, view, coordinate) terms are
+# evaluated in one broadcast call (small batches: one kernel instead of T); larger ones, or any
+# given a block size, by the streamed kernel of rpm.ops one view at a time (O(N D) memory).
+_BROADCAST_LIMIT = 2**20
 
 
 def sequence_components(q: TorchDistribution) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -130,6 +137,12 @@ class SequenceMixtureMarginal(TorchDistribution):
             flat = lambda tensor: None if tensor is None else tensor.reshape(-1, dim)  # noqa: E731
             return self._mixture(flat(value), flat(loc), flat(scale)).reshape(
                 num_sequences, num_views)
+        if scale is not None and self.block_size is None and (
+                value.shape[0] * loc.shape[0] * num_views * dim <= _BROADCAST_LIMIT):
+            # All T views at once, from the densities themselves: (N, M, T, D) terms, the
+            # exact (unexpanded) Gaussian log-density, one logsumexp over the M components.
+            terms = Normal(loc[None], scale[None]).log_prob(value[:, None]).sum(-1)   # (N, M, T)
+            return torch.logsumexp(terms, dim=1) - math.log(loc.shape[0])
         return torch.stack([
             self._mixture(value[:, t], loc[:, t], None if scale is None else scale[:, t])
             for t in range(num_views)], dim=-1)

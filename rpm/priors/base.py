@@ -111,6 +111,8 @@ class Prior(NamedModule):
     :attr:`accepts_queue`               ``False``: the normaliser takes no queued latents
     :meth:`likelihood_marginals`        pair form: each view's own minibatch mixture
     :meth:`posterior`                   ``None``: no structured guide of the prior's own
+    :meth:`posterior_log_ratio`         ``None``: the structured guide's terms are computed from
+                                        the prior's and the posterior's log-densities
     ==================================  =======================================================
 
     A plain callable ``prior(q, q2)`` (not a :class:`Prior`) is accepted by :class:`~rpm.RPM`
@@ -232,6 +234,27 @@ class Prior(NamedModule):
         r"""A structured guide :math:`Q(z_{1:J}|x_{1:J})` built from the recognition
         distributions (joint form, q of batch_shape (N, J)), with batch_shape (N,) and
         event_shape (J, D); None (the default) when the prior has none."""
+        return None
+
+    def posterior_log_ratio(self, z: torch.Tensor, q: TorchDistribution,
+                            posterior: TorchDistribution) -> torch.Tensor | None:
+        r"""Under the structured guide (:meth:`posterior`), the per-instance terms of the ELBO
+        that do not involve the marginals, after analytic cancellation, or None (the default).
+
+        .. math::
+
+            \log P(z_{1:J}) + \sum_j \log Q(z_j|x_j) - \log Q(z_{1:J}|x_{1:J})
+
+        (Eq. 12 with the likelihood of Eq. 10, less the marginals). None makes the ELBO compute
+        the three log-densities (the prior's traced); a prior whose posterior is the prior
+        conditioned on the recognition factors knows the sum in closed form (the state-space
+        prior: the Kalman likelihood of the recognition means, one filter instead of three).
+
+        :param torch.Tensor z: the guide's sample, (N, J, D).
+        :param q: the recognition distributions, batch_shape (N, J).
+        :param posterior: the guide's distribution, ``self.posterior(q)``.
+        :return: shape (N,), or None.
+        """
         return None
 
 

@@ -407,6 +407,19 @@ class StateSpacePrior(SequencePrior):
                 "noise_scale=...) with a positive noise scale")
         return StateSpacePosterior(self.distribution(loc.shape[-2]), loc, scale)
 
+    def posterior_log_ratio(self, z: torch.Tensor, q: TorchDistribution,
+                            posterior: TorchDistribution) -> torch.Tensor | None:
+        r"""Under the structured guide, :math:`\log P(z_{1:T}) + \sum_t \log
+        \mathcal{N}(z_t; \mu_t, \sigma_t^2) - \log Q(z_{1:T}) = \log P_{R+\Sigma}(\mu_{1:T})`
+        for every :math:`z_{1:T}`: the prior's log-density cancels against the posterior's
+        (:class:`StateSpacePosterior`), and the Gaussian factor is symmetric in z and
+        :math:`\mu`, leaving the Kalman likelihood of the recognition means under observation
+        noise :math:`R + \Sigma_t`, which the guide's filter already computed. Shape (N,); None
+        for a posterior that is not this prior's."""
+        if not isinstance(posterior, StateSpacePosterior):
+            return None
+        return posterior.filtered.log_prob.to(z.dtype).expand(z.shape[:-2])
+
     def smooth(self, z: torch.Tensor) -> KalmanSmootherResult:
         r"""The hidden states given the latents, :math:`P(s_t | z_{1:T})` (RTS smoother); ``z``
         (N, T, D); returns loc (N, T, H) and scale_tril (N, T, H, H)."""
