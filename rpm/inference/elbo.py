@@ -123,8 +123,12 @@ def _check_arguments(model, owner, args: tuple, kwargs: dict) -> None:
     """Raises a TypeError naming the model's signature when ``args`` do not fit it (e.g. two
     views given to a model that takes one tensor of stacked views)."""
     fn, _ = _unwrap(model)
+    func = getattr(fn, "__func__", None)  # a bound method: its function, self bound to None
     try:
-        inspect.signature(fn).bind(*args, **kwargs)
+        if func is not None:
+            _signature(func).bind(None, *args, **kwargs)
+        else:
+            _signature(fn).bind(*args, **kwargs)
     except TypeError:
         name = f"{type(owner).__name__}.{getattr(fn, '__name__', 'model')}"
         raise TypeError(
@@ -132,6 +136,12 @@ def _check_arguments(model, owner, args: tuple, kwargs: dict) -> None:
             f"that {name}{inspect.signature(fn)} does not take; pass the model's data as its "
             "model takes it (a sequence model: one tensor x of shape (N, T, ...))"
         ) from None
+
+
+@functools.lru_cache(maxsize=64)
+def _signature(fn) -> inspect.Signature:
+    """The signature of a model's function, read once (binding the arguments is cheap)."""
+    return inspect.signature(fn)
 
 
 def _describe(value) -> str:

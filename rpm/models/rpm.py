@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import pyro
 import torch
-from pyro.distributions import Delta, Normal, TorchDistribution
+from pyro.distributions import Delta, TorchDistribution
 from pyro.nn import PyroModuleList, pyro_method
 from torch.distributions import Distribution
 
@@ -40,7 +40,13 @@ from rpm.marginals.mixture_marginal import recognition_components
 from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
 from rpm.models.base import ObjectiveInputs, RPMBase
 from rpm.models.recognition import DeltaRecognition
-from rpm.models.views import ENCODER_CALLS, call_encoder, check_inputs, encode_views, stack_views
+from rpm.models.views import (
+    ENCODER_CALLS,
+    call_encoder,
+    check_inputs,
+    encode_views,
+    stack_components,
+)
 from rpm.priors.base import (
     Prior,
     declare_prior,
@@ -274,9 +280,10 @@ class RPM(RPMBase):
                 f"{num_views} views; give one per view, or groups=[...] naming each view's model")
         return list(range(num_views))
 
-    def _encode(self, args: tuple) -> tuple[list[TorchDistribution], TorchDistribution | None]:
-        """The views' recognition distributions (J, each batch (N,)) and, in the joint form,
-        their stack (batch (N, J))."""
+    def _encode(self, args: tuple) -> tuple[list[TorchDistribution] | None,
+                                            TorchDistribution | None]:
+        """Pair form: the two views' recognition distributions (each batch (N,)) and None;
+        joint form: None and the J views' as one distribution (batch (N, J))."""
         names, views, stacked = self._views(args)
         groups = self._groups(len(views))
         modules = self.modules_list
@@ -291,10 +298,16 @@ class RPM(RPMBase):
             # One call on all N J frames in their memory order (N, J, ...) -> (N J, ...).
             flat = stacked.reshape(batch_size * len(views), *stacked.shape[2:])
             dist = call_encoder(modules[0], flat, "x")
-            encoded = _split_rows(dist, batch_size, len(views))
+            parts = _split_rows(dist, batch_size, len(views))
         else:
-            encoded = encode_views(names, views, modules, groups, self.encoder_calls, batch_size)
-        dim = encoded[0].event_shape[0]
+            parts = encode_views(names, views, modules, groups, self.encoder_calls, batch_size,
+                                 components=joint)
+        if joint:  # parameters (loc, scale) per view
+            dim = parts[0][0].shape[-1]
+            deltas = [scale is None for _, scale in parts]
+        else:
+            dim = parts[0].event_shape[0]
+            deltas = [isinstance(dist, Delta) for dist in parts]
         prior_dim = hook(self.prior, "dim")
         if prior_dim is not None and prior_dim != dim:
             raise ValueError(
@@ -302,11 +315,13 @@ class RPM(RPMBase):
                 f"dimension {dim}; make them agree (e.g. dim={dim})"
             )
         if not hook(self.prior, "accepts_delta_recognition"):
-            for j, dist in enumerate(encoded):
-                if isinstance(dist, Delta):
+            for j, delta in enumerate(deltas):
+                if delta:
                     name = "recognition" if groups[j] == 0 else f"recognition{groups[j] + 1}"
                     raise ValueError(delta_with_density_message(name, self.prior))
-        return encoded, (stack_views(encoded) if joint else None)
+        if joint:
+            return None, stack_components(parts)
+        return parts, None
 
     def recognise(self, *args):
         """Validates a batch and returns its recognition distributions: for a pair prior
@@ -350,7 +365,7 @@ class RPM(RPMBase):
         ``"z"``, ``"z2"`` and likelihood factors ``"x"``, ``"x2"``; joint form, prior site
         ``"z"`` (event (J, D)) and the factor ``"x"``."""
         encoded, q = self._encode(args)
-        batch_size = encoded[0].batch_shape[0]
+        batch_size = (encoded[0] if q is None else q).batch_shape[0]
         joint_over_batch = hook(self.prior, "joint_over_batch")
         if q is not None:  # the joint form
             marginal = self.marginal(q)
@@ -387,7 +402,7 @@ class RPM(RPMBase):
         summed over the instances); in the joint form optionally the prior's structured
         posterior."""
         encoded, q = self._encode(args)
-        batch_size = encoded[0].batch_shape[0]
+        batch_size = (encoded[0] if q is None else q).batch_shape[0]
         joint_over_batch = hook(self.prior, "joint_over_batch")
         if q is not None:
             guide = self.guide_distribution(q)
@@ -452,12 +467,15 @@ class RPM(RPMBase):
         if len(args) == 1 and isinstance(args[0], torch.Tensor) and not hook(
                 self.prior, "joint_views"):
             return self.modules_list[0](args[0]).mean
-        encoded, _ = self._encode(args)
+        encoded, q = self._encode(args)
+        if q is not None:
+            return q.mean
         return torch.stack([dist.mean for dist in encoded], dim=1)
 
 
-def _split_rows(dist: TorchDistribution, batch_size: int, num_views: int) -> list[TorchDistribution]:
-    """Recognition distributions of N J frames in (N, J) order, split into the J views."""
+def _split_rows(dist: TorchDistribution, batch_size: int, num_views: int) -> list[tuple]:
+    """Recognition distributions of N J frames in (N, J) order, split into the J views'
+    parameters ``(loc (N, D), scale (N, D) or None)``."""
     if not isinstance(dist, Distribution) or dist.batch_shape != (batch_size * num_views,):
         got = tuple(dist.batch_shape) if isinstance(dist, Distribution) else type(dist).__name__
         raise ValueError(
@@ -465,7 +483,5 @@ def _split_rows(dist: TorchDistribution, batch_size: int, num_views: int) -> lis
             "frames; it must return batch_shape (N,) for N frames")
     loc, scale = recognition_components(dist)
     loc = loc.reshape(batch_size, num_views, -1)
-    if scale is None:
-        return [Delta(loc[:, j], event_dim=1) for j in range(num_views)]
-    scale = scale.reshape(loc.shape)
-    return [Normal(loc[:, j], scale[:, j]).to_event(1) for j in range(num_views)]
+    scale = None if scale is None else scale.reshape(loc.shape)
+    return [(loc[:, j], None if scale is None else scale[:, j]) for j in range(num_views)]

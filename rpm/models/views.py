@@ -32,7 +32,14 @@ from torch.distributions import Distribution
 
 from rpm.marginals.mixture_marginal import recognition_components
 
-__all__ = ["ENCODER_CALLS", "call_encoder", "check_inputs", "encode_views", "stack_views"]
+__all__ = [
+    "ENCODER_CALLS",
+    "call_encoder",
+    "check_inputs",
+    "encode_views",
+    "stack_components",
+    "stack_views",
+]
 
 #: The values of ``encoder_calls``.
 ENCODER_CALLS = ("per_view", "concat")
@@ -133,6 +140,14 @@ def _check_distribution(name: str, dist, batch_size: int) -> None:
         )
 
 
+def _chunks(dist: TorchDistribution, pieces: int) -> list[tuple]:
+    """The parameters ``(loc, scale)`` of recognition distributions of batch (pieces N,), in
+    ``pieces`` chunks of N rows."""
+    loc, scale = recognition_components(dist)
+    scales = [None] * pieces if scale is None else scale.chunk(pieces)
+    return list(zip(loc.chunk(pieces), scales, strict=True))
+
+
 def _split(dist: TorchDistribution, pieces: int) -> list[TorchDistribution]:
     """Splits recognition distributions of batch (pieces N,) into ``pieces`` of batch (N,)."""
     loc, scale = recognition_components(dist)
@@ -143,9 +158,12 @@ def _split(dist: TorchDistribution, pieces: int) -> list[TorchDistribution]:
 
 
 def encode_views(names: list[str], views: list[torch.Tensor], modules: list, groups: list[int],
-                 encoder_calls: str, batch_size: int) -> list[TorchDistribution]:
+                 encoder_calls: str, batch_size: int, components: bool = False) -> list:
     """The recognition distributions of the J views, each with batch_shape (N,) and
-    event_shape (D,), by the rule of ``encoder_calls`` (module docstring).
+    event_shape (D,), by the rule of ``encoder_calls`` (module docstring); with ``components``
+    their parameters ``(loc (N, D), scale (N, D) or None for Delta)`` instead (what
+    :func:`stack_components` takes: a group's call is split without building J
+    distributions).
 
     :param names: the views' names for errors (``"x"``, ``"x2"`` or ``"views[j]"``).
     :param views: J tensors (N, ...).
@@ -153,6 +171,7 @@ def encode_views(names: list[str], views: list[torch.Tensor], modules: list, gro
     :param groups: ``groups[j]``, the index in ``modules`` of view j's model.
     :param str encoder_calls: ``"per_view"`` or ``"concat"``.
     :param int batch_size: N.
+    :param bool components: return the views' ``(loc, scale)``.
     """
     labels = ["recognition" if g == 0 else f"recognition{g + 1}" for g in range(len(modules))]
     if encoder_calls == "per_view" or len(views) == 1:
@@ -160,6 +179,8 @@ def encode_views(names: list[str], views: list[torch.Tensor], modules: list, gro
                  for name, value, g in zip(names, views, groups, strict=True)]
         for j, dist in enumerate(dists):
             _check_distribution(labels[groups[j]], dist, batch_size)
+        if components:
+            dists = [recognition_components(dist) for dist in dists]
     else:
         dists = [None] * len(views)
         for g in sorted(set(groups)):
@@ -173,20 +194,22 @@ def encode_views(names: list[str], views: list[torch.Tensor], modules: list, gro
                     "their own group (groups=...), or use encoder_calls='per_view'"
                 )
             if len(members) == 1:
-                dists[members[0]] = call_encoder(modules[g], views[members[0]], names[members[0]])
-                _check_distribution(labels[g], dists[members[0]], batch_size)
+                dist = call_encoder(modules[g], views[members[0]], names[members[0]])
+                _check_distribution(labels[g], dist, batch_size)
+                dists[members[0]] = recognition_components(dist) if components else dist
                 continue
             joint = call_encoder(modules[g], torch.cat([views[j] for j in members]),
                           "the views " + ", ".join(names[j] for j in members))
             _check_distribution(labels[g], joint, batch_size * len(members))
-            for j, part in zip(members, _split(joint, len(members)), strict=True):
+            parts = _chunks(joint, len(members)) if components else _split(joint, len(members))
+            for j, part in zip(members, parts, strict=True):
                 dists[j] = part
-    dims = [int(dist.event_shape[0]) for dist in dists]
+    dims = [int(part[0].shape[-1] if components else part.event_shape[0]) for part in dists]
     if any(dim != dims[0] for dim in dims[1:]):
         if len(dists) == 2:
             raise ValueError(
-                f"the two views' latents have different dimensions {dists[0].event_shape[0]} and "
-                f"{dists[1].event_shape[0]}; both encoders must output the same latent dimension"
+                f"the two views' latents have different dimensions {dims[0]} and "
+                f"{dims[1]}; both encoders must output the same latent dimension"
             )
         raise ValueError(
             f"the views' latents have different dimensions {dims}; every recognition "
@@ -197,12 +220,17 @@ def encode_views(names: list[str], views: list[torch.Tensor], modules: list, gro
 
 def stack_views(dists: list[TorchDistribution]) -> TorchDistribution:
     """The J views' recognition distributions as one, batch_shape (N, J), event_shape (D,):
-    ``Delta(loc, event_dim=1)`` or ``Normal(loc, scale).to_event(1)`` of the stacked
-    components.
+    :func:`stack_components` of their parameters."""
+    return stack_components([recognition_components(dist) for dist in dists])
+
+
+def stack_components(parts: list[tuple]) -> TorchDistribution:
+    """The J views' recognition parameters ``(loc (N, D), scale (N, D) or None)`` as one
+    distribution, batch_shape (N, J), event_shape (D,): ``Delta(loc, event_dim=1)`` or
+    ``Normal(loc, scale).to_event(1)`` of the stacked parameters.
 
     :raises ValueError: when some views are Delta and others Gaussian.
     """
-    parts = [recognition_components(dist) for dist in dists]
     scales = [scale for _, scale in parts]
     if any(s is None for s in scales) and not all(s is None for s in scales):
         raise ValueError("the views' recognition models must all be Delta (deterministic) or all "

@@ -27,6 +27,8 @@ The linear-Gaussian state-space prior is :class:`~rpm.priors.StateSpacePrior`.
 
 from __future__ import annotations
 
+import math
+
 import pyro
 import torch
 from pyro import poutine
@@ -35,8 +37,14 @@ from torch.distributions import constraints
 
 from rpm.marginals.candidates import Candidates
 from rpm.marginals.sequence_marginal import SequenceMixtureMarginal, view
+from rpm.ops.logsumexp import safe_logsumexp
 from rpm.priors.base import Prior
+from rpm.priors.energy_range import check_implicit_log_ratio
 from rpm.priors.implicit import ImplicitPrior, implicit_log_ratio
+
+# The stacked path of MarkovImplicitPrior.log_ratio: at most this many entries of the
+# ((T - 1) N)^2 matrix (small batches, where one kernel beats T - 1).
+_STACKED_LIMIT = 2**14
 
 __all__ = ["MarkovChain", "MarkovImplicitChain", "MarkovImplicitPrior", "MarkovPrior",
            "SequencePrior"]
@@ -241,13 +249,35 @@ class MarkovImplicitPrior(SequencePrior):
                   block_size: int | None = None) -> torch.Tensor:
         """Per-sequence sum of the consecutive views' InfoNCE terms, shape (N,); over a global
         batch each step's normaliser runs over every process's (t+1)-th views."""
-        total = z.new_zeros(z.shape[0])
         if block_size is None:  # RPMELBO(block_size=...) reaches the marginal too
             block_size = getattr(marginal, "block_size", None)
-        for t in range(z.shape[1] - 1):
+        num, steps = z.shape[0], z.shape[1] - 1
+        if (steps > 1 and block_size is None and (candidates is None or candidates.is_local)
+                and (num * steps) ** 2 <= _STACKED_LIMIT):
+            return self._stacked_log_ratio(z)
+        total = z.new_zeros(num)
+        for t in range(steps):
             total = total + self.pair.log_ratio(z[:, t], z[:, t + 1], view(q, t), view(q, t + 1),
                                                 candidates, block_size)
         return total
+
+
+    def _stacked_log_ratio(self, z: torch.Tensor) -> torch.Tensor:
+        r""":meth:`log_ratio` of a small batch from one call of the energy: the matrix of
+        :math:`f` between all (T - 1) N anchors :math:`z_{i,t}` and all partners
+        :math:`z_{j,t+1}`, of which step t's (N, N) block is its InfoNCE matrix (the energy's
+        ``forward`` is pairwise, so the other blocks are simply not used). One kernel instead of
+        T - 1 costs (T - 1) times the entries and wins while launching kernels dominates."""
+        num, steps, dim = z.shape[0], z.shape[1] - 1, z.shape[2]
+        anchors = z[:, :-1].transpose(0, 1).reshape(steps * num, dim)     # step-major rows
+        partners = z[:, 1:].transpose(0, 1).reshape(steps * num, dim)
+        full = self.energy(anchors, partners).reshape(steps, num, steps, num)
+        blocks = full.diagonal(dim1=0, dim2=2).permute(2, 0, 1)          # (T - 1, N, N)
+        terms = (blocks.diagonal(dim1=-2, dim2=-1) - safe_logsumexp(blocks, dim=-1)
+                 + math.log(num))                                           # (T - 1, N)
+        ratio = terms.sum(0)
+        check_implicit_log_ratio(type(self).__name__, self.energy, [anchors, partners], ratio)
+        return ratio
 
 
 class MarkovChain(_BatchChain):
