@@ -10,13 +10,18 @@ Both train the same MLP encoder on the same batch with Adam:
 * **elbo+torch**: ``rpm.RPMELBO().differentiable_loss`` with a plain ``torch.optim.Adam``, the
   path of :class:`rpm.training.Trainer`.
 
-Prints the median step time of each and the ratio to the bare step (target: at most 1.2x).
+Prints the median step time of each and the ratio to the bare step (targets at
+``--hidden 32 --batch-sizes 16 256 --threads 1 --clock cpu``: SVI at most 1.3x, RPMELBO with
+torch.optim at most 1.15x). ``--profile K`` then prints the K functions with the most own time
+(cProfile) in each of the two RPM steps at the first batch size.
 Usage: ``python benchmarks/step_overhead.py --batch-sizes 256 6144 --device cpu``.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import statistics
 import time
 
@@ -62,7 +67,8 @@ def time_steps(step, device, warmup: int, repeats: int, clock: str = "wall") -> 
 
 
 def benchmark(batch_size: int, dim: int, hidden: int, kappa: float, device: torch.device,
-              warmup: int, repeats: int, clock: str = "wall") -> dict[str, float]:
+              warmup: int, repeats: int, clock: str = "wall", profile: int = 0
+              ) -> dict[str, float]:
     x = torch.randn(batch_size, dim, device=device)
     x2 = x + 0.1 * torch.randn(batch_size, dim, device=device)
     labels = torch.arange(batch_size, device=device)
@@ -79,7 +85,6 @@ def benchmark(batch_size: int, dim: int, hidden: int, kappa: float, device: torc
         bare_optimizer.step()
         return loss.item()  # SVI.step returns a float too
 
-    pyro.clear_param_store()
     model = rpm.RPM(rpm.DeltaRecognition(make_encoder(dim, hidden, 0)),
                     ImplicitPrior(CosineEnergy(kappa))).to(device)
     svi = SVI(model.model, model.guide, pyro.optim.Adam({"lr": 1e-4}), rpm.RPMELBO())
@@ -105,6 +110,16 @@ def benchmark(batch_size: int, dim: int, hidden: int, kappa: float, device: torc
         for name, step in (("bare", bare_step), ("svi", svi_step), ("elbo+torch", torch_step)):
             t = time_steps(step, device, warmup, repeats, clock)
             results[name] = min(results.get(name, float("inf")), t)
+    if profile:
+        for name, step in (("svi", svi_step), ("elbo+torch", torch_step)):
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(200):
+                step()
+            profiler.disable()
+            print(f"--- {name}, batch {batch_size}: 200 steps, the {profile} functions with the "
+                  "most own time")
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(profile)
     return results
 
 
@@ -117,9 +132,9 @@ def main(args: argparse.Namespace) -> None:
     names = ("svi", "elbo+torch")
     print(f"{'batch':>7} {'bare ms':>9} " + " ".join(f"{n + ' ms':>14}" for n in names)
           + " " + " ".join(f"{n + '/bare':>16}" for n in names))
-    for batch_size in args.batch_sizes:
+    for index, batch_size in enumerate(args.batch_sizes):
         r = benchmark(batch_size, args.dim, args.hidden, args.kappa, device, args.warmup,
-                      args.repeats, args.clock)
+                      args.repeats, args.clock, args.profile if index == 0 else 0)
         print(f"{batch_size:>7} {1e3 * r['bare']:>9.3f} "
               + " ".join(f"{1e3 * r[n]:>14.3f}" for n in names) + " "
               + " ".join(f"{r[n] / r['bare']:>16.2f}" for n in names))
@@ -137,4 +152,6 @@ if __name__ == "__main__":
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="wall time, or this process's CPU time (for a shared CPU)")
+    parser.add_argument("--profile", type=int, default=0,
+                        help="print the K functions with the most own time of each RPM step")
     main(parser.parse_args())
