@@ -10,8 +10,9 @@ batch_shape (N,) and event_shape (D,):
   the smoothing that makes Q(z) absolutely continuous (Appendix B of Aitchison & Ganev).
 
 The wrapped network is held as it is, never converted or otherwise changed: a plain
-``torch.nn.Module`` is registered with Pyro (``pyro.module``) each time the recognition model
-runs inside an RPM, so ``pyro.infer.SVI`` sees and optimises its parameters, and a
+``torch.nn.Module`` is registered with Pyro (``pyro.module``, under the model's name) in each
+call of an RPM's ``model``, ``guide`` or ``elbo`` under a Pyro handler, so ``pyro.infer.SVI``
+sees and optimises its parameters, and a
 ``torch.optim`` loop finds them in ``rpm.parameters()``. One recognition model may serve
 several RPMs (its network is then registered under the name of the model that adopted the
 recognition model last).
