@@ -171,8 +171,10 @@ def _baselines(args: argparse.Namespace, data, device) -> dict:
 def _checks(methods: dict) -> dict:
     checks = {}
     if "ntxent" in methods and "torch_ntxent" in methods:
-        gaps = {c: {k: abs(methods["ntxent"][c][k] - methods["torch_ntxent"][c][k])
-                    for k in methods["ntxent"][c]} for c in ("linear_probe", "knn")}
+        a, b = methods["ntxent"], methods["torch_ntxent"]
+        gaps = {f"{c}{'' if rep == 'backbone' else '_' + rep}": {
+                    k: abs(_scores(a, rep)[c][k] - _scores(b, rep)[c][k]) for k in a[c]}
+                for rep in REPRESENTATIONS for c in ("linear_probe", "knn")}
         worst = max(max(g.values()) for g in gaps.values())
         checks["ntxent_vs_torch_ntxent"] = {"gap": gaps, "max_gap": worst, "tolerance": NTXENT_TOLERANCE,
                                             "passed": worst <= NTXENT_TOLERANCE}
