@@ -45,10 +45,13 @@ _ = torch.manual_seed(0)
 # %% [markdown]
 # ## 1. From pairs to sequences
 #
-# `rpm.SequenceRPM` takes a batch `x` of shape (N, T, ...): N sequences of T views. Its Pyro
-# model has one plate over the sequences, a prior site `"z"` with event shape (T, D) and the
-# likelihood factor $\sum_t [\log Q(z_t \mid x_t) - \log Q_t(z_t)]$; the recognition model is
-# shared over the views (or one per view) and evaluated once per frame.
+# `rpm.SequenceRPM` takes a batch `x` of shape (N, T, ...): N sequences of T views. It is
+# `rpm.RPM` itself, the one model over J views, with a prior over the T views: ordered views
+# (frames) and unordered ones (augmentations, crops of different sizes, `rpm.RPM(recognition,
+# prior)` called with a list `[x_1, ..., x_J]`) differ only in the prior. Its Pyro model has one
+# plate over the sequences, a prior site `"z"` with event shape (T, D) and the likelihood factor
+# $\sum_t [\log Q(z_t \mid x_t) - \log Q_t(z_t)]$; the recognition model is shared over the
+# views (or one per view) and evaluated once on all frames.
 #
 # The **Markov implicit prior** chains the pair's implicit conditionals,
 # $P(z_{t+1} \mid z_t) \propto Q_{t+1}(z_{t+1})\, e^{f(z_t, z_{t+1})}$: its ELBO is the sum of the
