@@ -1,11 +1,14 @@
-r"""Priors P(z, z') over the latents of a pair (Eq. 9 and 21-22 of Aitchison & Ganev;
-``docs/theory.md#implicit-prior``).
+r"""Priors over the latents of J >= 2 views (Eq. 9 and 21-22 of Aitchison & Ganev;
+``docs/theory.md#implicit-prior``, J views and sequences).
 
-A prior is a :class:`Prior`: inside the model's plate over the N pairs it declares the sample
-sites ``"z"`` and ``"z2"`` and returns their values; q and q2 are the batch's recognition
-distributions (the implicit prior uses them, explicit priors ignore them). Its other hooks (the
-analytic log-ratio, whether Delta encoders are allowed, the latent dimension, the marginals the
-likelihood divides by) and those of an :class:`Energy` are documented in :mod:`rpm.priors.base`.
+A prior is a :class:`Prior`, one protocol with two call forms: the pair form (``forward(q, q2)``
+declares the sample sites ``"z"`` and ``"z2"`` and returns their values; q and q2 are the batch's
+recognition distributions, which the implicit prior uses and explicit priors ignore) and the
+joint form over J views (:class:`SequencePrior`: ``forward(q, marginal)`` declares ``"z"`` with
+event shape (J, D)). Its other hooks (the analytic log-ratio and the candidates of its
+normaliser, whether Delta encoders are allowed, the latent dimension, the marginals the
+likelihood divides by, a structured posterior) and those of an :class:`Energy` are documented in
+:mod:`rpm.priors.base`.
 """
 
 from rpm.priors.base import Energy, Prior
