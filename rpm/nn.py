@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import threading
 
+import torch
 from pyro.nn import PyroModule
 from pyro.params.param_store import _MODULE_NAMESPACE_DIVIDER
 
@@ -92,6 +93,16 @@ class NamedModule(PyroModule):
                 _TAKEN.add(name)
         super().__init__(name)
         self.__dict__["_name_base"] = base
+
+    def __call__(self, *args, **kwargs):
+        """:meth:`PyroModule.__call__ <pyro.nn.PyroModule.__call__>`; inside a call of its tree
+        (its Pyro context active) it only re-enters the context, so the module is called
+        directly then, without Pyro's settings lookups of the outermost call."""
+        context = self.__dict__["_pyro_context"]
+        if context.active:
+            with context:
+                return torch.nn.Module.__call__(self, *args, **kwargs)
+        return super().__call__(*args, **kwargs)
 
     def __deepcopy__(self, memo: dict) -> NamedModule:
         """A copy with its own tensors and, when this module is the root of its tree, its own

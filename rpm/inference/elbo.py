@@ -126,6 +126,8 @@ def _check_arguments(model, owner, args: tuple, kwargs: dict) -> None:
     func = getattr(fn, "__func__", None)  # a bound method: its function, self bound to None
     try:
         if func is not None:
+            if not kwargs and _takes_any_positional(func):  # e.g. RPM.model(self, *args)
+                return
             _signature(func).bind(None, *args, **kwargs)
         else:
             _signature(fn).bind(*args, **kwargs)
@@ -142,6 +144,13 @@ def _check_arguments(model, owner, args: tuple, kwargs: dict) -> None:
 def _signature(fn) -> inspect.Signature:
     """The signature of a model's function, read once (binding the arguments is cheap)."""
     return inspect.signature(fn)
+
+
+@functools.lru_cache(maxsize=64)
+def _takes_any_positional(func) -> bool:
+    """True when ``func(self, *args)`` binds any positional arguments (read once per function)."""
+    params = list(_signature(func).parameters.values())[1:]
+    return len(params) == 1 and params[0].kind is inspect.Parameter.VAR_POSITIONAL
 
 
 def _describe(value) -> str:

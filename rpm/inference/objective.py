@@ -87,6 +87,8 @@ def elbo(inputs: ObjectiveInputs, num_particles: int = 1,
         else:  # (z, z2), each (N, D): the guide's sites "z" then "z2"
             value = prior_log_ratio(inputs.prior, latents, inputs.recognitions, inputs.plate,
                                     inputs.candidates, block_size)
+        if num_particles == 1:
+            return value
         total = total + value
     return total / num_particles
 

@@ -30,6 +30,7 @@ from pyro.params.param_store import _MODULE_NAMESPACE_DIVIDER, param_with_module
 from pyro.poutine.runtime import am_i_wrapped
 
 from rpm.nn import NamedModule
+from rpm.ops.finite import all_finite
 
 __all__ = ["DeltaRecognition", "GaussianRecognition"]
 
@@ -104,7 +105,7 @@ def _check_batch(name: str, tensor: torch.Tensor, batch_size: int) -> None:
 
 
 def _check_finite(name: str, tensor: torch.Tensor) -> None:
-    if not torch.isfinite(tensor).all():
+    if not all_finite(tensor):
         raise ValueError(
             f"the recognition network returned NaN or infinite {name}; check the inputs for "
             "NaN/Inf and the network for overflow (e.g. an unbounded exp)"

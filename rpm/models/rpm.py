@@ -265,8 +265,7 @@ class RPM(RPMBase):
             f"{type(self).__name__} takes two views (x, x2), a list of J views, or one tensor "
             f"(N, J, ...) of stacked views; got {len(args)} arguments")
 
-    def _groups(self, num_views: int) -> list[int]:
-        modules = self.modules_list
+    def _groups(self, num_views: int, modules: list) -> list[int]:
         if self.groups is not None:
             if len(self.groups) != num_views:
                 raise ValueError(f"groups names a recognition model for {len(self.groups)} views "
@@ -285,13 +284,14 @@ class RPM(RPMBase):
         """Pair form: the two views' recognition distributions (each batch (N,)) and None;
         joint form: None and the J views' as one distribution (batch (N, J))."""
         names, views, stacked = self._views(args)
-        groups = self._groups(len(views))
         modules = self.modules_list
+        groups = self._groups(len(views), modules)
         batch_size = check_inputs(names, views)
-        joint = hook(self.prior, "joint_views")
+        prior = self.prior  # one lookup through PyroModule.__getattr__ per call
+        joint = hook(prior, "joint_views")
         if not joint and len(views) != 2:
             raise ValueError(
-                f"the prior {type(self.prior).__name__} is a pair prior (sites 'z' and 'z2') but "
+                f"the prior {type(prior).__name__} is a pair prior (sites 'z' and 'z2') but "
                 f"the batch has J = {len(views)} views; use a prior over J views (the joint "
                 "form, e.g. MarkovImplicitPrior, StateSpacePrior)")
         if stacked is not None and self.encoder_calls == "concat" and len(modules) == 1:
@@ -308,17 +308,17 @@ class RPM(RPMBase):
         else:
             dim = parts[0].event_shape[0]
             deltas = [isinstance(dist, Delta) for dist in parts]
-        prior_dim = hook(self.prior, "dim")
+        prior_dim = hook(prior, "dim")
         if prior_dim is not None and prior_dim != dim:
             raise ValueError(
                 f"the prior was built for latent dimension {prior_dim} but the encoder outputs "
                 f"dimension {dim}; make them agree (e.g. dim={dim})"
             )
-        if not hook(self.prior, "accepts_delta_recognition"):
+        if not hook(prior, "accepts_delta_recognition"):
             for j, delta in enumerate(deltas):
                 if delta:
                     name = "recognition" if groups[j] == 0 else f"recognition{groups[j] + 1}"
-                    raise ValueError(delta_with_density_message(name, self.prior))
+                    raise ValueError(delta_with_density_message(name, prior))
         if joint:
             return None, stack_components(parts)
         return parts, None

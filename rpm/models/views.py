@@ -31,6 +31,7 @@ from pyro.infer.util import is_validation_enabled
 from torch.distributions import Distribution
 
 from rpm.marginals.mixture_marginal import recognition_components
+from rpm.ops.finite import all_finite
 
 __all__ = [
     "ENCODER_CALLS",
@@ -116,7 +117,7 @@ def call_encoder(module, value: torch.Tensor, name: str):
 
 def _check_finite_input(name: str, value: torch.Tensor) -> None:
     """Raises ValueError naming the rows of ``value`` (N, ...) that hold NaN or infinite entries."""
-    if torch.isfinite(value).all():  # one reduction per step; the rows only for the message
+    if all_finite(value):  # one reduction per step; the rows only for the message
         return
     finite = torch.isfinite(value).reshape(value.shape[0], -1).all(-1)  # (N,)
     if not finite.all():

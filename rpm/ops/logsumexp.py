@@ -88,8 +88,8 @@ def safe_logsumexp(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         raise TypeError(f"safe_logsumexp needs floating-point logits, got {x.dtype}")
     with torch.no_grad():
         top = x.amax(dim, keepdim=True)
-        finite = torch.isfinite(top)
-        shift = torch.where(finite, top, torch.zeros_like(top))
+        shift = top.nan_to_num(0.0, 0.0, 0.0)                  # the row maxima, 0 where not finite
+        finite = shift == top
     shifted = (x - shift).clamp_min(exp_floor(x.dtype))
     total = shifted.exp().sum(dim, keepdim=True).log() + shift
     return torch.where(finite, total, top).squeeze(dim)

@@ -59,8 +59,10 @@ def _unit(z: torch.Tensor) -> torch.Tensor:
     the exact one of :math:`z / \lVert z \rVert`); zero rows stay zero.
     """
     scale = z.detach().abs().amax(-1, keepdim=True)                            # (N, 1)
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return torch.nn.functional.normalize(z / scale, dim=-1)
+    scale = scale.masked_fill_(scale == 0, 1.0)
+    scaled = z / scale
+    # F.normalize(scaled, dim=-1) (its eps 1e-12), without its Python layers
+    return scaled / torch.linalg.vector_norm(scaled, dim=-1, keepdim=True).clamp_min(1e-12)
 
 
 def _at_least_one(radius: torch.Tensor) -> torch.Tensor:

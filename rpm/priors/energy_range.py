@@ -24,6 +24,7 @@ latents themselves not finite, or an energy without a bound that overflowed).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -70,6 +71,7 @@ def _describe(norms: tuple[float, float]) -> str:
     return f"from {low:.1g} to {high:.1g}"
 
 
+@functools.lru_cache(maxsize=8)
 def _window(dtype: torch.dtype) -> tuple[float, float]:
     """Latent norms :math:`[m^{-1/6}, m^{1/6}]`, m the dtype's largest number (float32:
     3.9e-7 to 2.6e6), inside which no plausible parameters reach the bound."""
@@ -103,10 +105,11 @@ def check_implicit_log_ratio(
         return
     unique = list({id(z): z for z in latents}.values())
     with torch.no_grad():
-        row_max = torch.cat([z.detach().abs().amax(-1) for z in unique])       # max_d |z_d|
-        smallest, largest = torch.aminmax(row_max)
-        total, smallest, largest = torch.stack(
-            [ratio.detach().sum(), smallest.to(ratio.dtype), largest.to(ratio.dtype)]).tolist()
+        rows = unique[0] if len(unique) == 1 else torch.cat(unique)
+        smallest, largest = torch.aminmax(rows.abs().amax(-1))                  # max_d |z_d|
+        if smallest.dtype != ratio.dtype:
+            smallest, largest = smallest.to(ratio.dtype), largest.to(ratio.dtype)
+        total, smallest, largest = torch.stack([ratio.sum(), smallest, largest]).tolist()
     dtype, num_pairs, dim = ratio.dtype, ratio.numel(), unique[0].shape[-1]
     if math.isfinite(total) and math.isfinite(largest):
         low, high = _window(dtype)

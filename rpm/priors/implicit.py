@@ -405,28 +405,32 @@ class ImplicitPrior(Prior):
         elif candidates is not None:
             negatives = candidates
         candidates = z2 if negatives is None else negatives
-        ratio = self._log_ratio(z, z2, candidates, negatives is None, block_size)
-        check_implicit_log_ratio(type(self).__name__, self.energy, [z, z2, candidates], ratio)
+        energy = self.energy  # one lookup through PyroModule.__getattr__ per call
+        ratio = self._log_ratio(z, z2, candidates, negatives is None, block_size, energy)
+        check_implicit_log_ratio(type(self).__name__, energy, [z, z2, candidates], ratio)
         return ratio
 
     def _log_ratio(self, z: torch.Tensor, z2: torch.Tensor, candidates: torch.Tensor,
-                   own: bool, block_size: int | None) -> torch.Tensor:
+                   own: bool, block_size: int | None, energy: Energy | None = None
+                   ) -> torch.Tensor:
         """:meth:`log_ratio` with the candidates given (``own``: they are z2)."""
+        if energy is None:
+            energy = self.energy
         if not use_streaming(z.shape[0], candidates.shape[0], z.device, block_size):
             if own:
                 # Dense: one N x N matrix gives both the positives and the normaliser.
-                return implicit_log_ratio(self.energy(z, z2))
-            positive = energy_paired(self.energy, z, z2)
-            normalizer = safe_logsumexp(self.energy(z, candidates), dim=-1)
+                return implicit_log_ratio(energy(z, z2))
+            positive = energy_paired(energy, z, z2)
+            normalizer = safe_logsumexp(energy(z, candidates), dim=-1)
         else:
-            factors = energy_logit_factors(self.energy, z, candidates)
+            factors = energy_logit_factors(energy, z, candidates)
             if factors is not None:
-                positive = energy_paired(self.energy, z, z2, block_size)
+                positive = energy_paired(energy, z, z2, block_size)
                 normalizer = _streamed_log_normalizer(factors, block_size)
             else:
                 # forward on tiles; the positives come from the same tiles for the batch's own z2
                 normalizer, positive = blocked_energy_logsumexp(
-                    self.energy, z, candidates, block_size, positive_shift=0 if own else None)
+                    energy, z, candidates, block_size, positive_shift=0 if own else None)
                 if positive is None:
-                    positive = energy_paired(self.energy, z, z2, block_size)
+                    positive = energy_paired(energy, z, z2, block_size)
         return positive - normalizer + math.log(candidates.shape[0])
