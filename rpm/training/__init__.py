@@ -15,6 +15,7 @@ __all__ = [
     "RunLock",
     "Trainer",
     "TrainingInterrupted",
+    "cosine_schedule",
     "load_checkpoint",
     "save_checkpoint",
 ]
@@ -28,6 +29,7 @@ _WHERE = {
     "TrainingInterrupted": "rpm.training.trainer",
     "RunFolderError": "rpm.training.run_folder",
     "RunLock": "rpm.training.run_folder",
+    "cosine_schedule": "rpm.training.schedule",
 }
 
 

@@ -23,7 +23,6 @@ images are only used at the end (:func:`score_features`).
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
 import pyro
@@ -33,6 +32,7 @@ import rpm
 from rpm.evaluation import knn_accuracy, label_efficiency, representations
 from rpm.experiments.common import derived_seed, seed_everything
 from rpm.experiments.digits.model import MIN_SCALE, DigitsEncoder, build_method, torch_ntxent_loss
+from rpm.training.schedule import cosine_schedule
 from rpm.training.trainer import Trainer
 
 __all__ = ["LABELS_PER_CLASS", "batch_views", "cosine_schedule", "score_encoder", "score_features",
@@ -40,19 +40,6 @@ __all__ = ["LABELS_PER_CLASS", "batch_views", "cosine_schedule", "score_encoder"
 
 #: The label counts of the label-efficiency curve (``None``: all labels).
 LABELS_PER_CLASS = (1, 5, 10, None)
-
-
-def cosine_schedule(num_steps: int, warmup: float):
-    r"""Learning-rate factor of step s: linear warm-up over :math:`W = \lceil w S\rceil` steps,
-    then :math:`\tfrac12(1 + \cos(\pi (s - W) / (S - W)))`."""
-    warm = min(num_steps, math.ceil(warmup * num_steps))
-
-    def factor(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        return 0.5 * (1.0 + math.cos(math.pi * (step - warm) / max(1, num_steps - warm)))
-
-    return factor
 
 
 def batch_views(images: torch.Tensor, transform, batch_size: int, seed: int, step: int):

@@ -19,7 +19,6 @@ learned one is compared.
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
 import pyro
@@ -38,35 +37,13 @@ from rpm.experiments.identifiability.model import (
 from rpm.metrics import mcc, mcc_per_dimension, r2, r2_per_dimension
 from rpm.models.mlp import MLPEncoder
 from rpm.priors import AnisotropicEnergy
+from rpm.training.schedule import cosine_schedule
 from rpm.training.trainer import Trainer
 
 __all__ = ["R2_LEVELS", "cosine_schedule", "oracle_concentrations", "train_energy"]
 
 #: R^2 levels whose first crossing time is reported.
 R2_LEVELS = (0.9, 0.95, 0.99)
-
-
-def cosine_schedule(num_steps: int, warmup: float):
-    r"""The learning-rate factor of step s: a linear warm-up over the first
-    :math:`W = \lceil w S \rceil` steps, then a cosine decay to 0,
-
-    .. math::
-
-        \eta_s / \eta = \frac{s + 1}{W} \ (s < W), \qquad
-        \eta_s / \eta = \tfrac12 \Big(1 + \cos \frac{\pi (s - W)}{S - W}\Big) \ (s \ge W).
-
-    :param int num_steps: S.
-    :param float warmup: w in [0, 1].
-    :return: a function of the step s (for :class:`torch.optim.lr_scheduler.LambdaLR`).
-    """
-    warm = min(num_steps, math.ceil(warmup * num_steps))
-
-    def factor(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        return 0.5 * (1.0 + math.cos(math.pi * (step - warm) / max(1, num_steps - warm)))
-
-    return factor
 
 
 def _scores(z: torch.Tensor, h: torch.Tensor) -> dict:
