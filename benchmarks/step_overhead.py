@@ -8,7 +8,10 @@ Both train the same MLP encoder on the same batch with Adam:
   for an RPM with Delta recognition and the implicit prior with a cosine energy (the same
   objective, Eq. 23-25 of Aitchison & Ganev);
 * **elbo+torch**: ``rpm.RPMELBO().differentiable_loss`` with a plain ``torch.optim.Adam``, the
-  path of :class:`rpm.training.Trainer`.
+  path of :class:`rpm.training.Trainer`;
+* **svi-floor** (with ``--svi-floor``): the bare loss as an ``SVI`` loss, a model that only
+  registers the encoder (``pyro.module``), with ``pyro.optim.Adam``: what SVI costs whatever
+  the model computes.
 
 Prints the median step time of each and the ratio to the bare step (targets at
 ``--hidden 32 --batch-sizes 16 256 --threads 1 --clock cpu``: SVI at most 1.3x, RPMELBO with
@@ -67,8 +70,8 @@ def time_steps(step, device, warmup: int, repeats: int, clock: str = "wall") -> 
 
 
 def benchmark(batch_size: int, dim: int, hidden: int, kappa: float, device: torch.device,
-              warmup: int, repeats: int, clock: str = "wall", profile: int = 0
-              ) -> dict[str, float]:
+              warmup: int, repeats: int, clock: str = "wall", profile: int = 0,
+              svi_floor: bool = False) -> dict[str, float]:
     x = torch.randn(batch_size, dim, device=device)
     x2 = x + 0.1 * torch.randn(batch_size, dim, device=device)
     labels = torch.arange(batch_size, device=device)
@@ -104,10 +107,23 @@ def benchmark(batch_size: int, dim: int, hidden: int, kappa: float, device: torc
         torch_optimizer.step()
         return loss.item()
 
+    floor_encoder = make_encoder(dim, hidden, 0).to(device)
+
+    def floor_loss(model, guide):
+        model()
+        z = torch.nn.functional.normalize(floor_encoder(x), dim=-1)
+        z2 = torch.nn.functional.normalize(floor_encoder(x2), dim=-1)
+        return torch.nn.functional.cross_entropy(kappa * z @ z2.T, labels)
+
+    floor_svi = SVI(lambda: pyro.module("svi_floor_encoder", floor_encoder), lambda: None,
+                    pyro.optim.Adam({"lr": 1e-4}), loss=floor_loss)
+    steps = [("bare", bare_step), ("svi", svi_step), ("elbo+torch", torch_step)]
+    if svi_floor:
+        steps.append(("svi-floor", floor_svi.step))
     results = {}
-    # interleave the three so that machine load affects them alike
+    # interleave the steps so that machine load affects them alike
     for _ in range(3):
-        for name, step in (("bare", bare_step), ("svi", svi_step), ("elbo+torch", torch_step)):
+        for name, step in steps:
             t = time_steps(step, device, warmup, repeats, clock)
             results[name] = min(results.get(name, float("inf")), t)
     if profile:
@@ -129,12 +145,12 @@ def main(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
     print(f"device={device} threads={torch.get_num_threads()} dim={args.dim} hidden={args.hidden} "
           f"clock={args.clock}")
-    names = ("svi", "elbo+torch")
+    names = ("svi", "elbo+torch") + (("svi-floor",) if args.svi_floor else ())
     print(f"{'batch':>7} {'bare ms':>9} " + " ".join(f"{n + ' ms':>14}" for n in names)
           + " " + " ".join(f"{n + '/bare':>16}" for n in names))
     for index, batch_size in enumerate(args.batch_sizes):
         r = benchmark(batch_size, args.dim, args.hidden, args.kappa, device, args.warmup,
-                      args.repeats, args.clock, args.profile if index == 0 else 0)
+                      args.repeats, args.clock, args.profile if index == 0 else 0, args.svi_floor)
         print(f"{batch_size:>7} {1e3 * r['bare']:>9.3f} "
               + " ".join(f"{1e3 * r[n]:>14.3f}" for n in names) + " "
               + " ".join(f"{r[n] / r['bare']:>16.2f}" for n in names))
@@ -154,4 +170,6 @@ if __name__ == "__main__":
                         help="wall time, or this process's CPU time (for a shared CPU)")
     parser.add_argument("--profile", type=int, default=0,
                         help="print the K functions with the most own time of each RPM step")
+    parser.add_argument("--svi-floor", action="store_true",
+                        help="also time the bare loss as an SVI loss with pyro.optim.Adam")
     main(parser.parse_args())
