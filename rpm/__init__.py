@@ -22,8 +22,8 @@ _LAZY = {
     "SequenceRPM": "rpm.models",
     "info_nce": "rpm.inference",
 }
-_SUBPACKAGES = frozenset({"data", "distributed", "evaluation", "experiments", "inference", "marginals",
-                          "metrics", "models", "nn", "ops", "priors", "training"})
+_SUBPACKAGES = frozenset({"data", "distributed", "evaluation", "experiments", "inference", "losses",
+                          "marginals", "metrics", "models", "nn", "ops", "priors", "training"})
 
 __all__ = [
     "DeltaRecognition",
