@@ -17,7 +17,12 @@ from rpm.ops.distribution_mixture import (
 )
 from rpm.ops.gaussian_mixture import dense_gaussian_mixture_log_prob, gaussian_mixture_log_prob
 from rpm.ops.kalman import backward_sample, kalman_filter, kalman_forecast, rts_smoother
-from rpm.ops.logsumexp import exp_floor, safe_logsumexp, streaming_matmul_logsumexp
+from rpm.ops.logsumexp import (
+    diagonal_log_softmax,
+    exp_floor,
+    safe_logsumexp,
+    streaming_matmul_logsumexp,
+)
 from rpm.ops.lp_distances import lp_distances, lp_paired_distances
 from rpm.ops.streaming import check_mixture_arguments, streaming_gaussian_mixture_log_prob
 
@@ -26,6 +31,7 @@ __all__ = [
     "check_mixture_arguments",
     "default_block_size",
     "dense_gaussian_mixture_log_prob",
+    "diagonal_log_softmax",
     "distribution_mixture_block_rows",
     "distribution_mixture_log_prob",
     "exp_floor",

@@ -49,15 +49,27 @@ __all__ = [
 ]
 
 
+# dtypes whose every norm is representable, and whose squares fit float64
+_WIDE_NORM_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def _unit(z: torch.Tensor) -> torch.Tensor:
     r""":math:`z / \lVert z \rVert` of each row, for latents of any representable norm.
 
-    ``F.normalize`` squares the coordinates: in float32 a norm above ~1.8e19 overflows to inf
-    (every :math:`\hat z` becomes 0) and one below ~1e-19 underflows or falls under its
-    ``eps`` (the result is not a unit vector). The rows are first divided by their largest
-    coordinate (a constant for autograd: the direction is scale-invariant, so the gradient is
-    the exact one of :math:`z / \lVert z \rVert`); zero rows stay zero.
+    ``F.normalize`` squares the coordinates in the latents' dtype: in float32 a norm above
+    ~1.8e19 overflows to inf (every :math:`\hat z` becomes 0) and one below ~1e-19 underflows
+    or falls under its ``eps`` (the result is not a unit vector). Here the norms of float32 and
+    bfloat16 rows are accumulated in float64, where the squares of any float32 number fit, and
+    rounded back to a norm the dtype holds: as many autograd nodes as ``F.normalize`` (a step of
+    a small batch pays per node). Rows of other dtypes (float64, whose squares may overflow
+    float64; float16, whose norms may not be representable) are first divided by their
+    largest coordinate (a constant for autograd: the direction is scale-invariant, so the
+    gradient is the exact one of :math:`z / \lVert z \rVert`). Zero rows stay zero, with
+    ``F.normalize``'s gradient (the incoming gradient divided by 1e-12).
     """
+    if z.dtype in _WIDE_NORM_DTYPES:
+        norm = torch.linalg.vector_norm(z, dim=-1, keepdim=True, dtype=torch.float64)  # (N, 1)
+        return z / norm.masked_fill(norm == 0, 1e-12).to(z.dtype)
     scale = z.detach().abs().amax(-1, keepdim=True)                            # (N, 1)
     scale = scale.masked_fill_(scale == 0, 1.0)
     scaled = z / scale

@@ -43,7 +43,7 @@ from rpm.marginals import MixtureMarginal
 from rpm.marginals.candidates import Candidates
 from rpm.marginals.mixture_marginal import Atoms
 from rpm.ops.dispatch import use_streaming
-from rpm.ops.logsumexp import safe_logsumexp, streaming_matmul_logsumexp
+from rpm.ops.logsumexp import diagonal_log_softmax, safe_logsumexp, streaming_matmul_logsumexp
 from rpm.priors.base import Energy, Prior
 from rpm.priors.energy_paths import blocked_energy_logsumexp, energy_logit_factors, energy_paired
 from rpm.priors.energy_range import check_implicit_log_ratio
@@ -68,12 +68,9 @@ def implicit_log_ratio(energy_matrix: torch.Tensor) -> torch.Tensor:
     :param torch.Tensor energy_matrix: :math:`F_{ij} = f(z_i, z'_j)`, shape (N, N).
     :return: shape (N,).
     """
-    num_pairs = energy_matrix.shape[-1]
-    return (
-        torch.diagonal(energy_matrix)
-        - safe_logsumexp(energy_matrix, dim=-1)
-        + math.log(num_pairs)
-    )
+    # one fused kernel pair (rpm.ops.diagonal_log_softmax): the same values as
+    # diagonal - safe_logsumexp + log N, without autograd's dozen nodes per step
+    return diagonal_log_softmax(energy_matrix, math.log(energy_matrix.shape[-1]))
 
 
 def energy_log_normalizer(
@@ -305,8 +302,7 @@ class ImplicitConditional(TiltedConditional):
         if self.queued is None:
             return implicit_log_ratio(self.energy(anchor, value))
         logits = torch.cat([self.energy(anchor, value), self.energy(anchor, self.queued)], -1)
-        return (torch.diagonal(logits[:, :value.shape[0]]) - safe_logsumexp(logits, dim=-1)
-                + math.log(logits.shape[-1]))
+        return diagonal_log_softmax(logits, math.log(logits.shape[-1]))
 
     def candidates(self) -> torch.Tensor:
         """One draw from each second-view recognition distribution, shape (N, D)."""

@@ -161,3 +161,44 @@ def test_fixed_hyperparameters_are_exact_after_double():
     assert CosineEnergy(kappa=100 / 7).double().kappa.item() == 14.285714285714286
     assert RBFEnergy(0.1, learn_lengthscale=False).double().lengthscale.item() == 0.1
     assert LpEnergy(p=1.0, tau=0.3).double().tau.item() == 0.3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_unit_vectors_at_every_norm(dtype):
+    """The cosine energy's unit vectors z / |z| (rpm.priors.energies._unit) against float64
+    for rows of norm 1e-30 ... 1e30 (float32 and bfloat16: norms accumulated in float64;
+    float64: rows divided by their largest coordinate), values and gradients."""
+    from rpm.priors.energies import _unit
+
+    exponents = [-30, -20, -5, 0, 5, 20, 30] if dtype != torch.float64 else [-300, -30, 0, 30, 300]
+    directions = torch.randn(len(exponents), 6, dtype=torch.float64)
+    z64 = directions * torch.tensor([10.0 ** e for e in exponents], dtype=torch.float64)[:, None]
+    z = z64.to(dtype).requires_grad_()
+    exact = z.detach().double().requires_grad_()
+    weights = torch.randn(z.shape, dtype=torch.float64)
+    # the norm of rows scaled to a largest coordinate of 1 (the squares of 1e300 overflow)
+    top = exact.detach().abs().amax(-1, keepdim=True)
+    expected = exact / (top * torch.linalg.vector_norm(exact / top, dim=-1, keepdim=True))
+    (expected_grad,) = torch.autograd.grad((expected * weights).sum(), exact)
+    actual = _unit(z)
+    (grad,) = torch.autograd.grad((actual * weights.to(dtype)).sum(), z)
+    eps = torch.finfo(dtype).eps
+    assert ((actual.double() - expected.detach()).abs().max() < 4 * eps)
+    # the gradient scales as 1/|z|: compare each row relative to its largest entry
+    error = (grad.double() - expected_grad).abs().amax(-1) / expected_grad.abs().amax(-1)
+    assert error.max() < 16 * eps
+
+
+def test_unit_vectors_of_zero_rows_follow_normalize():
+    """Zero rows stay zero with F.normalize's gradient (the incoming gradient / 1e-12)."""
+    from rpm.priors.energies import _unit
+
+    for dtype in (torch.float32, torch.float64):
+        z = torch.zeros(2, 3, dtype=dtype, requires_grad=True)
+        reference = torch.zeros(2, 3, dtype=dtype, requires_grad=True)
+        weights = torch.randn(2, 3, dtype=dtype)
+        (grad,) = torch.autograd.grad((_unit(z) * weights).sum(), z)
+        (expected,) = torch.autograd.grad(
+            (torch.nn.functional.normalize(reference, dim=-1) * weights).sum(), reference)
+        assert (_unit(z) == 0).all()
+        torch.testing.assert_close(grad, expected)
