@@ -24,6 +24,7 @@ from rpm.priors.energies import (
 )
 from rpm.priors.explicit import GaussianRandomWalkPrior, LinearDynamicsPrior
 from rpm.priors.implicit import ImplicitConditional, ImplicitPrior, implicit_log_ratio
+from rpm.priors.multiview import MultiViewImplicitPrior, PartnerMixturePrior, StarImplicitPrior
 from rpm.priors.pooled import PooledImplicitPrior
 from rpm.priors.sequence import (
     MarkovChain,
@@ -51,11 +52,14 @@ __all__ = [
     "MarkovImplicitChain",
     "MarkovImplicitPrior",
     "MarkovPrior",
+    "MultiViewImplicitPrior",
     "NeuralEnergy",
+    "PartnerMixturePrior",
     "PooledImplicitPrior",
     "Prior",
     "RBFEnergy",
     "SequencePrior",
+    "StarImplicitPrior",
     "StateSpacePosterior",
     "StateSpacePrior",
     "implicit_log_ratio",
