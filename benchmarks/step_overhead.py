@@ -13,7 +13,8 @@ Both train the same MLP encoder on the same batch with Adam:
   registers the encoder (``pyro.module``), with ``pyro.optim.Adam``: what SVI costs whatever
   the model computes.
 
-Prints the median step time of each and the ratio to the bare step (targets at
+Prints the median step time of each (the steps timed in turn, one step at a time) and the
+ratio to the bare step (targets at
 ``--hidden 32 --batch-sizes 16 256 --threads 1 --clock cpu``: SVI at most 1.3x, RPMELBO with
 torch.optim at most 1.15x). ``--profile K`` then prints the K functions with the most own time
 (cProfile) in each of the two RPM steps at the first batch size.
@@ -69,6 +70,25 @@ def time_steps(step, device, warmup: int, repeats: int, clock: str = "wall") -> 
     return statistics.median(times)
 
 
+def round_robin(steps, device, warmup: int, repeats: int, clock: str = "wall") -> dict[str, float]:
+    """Median time of one step of each, the steps timed in turn one at a time (``3 * repeats``
+    each), so that the load of a shared machine, which changes over seconds, affects them
+    alike."""
+    now = CLOCKS[clock]
+    for _, step in steps:
+        for _ in range(warmup):
+            step()
+    times = {name: [] for name, _ in steps}
+    for _ in range(3 * repeats):
+        for name, step in steps:
+            synchronize(device)
+            start = now()
+            step()
+            synchronize(device)
+            times[name].append(now() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def benchmark(batch_size: int, dim: int, hidden: int, kappa: float, device: torch.device,
               warmup: int, repeats: int, clock: str = "wall", profile: int = 0,
               svi_floor: bool = False) -> dict[str, float]:
@@ -120,12 +140,7 @@ def benchmark(batch_size: int, dim: int, hidden: int, kappa: float, device: torc
     steps = [("bare", bare_step), ("svi", svi_step), ("elbo+torch", torch_step)]
     if svi_floor:
         steps.append(("svi-floor", floor_svi.step))
-    results = {}
-    # interleave the steps so that machine load affects them alike
-    for _ in range(3):
-        for name, step in steps:
-            t = time_steps(step, device, warmup, repeats, clock)
-            results[name] = min(results.get(name, float("inf")), t)
+    results = round_robin(steps, device, warmup, repeats, clock)
     if profile:
         for name, step in (("svi", svi_step), ("elbo+torch", torch_step)):
             profiler = cProfile.Profile()

@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import numbers
 
 import torch
 from pyro.infer import ELBO
+from pyro.infer.util import is_validation_enabled
 from pyro.nn import pyro_method
 from pyro.poutine.block_messenger import BlockMessenger
 from pyro.poutine.messenger import Messenger
@@ -46,6 +48,7 @@ from pyro.poutine.trace_messenger import TraceMessenger
 from rpm._validation import check_bool, check_positive_int, check_positive_int_or_none
 from rpm.inference.objective import elbo as objective_elbo
 from rpm.models.base import RPMBase
+from rpm.models.checked_batches import full_checks
 
 __all__ = ["RPMELBO", "rpm_log_ratio"]
 
@@ -180,6 +183,19 @@ def rpm_log_ratio(
     return rpm.log_ratio(z, z2, q, q2, global_batch=global_batch, block_size=block_size)
 
 
+@pyro_method
+def _evaluate(module: RPMBase, elbo: RPMELBO, args: tuple, kwargs: dict) -> torch.Tensor:
+    """The ELBO of one batch (:func:`rpm.inference.objective.elbo`), in the model's Pyro context
+    (:func:`pyro.nn.pyro_method`, as its model and guide run)."""
+    inputs = module.objective_inputs(*args, global_batch=elbo.global_batch,
+                                     block_size=elbo.block_size, **kwargs)
+    return objective_elbo(inputs, num_particles=elbo.num_particles, block_size=elbo.block_size)
+
+
+def _tracing() -> bool:
+    return torch.jit.is_tracing() or torch.compiler.is_compiling()
+
+
 class RPMELBO(ELBO):
     r"""The RPM evidence lower bound (Eq. 15 of Aitchison & Ganev) for ``(rpm.model, rpm.guide)``.
 
@@ -202,6 +218,11 @@ class RPMELBO(ELBO):
     handlers or to ask for their combined scale without sending a message through them (which
     an outer trace would record as a site), and ``Trace_ELBO`` itself applies them through that
     stack.
+
+    Checks: under ``pyro.enable_validation`` the model checks the first batch of each shape,
+    dtype and device (:mod:`rpm.models.checked_batches`); every step's ELBO is checked to be
+    finite, and a step that is not (or that a check refuses) is evaluated again with every
+    check, so the error names the input rows or the encoder that are not finite.
 
     Handlers: ``poutine.scale`` with one number, around the model and the guide alike or
     active around the call, multiplies the loss, as it does under ``Trace_ELBO``;
@@ -235,14 +256,18 @@ class RPMELBO(ELBO):
         (``(x, x2)`` for an :class:`~rpm.RPM`)."""
         owner, scale = _owning_model(model, guide)
         _check_arguments(model, owner, args, kwargs)
-
-        def evaluate(module):
-            inputs = module.objective_inputs(*args, global_batch=self.global_batch,
-                                             block_size=self.block_size, **kwargs)
-            return objective_elbo(inputs, num_particles=self.num_particles,
-                                  block_size=self.block_size)
-
-        elbo = pyro_method(evaluate)(owner)  # in the model's Pyro context, as model and guide
+        validating = is_validation_enabled() and not _tracing()
+        try:
+            elbo = _evaluate(owner, self, args, kwargs)  # in the model's Pyro context
+        except ValueError:
+            if not validating:
+                raise
+            elbo = None  # a check downstream of a skipped one refused the batch
+        if validating and (elbo is None or not math.isfinite(elbo.detach().item())):
+            # The model checks the first batch of each shape only (rpm.models.checked_batches):
+            # evaluate again with every check, so that the error names what is not finite
+            with full_checks():
+                elbo = _evaluate(owner, self, args, kwargs)
         return -elbo if scale == 1.0 else -scale * elbo
 
     def _get_trace(self, model, guide, args, kwargs):

@@ -29,6 +29,7 @@ from pyro.infer.util import is_validation_enabled
 from pyro.params.param_store import _MODULE_NAMESPACE_DIVIDER, param_with_module_name
 from pyro.poutine.runtime import am_i_wrapped
 
+from rpm.models.checked_batches import checks_skipped
 from rpm.nn import NamedModule
 from rpm.ops.finite import all_finite
 
@@ -87,7 +88,11 @@ def _check_network(net: torch.nn.Module) -> torch.nn.Module:
 
 
 def _validating(flag: bool | None) -> bool:
-    return is_validation_enabled() if flag is None else flag
+    """``validate`` given: that; None: Pyro's validation, except for a model's batch whose
+    signature passed its checks before (:mod:`rpm.models.checked_batches`)."""
+    if flag is None:
+        return is_validation_enabled() and not checks_skipped()
+    return flag
 
 
 def _check_batch(name: str, tensor: torch.Tensor, batch_size: int) -> None:
@@ -119,7 +124,8 @@ class GaussianRecognition(NamedModule):
         (N, D), scale positive (e.g. through ``softplus``).
     :param validate: check shapes, positivity and finiteness on every call (cheap reductions,
         but each synchronises with the device); ``None`` follows
-        :func:`pyro.enable_validation` (on by default).
+        :func:`pyro.enable_validation` (on by default), where an RPM checks the first batch
+        of each shape (:mod:`rpm.models.checked_batches`).
     """
 
     def __init__(self, net: torch.nn.Module, validate: bool | None = None):
@@ -166,7 +172,8 @@ class DeltaRecognition(NamedModule):
     :param torch.nn.Module net: maps a batch x (N, ...) to the latent means, shape (N, D).
     :param float noise_scale: :math:`\epsilon \ge 0`.
     :param validate: check shapes and finiteness on every call; ``None`` follows
-        :func:`pyro.enable_validation`.
+        :func:`pyro.enable_validation`, where an RPM checks the first batch of each shape
+        (:mod:`rpm.models.checked_batches`).
     """
 
     def __init__(self, net: torch.nn.Module, noise_scale: float = 0.0, validate: bool | None = None):

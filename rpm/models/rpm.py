@@ -31,7 +31,8 @@ from __future__ import annotations
 import pyro
 import torch
 from pyro.distributions import Delta, TorchDistribution
-from pyro.nn import PyroModuleList, pyro_method
+from pyro.infer.util import is_validation_enabled
+from pyro.nn import PyroModule, PyroModuleList, pyro_method
 from torch.distributions import Distribution
 
 from rpm._validation import check_bool
@@ -39,6 +40,7 @@ from rpm.marginals.candidates import Candidates, LatentQueue
 from rpm.marginals.mixture_marginal import recognition_components
 from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
 from rpm.models.base import ObjectiveInputs, RPMBase
+from rpm.models.checked_batches import passed, remember, signature, skipped_checks
 from rpm.models.recognition import DeltaRecognition
 from rpm.models.views import (
     ENCODER_CALLS,
@@ -229,11 +231,13 @@ class RPM(RPMBase):
     @property
     def modules_list(self) -> list:
         """The recognition models, in the order ``groups`` indexes them."""
+        recognition = self._child("recognition")
         if self.per_view:
-            return list(self.recognition)
-        if getattr(self, "recognition2", None) is not None:
-            return [self.recognition, self.recognition2]
-        return [self.recognition]
+            return list(recognition)
+        recognition2 = self._child("recognition2")
+        if recognition2 is not None:
+            return [recognition, recognition2]
+        return [recognition]
 
     def _views(self, args: tuple) -> tuple[list[str], list[torch.Tensor], torch.Tensor | None]:
         """The views of a call: names, the J tensors (N, ...), and the stacked input (N, J, ...)
@@ -279,35 +283,47 @@ class RPM(RPMBase):
                 f"{num_views} views; give one per view, or groups=[...] naming each view's model")
         return list(range(num_views))
 
+    def _child(self, name: str):
+        """The submodule ``name``; a :class:`~pyro.nn.PyroModule` is read from ``_modules``
+        directly (``PyroModule.__getattr__`` would only return it, after a few dictionary
+        lookups per access), anything else through the attribute (a plain
+        ``torch.nn.Module`` prior is registered with Pyro by that access)."""
+        module = self._modules.get(name)
+        return module if isinstance(module, PyroModule) else getattr(self, name, None)
+
     def _encode(self, args: tuple) -> tuple[list[TorchDistribution] | None,
                                             TorchDistribution | None]:
         """Pair form: the two views' recognition distributions (each batch (N,)) and None;
-        joint form: None and the J views' as one distribution (batch (N, J))."""
+        joint form: None and the J views' as one distribution (batch (N, J)).
+
+        The checks of a batch run on the first batch of each signature (shapes, dtypes and
+        devices of the views, the modules, validation on or off) and are skipped for later
+        batches of a signature that passed (:mod:`rpm.models.checked_batches`)."""
         names, views, stacked = self._views(args)
         modules = self.modules_list
         groups = self._groups(len(views), modules)
-        batch_size = check_inputs(names, views)
-        prior = self.prior  # one lookup through PyroModule.__getattr__ per call
+        prior = self._child("prior")
         joint = hook(prior, "joint_views")
+        key = signature(views, is_validation_enabled(), id(prior), *map(id, modules),
+                        self.encoder_calls)
+        if passed(self, key):
+            with skipped_checks():
+                return self._encode_views(names, views, stacked, modules, groups,
+                                          views[0].shape[0], joint, check=False)
+        batch_size = check_inputs(names, views)
         if not joint and len(views) != 2:
             raise ValueError(
                 f"the prior {type(prior).__name__} is a pair prior (sites 'z' and 'z2') but "
                 f"the batch has J = {len(views)} views; use a prior over J views (the joint "
                 "form, e.g. MarkovImplicitPrior, StateSpacePrior)")
-        if stacked is not None and self.encoder_calls == "concat" and len(modules) == 1:
-            # One call on all N J frames in their memory order (N, J, ...) -> (N J, ...).
-            flat = stacked.reshape(batch_size * len(views), *stacked.shape[2:])
-            dist = call_encoder(modules[0], flat, "x")
-            parts = _split_rows(dist, batch_size, len(views))
-        else:
-            parts = encode_views(names, views, modules, groups, self.encoder_calls, batch_size,
-                                 components=joint)
+        parts = self._encode_views(names, views, stacked, modules, groups, batch_size, joint,
+                                   check=True)
         if joint:  # parameters (loc, scale) per view
-            dim = parts[0][0].shape[-1]
-            deltas = [scale is None for _, scale in parts]
+            dim = parts[1].event_shape[0]
+            deltas = [isinstance(parts[1], Delta)] * len(views)
         else:
-            dim = parts[0].event_shape[0]
-            deltas = [isinstance(dist, Delta) for dist in parts]
+            dim = parts[0][0].event_shape[0]
+            deltas = [isinstance(dist, Delta) for dist in parts[0]]
         prior_dim = hook(prior, "dim")
         if prior_dim is not None and prior_dim != dim:
             raise ValueError(
@@ -319,6 +335,21 @@ class RPM(RPMBase):
                 if delta:
                     name = "recognition" if groups[j] == 0 else f"recognition{groups[j] + 1}"
                     raise ValueError(delta_with_density_message(name, prior))
+        remember(self, key)
+        return parts
+
+    def _encode_views(self, names, views, stacked, modules, groups, batch_size: int,
+                      joint: bool, check: bool):
+        """The encoder calls of :meth:`_encode` (``check``: the distributions' shapes are
+        checked)."""
+        if stacked is not None and self.encoder_calls == "concat" and len(modules) == 1:
+            # One call on all N J frames in their memory order (N, J, ...) -> (N J, ...).
+            flat = stacked.reshape(batch_size * len(views), *stacked.shape[2:])
+            dist = call_encoder(modules[0], flat, "x")
+            parts = _split_rows(dist, batch_size, len(views))
+        else:
+            parts = encode_views(names, views, modules, groups, self.encoder_calls, batch_size,
+                                 components=joint, check=check)
         if joint:
             return None, stack_components(parts)
         return parts, None
@@ -429,12 +460,12 @@ class RPM(RPMBase):
         candidates = self.candidates(global_batch)
         encoded, q = self._encode(args)
         if q is None:
-            return ObjectiveInputs(prior=self.prior, guides=tuple(encoded),
+            return ObjectiveInputs(prior=self._child("prior"), guides=tuple(encoded),
                                    recognitions=tuple(encoded), plate=_PAIR_PLATE,
                                    candidates=candidates)
         marginal = self.marginal(q, block_size=block_size, candidates=candidates)
         guide = self.guide_distribution(q)
-        return ObjectiveInputs(prior=self.prior, guides=(guide,), recognitions=(q, marginal),
+        return ObjectiveInputs(prior=self._child("prior"), guides=(guide,), recognitions=(q, marginal),
                                plate=_JOINT_PLATE, candidates=candidates,
                                structured=self.guide_kind == "structured")
 

@@ -159,7 +159,8 @@ def _split(dist: TorchDistribution, pieces: int) -> list[TorchDistribution]:
 
 
 def encode_views(names: list[str], views: list[torch.Tensor], modules: list, groups: list[int],
-                 encoder_calls: str, batch_size: int, components: bool = False) -> list:
+                 encoder_calls: str, batch_size: int, components: bool = False,
+                 check: bool = True) -> list:
     """The recognition distributions of the J views, each with batch_shape (N,) and
     event_shape (D,), by the rule of ``encoder_calls`` (module docstring); with ``components``
     their parameters ``(loc (N, D), scale (N, D) or None for Delta)`` instead (what
@@ -173,13 +174,16 @@ def encode_views(names: list[str], views: list[torch.Tensor], modules: list, gro
     :param str encoder_calls: ``"per_view"`` or ``"concat"``.
     :param int batch_size: N.
     :param bool components: return the views' ``(loc, scale)``.
+    :param bool check: check the distributions' shapes and latent dimensions (a model skips
+        it for a batch whose signature passed before, :mod:`rpm.models.checked_batches`).
     """
     labels = ["recognition" if g == 0 else f"recognition{g + 1}" for g in range(len(modules))]
     if encoder_calls == "per_view" or len(views) == 1:
         dists = [call_encoder(modules[g], value, name)
                  for name, value, g in zip(names, views, groups, strict=True)]
-        for j, dist in enumerate(dists):
-            _check_distribution(labels[groups[j]], dist, batch_size)
+        if check:
+            for j, dist in enumerate(dists):
+                _check_distribution(labels[groups[j]], dist, batch_size)
         if components:
             dists = [recognition_components(dist) for dist in dists]
     else:
@@ -205,6 +209,8 @@ def encode_views(names: list[str], views: list[torch.Tensor], modules: list, gro
             parts = _chunks(joint, len(members)) if components else _split(joint, len(members))
             for j, part in zip(members, parts, strict=True):
                 dists[j] = part
+    if not check:
+        return dists
     dims = [int(part[0].shape[-1] if components else part.event_shape[0]) for part in dists]
     if any(dim != dims[0] for dim in dims[1:]):
         if len(dists) == 2:

@@ -51,7 +51,8 @@ def use_streaming(
     """
     if block_size is not None:
         return True
-    limit = STREAMING_MIN_PAIRS.get(torch.device(device).type, _OTHER_MIN_PAIRS)
+    kind = device.type if isinstance(device, torch.device) else torch.device(device).type
+    limit = STREAMING_MIN_PAIRS.get(kind, _OTHER_MIN_PAIRS)
     return num_rows * num_cols > limit
 
 

@@ -118,18 +118,19 @@ def diagonal_log_softmax(logits: torch.Tensor, offset: float = 0.0) -> torch.Ten
     (or :math:`-\infty` for a diagonal entry of :math:`-\infty` in a finite row). Twice
     differentiable.
 
-    :param torch.Tensor logits: F, shape (N, M) with M >= N (the positives on the diagonal of
-        the first N columns), floating point.
+    :param torch.Tensor logits: F, shape (..., N, M) with M >= N (the positives on the
+        diagonal of the first N columns; leading dimensions are a batch of such matrices),
+        floating point.
     :param float offset: c.
-    :return: shape (N,).
+    :return: shape (..., N).
     :rtype: torch.Tensor
     """
     if not logits.dtype.is_floating_point:
         raise TypeError(f"diagonal_log_softmax needs floating-point logits, got {logits.dtype}")
-    if logits.dim() != 2 or logits.shape[1] < logits.shape[0]:
-        raise ValueError(f"diagonal_log_softmax takes logits of shape (N, M) with M >= N, got "
-                         f"{tuple(logits.shape)}")
-    terms = torch.log_softmax(logits, dim=-1).diagonal()                      # (N,)
+    if logits.dim() < 2 or logits.shape[-1] < logits.shape[-2]:
+        raise ValueError(f"diagonal_log_softmax takes logits of shape (..., N, M) with M >= N, "
+                         f"got {tuple(logits.shape)}")
+    terms = torch.log_softmax(logits, dim=-1).diagonal(dim1=-2, dim2=-1)      # (..., N)
     return terms + offset if offset != 0.0 else terms
 
 

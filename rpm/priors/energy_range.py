@@ -103,13 +103,16 @@ def check_implicit_log_ratio(
     """
     if not is_validation_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
         return
-    unique = list({id(z): z for z in latents}.values())
-    with torch.no_grad():
-        rows = unique[0] if len(unique) == 1 else torch.cat(unique)
-        smallest, largest = torch.aminmax(rows.abs().amax(-1))                  # max_d |z_d|
-        if smallest.dtype != ratio.dtype:
-            smallest, largest = smallest.to(ratio.dtype), largest.to(ratio.dtype)
-        total, smallest, largest = torch.stack([ratio.sum(), smallest, largest]).tolist()
+    unique = [latents[0]]
+    for z in latents[1:]:
+        if all(z is not seen for seen in unique):
+            unique.append(z)
+    rows = unique[0].detach() if len(unique) == 1 else torch.cat([z.detach() for z in unique])
+    maxima = torch.linalg.vector_norm(rows, ord=math.inf, dim=-1)               # max_d |z_d|
+    if maxima.dtype != ratio.dtype:
+        maxima = maxima.to(ratio.dtype)
+    total, smallest, largest = torch.stack(
+        [ratio.detach().sum(), maxima.amin(), maxima.amax()]).tolist()
     dtype, num_pairs, dim = ratio.dtype, ratio.numel(), unique[0].shape[-1]
     if math.isfinite(total) and math.isfinite(largest):
         low, high = _window(dtype)

@@ -37,6 +37,7 @@ import math
 import pyro
 import torch
 from pyro.distributions import Categorical, TorchDistribution
+from pyro.nn import PyroModule
 from torch.distributions import constraints
 
 from rpm.marginals import MixtureMarginal
@@ -401,7 +402,9 @@ class ImplicitPrior(Prior):
         elif candidates is not None:
             negatives = candidates
         candidates = z2 if negatives is None else negatives
-        energy = self.energy  # one lookup through PyroModule.__getattr__ per call
+        energy = self._modules.get("energy")  # a PyroModule's __getattr__ would only return it
+        if not isinstance(energy, PyroModule):
+            energy = self.energy  # a plain module: registered with Pyro by the access
         ratio = self._log_ratio(z, z2, candidates, negatives is None, block_size, energy)
         check_implicit_log_ratio(type(self).__name__, energy, [z, z2, candidates], ratio)
         return ratio

@@ -92,5 +92,11 @@ def test_bad_arguments():
         diagonal_log_softmax(torch.ones(3, 3, dtype=torch.long))
     with pytest.raises(ValueError, match=r"M >= N, got \(4, 3\)"):
         diagonal_log_softmax(torch.randn(4, 3))
-    with pytest.raises(ValueError, match=r"\(N, M\)"):
+    with pytest.raises(ValueError, match=r"\(\.\.\., N, M\)"):
         diagonal_log_softmax(torch.randn(4))
+
+
+def test_leading_dimensions_are_a_batch_of_matrices():
+    logits = torch.randn(3, 5, 7, dtype=torch.float64)
+    expected = torch.stack([terms_loop(matrix, 0.25) for matrix in logits])
+    torch.testing.assert_close(diagonal_log_softmax(logits, 0.25), expected, rtol=0, atol=1e-12)
