@@ -30,19 +30,6 @@ from rpm.priors import ImplicitPrior, MarkovImplicitPrior, RBFEnergy, StateSpace
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
-def time_steps(step, warmup: int, repeats: int, clock: str) -> float:
-    """Median seconds of one step."""
-    now = CLOCKS[clock]
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(repeats):
-        start = now()
-        step()
-        times.append(now() - start)
-    return statistics.median(times)
-
-
 def torch_step(model, args: tuple):
     """One RPMELBO + torch.optim.Adam step of ``model`` on ``args``."""
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -99,13 +86,20 @@ def views_against_pairs(pairs: int, num_views: int, hidden: int, warmup: int, re
 
 
 def _interleaved(steps: dict, warmup: int, repeats: int, clock: str) -> dict[str, float]:
-    """The best of three medians of each step, interleaved so that load affects them alike."""
-    results: dict[str, float] = {}
-    for _ in range(3):
+    """The median of each step, the steps timed in turn one step at a time (``3 * repeats``
+    each), so that the load of a shared machine, which changes over seconds, affects them
+    alike."""
+    now = CLOCKS[clock]
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(3 * repeats):
         for name, step in steps.items():
-            results[name] = min(results.get(name, float("inf")),
-                                time_steps(step, warmup, repeats, clock))
-    return results
+            start = now()
+            step()
+            times[name].append(now() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main(args: argparse.Namespace) -> None:

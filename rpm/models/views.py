@@ -190,7 +190,8 @@ def encode_views(names: list[str], views: list[torch.Tensor], modules: list, gro
         dists = [None] * len(views)
         for g in sorted(set(groups)):
             members = [j for j in range(len(views)) if groups[j] == g]
-            shapes = {tuple(int(size) for size in views[j].shape) for j in members}
+            shapes = {tuple(int(size) for size in views[j].shape) for j in members} if check \
+                else ()
             if len(shapes) > 1:
                 raise ValueError(
                     f"encoder_calls='concat' encodes the views of one group in one call, so they "
@@ -200,12 +201,14 @@ def encode_views(names: list[str], views: list[torch.Tensor], modules: list, gro
                 )
             if len(members) == 1:
                 dist = call_encoder(modules[g], views[members[0]], names[members[0]])
-                _check_distribution(labels[g], dist, batch_size)
+                if check:
+                    _check_distribution(labels[g], dist, batch_size)
                 dists[members[0]] = recognition_components(dist) if components else dist
                 continue
             joint = call_encoder(modules[g], torch.cat([views[j] for j in members]),
                           "the views " + ", ".join(names[j] for j in members))
-            _check_distribution(labels[g], joint, batch_size * len(members))
+            if check:
+                _check_distribution(labels[g], joint, batch_size * len(members))
             parts = _chunks(joint, len(members)) if components else _split(joint, len(members))
             for j, part in zip(members, parts, strict=True):
                 dists[j] = part

@@ -37,7 +37,7 @@ from torch.distributions import constraints
 
 from rpm.marginals.candidates import Candidates
 from rpm.marginals.sequence_marginal import SequenceMixtureMarginal, view
-from rpm.ops.logsumexp import safe_logsumexp
+from rpm.ops.logsumexp import diagonal_log_softmax
 from rpm.priors.base import Prior
 from rpm.priors.energy_range import check_implicit_log_ratio
 from rpm.priors.implicit import ImplicitPrior, implicit_log_ratio
@@ -273,8 +273,7 @@ class MarkovImplicitPrior(SequencePrior):
         partners = z[:, 1:].transpose(0, 1).reshape(steps * num, dim)
         full = self.energy(anchors, partners).reshape(steps, num, steps, num)
         blocks = full.diagonal(dim1=0, dim2=2).permute(2, 0, 1)          # (T - 1, N, N)
-        terms = (blocks.diagonal(dim1=-2, dim2=-1) - safe_logsumexp(blocks, dim=-1)
-                 + math.log(num))                                           # (T - 1, N)
+        terms = diagonal_log_softmax(blocks, math.log(num))                 # (T - 1, N)
         ratio = terms.sum(0)
         check_implicit_log_ratio(type(self).__name__, self.energy, [anchors, partners], ratio)
         return ratio
