@@ -41,8 +41,11 @@ from typing import NamedTuple
 import torch
 
 from rpm._validation import check_positive_int
+from rpm.ops.kalman_scan import parallel_backward_sample, parallel_filter, parallel_smoother
+from rpm.ops.square_root import triangularize
 
 __all__ = [
+    "PARALLEL_THRESHOLD",
     "KalmanFilterResult",
     "KalmanForecast",
     "KalmanSmootherResult",
@@ -52,25 +55,6 @@ __all__ = [
     "rts_smoother",
     "triangularize",
 ]
-
-
-def triangularize(square_root: torch.Tensor) -> torch.Tensor:
-    r"""The lower-triangular square root of :math:`M M^\top` for a wide square root M.
-
-    With :math:`M^\top = \mathcal{Q} \mathcal{R}` (QR), :math:`M M^\top = \mathcal{R}^\top
-    \mathcal{R}`, so :math:`L = \mathcal{R}^\top` with its columns' signs flipped to make the
-    diagonal non-negative: the Cholesky factor of :math:`M M^\top`, computed without forming it.
-
-    :param torch.Tensor square_root: M, shape (..., n, k) with k >= n.
-    :return: L, shape (..., n, n), lower triangular, :math:`L L^\top = M M^\top`.
-    """
-    n, k = square_root.shape[-2:]
-    if k < n:
-        raise ValueError(f"triangularize needs a wide square root (n <= k), got shape (n, k) = {(n, k)}")
-    upper = torch.linalg.qr(square_root.transpose(-1, -2), mode="reduced")[1]  # (..., n, n)
-    lower = upper.transpose(-1, -2)
-    sign = torch.where(torch.diagonal(lower, dim1=-2, dim2=-1) < 0, -1.0, 1.0).to(lower.dtype)
-    return lower * sign.unsqueeze(-2)  # flips columns
 
 
 class KalmanFilterResult(NamedTuple):
@@ -127,6 +111,49 @@ def _matvec(matrix: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
     return (matrix @ vector.unsqueeze(-1)).squeeze(-1)
 
 
+#: Under ``method="auto"``, sequences of at least this many frames are filtered, smoothed and
+#: sampled by the associative scans of :mod:`rpm.ops.kalman_scan` (O(log T) depth), shorter
+#: ones by the sequential square-root recursions (fewer operations; measured in
+#: ``benchmarks/kalman.py``, see ``benchmarks/README.md``).
+PARALLEL_THRESHOLD = 16
+
+METHODS = ("auto", "sequential", "parallel")
+
+
+def use_parallel(method: str, num_steps: int) -> bool:
+    """Whether ``method`` (``"auto"``, ``"sequential"`` or ``"parallel"``) runs the scans for
+    a sequence of ``num_steps`` frames (``"auto"``: from :data:`PARALLEL_THRESHOLD` frames)."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    return method == "parallel" or (method == "auto" and num_steps >= PARALLEL_THRESHOLD)
+
+
+def _time_first(tensor: torch.Tensor, event_dims: int, batch_dims: int) -> torch.Tensor:
+    """(*b, T, *event) -> (T, 1, ..., 1, *b, *event) with ``batch_dims`` dimensions after T."""
+    tensor = tensor.movedim(-event_dims - 1, 0)
+    lead = tensor.dim() - 1 - event_dims
+    return tensor.reshape(tensor.shape[0], *([1] * (batch_dims - lead)), *tensor.shape[1:])
+
+
+def _pad(tensor: torch.Tensor, event_dims: int, batch_dims: int) -> torch.Tensor:
+    """(*b, *event) -> (1, ..., 1, *b, *event) with ``batch_dims`` batch dimensions."""
+    return tensor.reshape(*([1] * (batch_dims + event_dims - tensor.dim())), *tensor.shape)
+
+
+def check_mask(mask: torch.Tensor | None, num_steps: int) -> torch.Tensor | None:
+    """Validates a mask over frames: a bool tensor of shape (*batch, T), True = observed."""
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise TypeError(f"mask must be a bool tensor of shape (*batch, T), True where the frame "
+                        f"is observed; got {got} (use mask.bool() or a comparison)")
+    if mask.dim() < 1 or mask.shape[-1] != num_steps:
+        raise ValueError(f"mask must have shape (*batch, T) with T = {num_steps} frames, got "
+                         f"{tuple(mask.shape)}")
+    return mask
+
+
 def _check_shapes(z, init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
                   observation_matrix, observation_scale_tril) -> tuple[int, int, int]:
     if z.dim() < 2:
@@ -158,20 +185,31 @@ def kalman_filter(
     observation_matrix: torch.Tensor,
     observation_scale_tril: torch.Tensor,
     compute_dtype: torch.dtype = torch.float64,
+    mask: torch.Tensor | None = None,
+    method: str = "auto",
 ) -> KalmanFilterResult:
-    r"""Square-root Kalman filter: the marginal log-likelihood and the filtered states.
+    r"""Kalman filter: the marginal log-likelihood and the filtered states.
 
     .. math::
 
-        \log P(z_{1:T}) = \sum_t \log \mathcal{N}\big(z_t;\ C \hat s_{t|t-1},\
-            C P_{t|t-1} C^\top + R_t\big)
+        \log P(z_{1:T}) = \sum_{t:\ \text{observed}} \log \mathcal{N}\big(z_t;\
+            C \hat s_{t|t-1},\ C P_{t|t-1} C^\top + R_t\big)
 
-    (prediction-error decomposition). Each measurement update triangularizes the array
-    :math:`\begin{pmatrix} L_{R_t} & C L_{t|t-1} \\ 0 & L_{t|t-1}\end{pmatrix}` into
-    :math:`\begin{pmatrix} L_{S_t} & 0 \\ \bar K_t & L_{t|t}\end{pmatrix}`: :math:`L_{S_t}` is the
-    square root of the innovation covariance, the gain is :math:`K_t = \bar K_t L_{S_t}^{-1}`
-    and :math:`L_{t|t}` the filtered square root; each time update triangularizes
-    :math:`(A L_{t|t},\ L_Q)`.
+    (prediction-error decomposition). Sequentially (``method="sequential"``), each
+    measurement update triangularizes the array :math:`\begin{pmatrix} L_{R_t} & C L_{t|t-1} \\
+    0 & L_{t|t-1}\end{pmatrix}` into :math:`\begin{pmatrix} L_{S_t} & 0 \\ \bar K_t &
+    L_{t|t}\end{pmatrix}`: :math:`L_{S_t}` is the square root of the innovation covariance,
+    the gain is :math:`K_t = \bar K_t L_{S_t}^{-1}` and :math:`L_{t|t}` the filtered square
+    root; each time update triangularizes :math:`(A L_{t|t},\ L_Q)`. In parallel
+    (``method="parallel"``), the filtered distributions are the prefix products of the
+    associative elements of Särkkä & García-Fernández (2021) (:mod:`rpm.ops.kalman_scan`),
+    O(log T) depth; ``"auto"`` takes the scan from :data:`PARALLEL_THRESHOLD` frames.
+
+    **Missing frames.** Where ``mask`` is False the frame is not observed: it has no
+    measurement update and no likelihood factor (its filtered state is its prediction), which
+    is the filter of the same chain with that frame removed from the observation model; its
+    value in ``z`` is ignored (it may be anything, NaN included). Masks may differ between
+    sequences, and then so do the covariances.
 
     :param torch.Tensor z: observations, shape (*batch, T, D).
     :param torch.Tensor init_loc: :math:`m_1`, (*batch, H).
@@ -182,11 +220,15 @@ def kalman_filter(
     :param torch.Tensor observation_scale_tril: square root of R_t, (*batch, T, D, D) (T may be
         1) or (D, D).
     :param torch.dtype compute_dtype: dtype of the arithmetic (float64 by default).
+    :param mask: None (every frame observed) or a bool tensor (*batch, T), True = observed.
+    :param str method: ``"auto"``, ``"sequential"`` or ``"parallel"``.
     :return: a :class:`KalmanFilterResult` in the dtype of ``z``.
     """
     num_steps, obs_dim, hidden_dim = _check_shapes(
         z, init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
         observation_matrix, observation_scale_tril)
+    mask = check_mask(mask, num_steps)
+    parallel = use_parallel(method, num_steps)
     out_dtype = z.dtype
     z, init_loc, init_scale_tril, transition_matrix, transition_scale_tril = (
         t.to(compute_dtype) for t in (z, init_loc, init_scale_tril, transition_matrix,
@@ -200,11 +242,30 @@ def kalman_filter(
             f"observation_scale_tril must have shape (D, D) or (*batch, T, D, D) with T = "
             f"{num_steps} (or 1), got {tuple(observation_scale_tril.shape)}")
     # The covariances do not depend on the observations: they are computed once per distinct
-    # parameter set (cov_batch), the means for every sequence (batch).
+    # parameter set and mask (cov_batch), the means for every sequence (batch).
     cov_batch = torch.broadcast_shapes(
         init_scale_tril.shape[:-2], transition_matrix.shape[:-2], transition_scale_tril.shape[:-2],
-        observation_matrix.shape[:-2], obs_scale.shape[:-3])
+        observation_matrix.shape[:-2], obs_scale.shape[:-3],
+        () if mask is None else mask.shape[:-1])
     batch_shape = torch.broadcast_shapes(cov_batch, z.shape[:-2], init_loc.shape[:-1])
+    if mask is not None:  # a missing frame's value is never read, not even as 0 * NaN
+        z = torch.where(mask.unsqueeze(-1), z, torch.zeros((), dtype=z.dtype, device=z.device))
+    if parallel:
+        nb = len(batch_shape)
+        log_prob, loc_f, scale_f, loc_p, scale_p = parallel_filter(
+            _time_first(z.expand(*batch_shape, num_steps, obs_dim), 1, nb),
+            None if mask is None else _time_first(mask, 0, nb),
+            init_loc.expand(*batch_shape, hidden_dim),
+            *(_pad(t, 2, nb) for t in (init_scale_tril, transition_matrix, transition_scale_tril,
+                                       observation_matrix)),
+            _time_first(obs_scale, 2, nb))
+        cov_shape = (*cov_batch, num_steps, hidden_dim, hidden_dim)
+        return KalmanFilterResult(
+            log_prob.to(out_dtype),
+            loc_f.movedim(0, -2).to(out_dtype),
+            scale_f.movedim(0, -3).reshape(cov_shape).to(out_dtype),
+            loc_p.movedim(0, -2).to(out_dtype),
+            scale_p.movedim(0, -3).reshape(cov_shape).to(out_dtype))
     observation_matrix = observation_matrix.expand(*cov_batch, obs_dim, hidden_dim)
     transition_scale_tril = transition_scale_tril.expand(*cov_batch, hidden_dim, hidden_dim)
 
@@ -222,13 +283,20 @@ def kalman_filter(
         post = triangularize(torch.cat([top, bottom], dim=-2))  # (*cov, D + H, D + H)
         innovation_scale = post[..., :obs_dim, :obs_dim]  # (*cov, D, D)
         gain_bar = post[..., obs_dim:, :obs_dim]  # (*cov, H, D)
-        scale = post[..., obs_dim:, obs_dim:]  # filtered square root, (*cov, H, H)
         innovation = z[..., t, :] - _matvec(observation_matrix, loc)  # (*batch, D)
         white = torch.linalg.solve_triangular(
             innovation_scale, innovation.unsqueeze(-1), upper=False).squeeze(-1)  # (*batch, D)
-        log_prob = log_prob - 0.5 * white.square().sum(-1) - torch.diagonal(
+        term = - 0.5 * white.square().sum(-1) - torch.diagonal(
             innovation_scale, dim1=-2, dim2=-1).log().sum(-1) - 0.5 * obs_dim * math.log(2 * math.pi)
-        loc = loc + _matvec(gain_bar, white)
+        if mask is None:
+            log_prob = log_prob + term
+            loc = loc + _matvec(gain_bar, white)
+            scale = post[..., obs_dim:, obs_dim:]  # filtered square root, (*cov, H, H)
+        else:  # a missing frame keeps its prediction
+            observed = mask[..., t]
+            log_prob = log_prob + torch.where(observed, term, torch.zeros_like(term))
+            loc = torch.where(observed.unsqueeze(-1), loc + _matvec(gain_bar, white), loc)
+            scale = torch.where(observed[..., None, None], post[..., obs_dim:, obs_dim:], scale)
         filtered_loc.append(loc)
         filtered_scale.append(scale)
         loc = _matvec(transition_matrix, loc)
@@ -264,11 +332,28 @@ def _backward_pass(filtered: KalmanFilterResult, transition_matrix, transition_s
         yield t, gain, residual, noise
 
 
+def _scan_inputs(filtered: KalmanFilterResult, transition_matrix, transition_scale_tril,
+                 compute_dtype, batch_dims: int):
+    """The filter's output time first with ``batch_dims`` batch dimensions, for the scans; and
+    the batch shape of the smoothed covariances."""
+    transition_matrix = transition_matrix.to(compute_dtype)
+    transition_scale_tril = transition_scale_tril.to(compute_dtype)
+    cov_batch = torch.broadcast_shapes(filtered.filtered_scale_tril.shape[:-3],
+                                       transition_matrix.shape[:-2], transition_scale_tril.shape[:-2])
+    args = (_time_first(filtered.filtered_loc.to(compute_dtype), 1, batch_dims),
+            _time_first(filtered.filtered_scale_tril.to(compute_dtype), 2, batch_dims),
+            _time_first(filtered.predicted_loc.to(compute_dtype), 1, batch_dims),
+            _time_first(filtered.predicted_scale_tril.to(compute_dtype), 2, batch_dims),
+            _pad(transition_matrix, 2, batch_dims), _pad(transition_scale_tril, 2, batch_dims))
+    return args, cov_batch
+
+
 def rts_smoother(
     filtered: KalmanFilterResult,
     transition_matrix: torch.Tensor,
     transition_scale_tril: torch.Tensor,
     compute_dtype: torch.dtype = torch.float64,
+    method: str = "auto",
 ) -> KalmanSmootherResult:
     r"""Rauch-Tung-Striebel smoother: :math:`P(s_t | z_{1:T})` for every t.
 
@@ -280,14 +365,29 @@ def rts_smoother(
         P_{t|T} = (I - G_t A) P_{t|t} (I - G_t A)^\top + G_t Q G_t^\top + G_t P_{t+1|T} G_t^\top,
 
     the last in square-root form (triangularizing the three square roots side by side), a sum of
-    positive semi-definite terms.
+    positive semi-definite terms. In parallel (``method="parallel"``, or ``"auto"`` from
+    :data:`PARALLEL_THRESHOLD` frames) the smoothed distributions are the suffix products of the
+    elements :math:`(G_t,\ \hat s_{t|t} - G_t \hat s_{t+1|t},\ (I - G_t A) P_{t|t} (I - G_t
+    A)^\top + G_t Q G_t^\top)` (Särkkä & García-Fernández 2021; :mod:`rpm.ops.kalman_scan`).
+    A filter run with a mask needs nothing more: its missing frames' filtered states are their
+    predictions, and the recursion is the same.
 
     :param KalmanFilterResult filtered: the output of :func:`kalman_filter`.
     :param torch.Tensor transition_matrix: A, (*batch, H, H).
     :param torch.Tensor transition_scale_tril: square root of Q, (*batch, H, H).
+    :param torch.dtype compute_dtype: dtype of the arithmetic (float64 by default).
+    :param str method: ``"auto"``, ``"sequential"`` or ``"parallel"``.
     :return: a :class:`KalmanSmootherResult`, shapes (*batch, T, H) and (*batch, T, H, H).
     """
     out_dtype = filtered.filtered_loc.dtype
+    if use_parallel(method, filtered.filtered_loc.shape[-2]):
+        args, cov_batch = _scan_inputs(filtered, transition_matrix, transition_scale_tril,
+                                       compute_dtype, filtered.filtered_loc.dim() - 2)
+        loc, scale = parallel_smoother(*args)
+        num_steps, hidden_dim = filtered.filtered_loc.shape[-2:]
+        return KalmanSmootherResult(
+            loc.movedim(0, -2).to(out_dtype),
+            scale.movedim(0, -3).reshape(*cov_batch, num_steps, hidden_dim, hidden_dim).to(out_dtype))
     loc_f = filtered.filtered_loc.to(compute_dtype)
     loc_p = filtered.predicted_loc.to(compute_dtype)
     loc = loc_f[..., -1, :]
@@ -309,6 +409,7 @@ def backward_sample(
     transition_scale_tril: torch.Tensor,
     noise: torch.Tensor,
     compute_dtype: torch.dtype = torch.float64,
+    method: str = "auto",
 ) -> torch.Tensor:
     r"""Forward filtering, backward sampling: a reparameterised draw of :math:`s_{1:T} | z_{1:T}`.
 
@@ -320,12 +421,16 @@ def backward_sample(
     with :math:`L^c_t` the square root of :math:`Cov[s_t | s_{t+1}, z_{1:t}] = (I - G_t A)
     P_{t|t} (I - G_t A)^\top + G_t Q G_t^\top` (Carter & Kohn 1994; Frühwirth-Schnatter 1994).
     The draw is an affine function of the standard normal ``noise`` and differentiable in every
-    parameter.
+    parameter. The recursion is affine in :math:`s_{t+1}`, so in parallel (``method``, as for
+    :func:`rts_smoother`) it is a suffix scan of the pairs :math:`(G_t,\ \hat s_{t|t} - G_t
+    \hat s_{t+1|t} + L^c_t \epsilon_t)` (:mod:`rpm.ops.kalman_scan`).
 
     :param KalmanFilterResult filtered: the output of :func:`kalman_filter`.
     :param torch.Tensor transition_matrix: A, (*batch, H, H).
     :param torch.Tensor transition_scale_tril: square root of Q, (*batch, H, H).
     :param torch.Tensor noise: :math:`\epsilon`, standard normal, shape (*sample, *batch, T, H).
+    :param torch.dtype compute_dtype: dtype of the arithmetic (float64 by default).
+    :param str method: ``"auto"``, ``"sequential"`` or ``"parallel"``.
     :return: :math:`s_{1:T}`, shape (*sample, *batch, T, H).
     """
     out_dtype = filtered.filtered_loc.dtype
@@ -335,6 +440,11 @@ def backward_sample(
         raise ValueError(f"noise must end in shape (T, H) = {tuple(loc_f.shape[-2:])}, got "
                          f"{tuple(noise.shape)}")
     noise = noise.to(compute_dtype)
+    if use_parallel(method, loc_f.shape[-2]):
+        args, _ = _scan_inputs(filtered, transition_matrix, transition_scale_tril, compute_dtype,
+                               noise.dim() - 2)
+        states = parallel_backward_sample(*args, _time_first(noise, 1, noise.dim() - 2))
+        return states.movedim(0, -2).to(out_dtype)
     state = loc_f[..., -1, :] + _matvec(filtered.filtered_scale_tril[..., -1, :, :].to(compute_dtype),
                                         noise[..., -1, :])
     states = [state]
