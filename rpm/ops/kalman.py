@@ -115,7 +115,7 @@ def _matvec(matrix: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
 #: sampled by the associative scans of :mod:`rpm.ops.kalman_scan` (O(log T) depth), shorter
 #: ones by the sequential square-root recursions (fewer operations; measured in
 #: ``benchmarks/kalman.py``, see ``benchmarks/README.md``).
-PARALLEL_THRESHOLD = 16
+PARALLEL_THRESHOLD = 10
 
 METHODS = ("auto", "sequential", "parallel")
 

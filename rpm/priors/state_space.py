@@ -60,10 +60,17 @@ def _matvec(matrix: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
 
 
 def _compact(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor with each broadcast (stride 0) dimension but the last reduced to size 1."""
+    """The tensor with each broadcast (stride 0) dimension but the last reduced to size 1; a
+    tensor that needs no gradient (a fixed noise level, ``torch.full_like``) also with each
+    dimension along which its values are all equal (no gradient is lost by reading one)."""
     index = tuple(slice(0, 1) if stride == 0 and size > 1 else slice(None)
                   for stride, size in zip(tensor.stride()[:-1], tensor.shape[:-1], strict=True))
-    return tensor[index]
+    tensor = tensor[index]
+    if not tensor.requires_grad:
+        for dim in range(tensor.dim() - 1):
+            if tensor.shape[dim] > 1 and torch.equal(tensor, tensor.narrow(dim, 0, 1).expand_as(tensor)):
+                tensor = tensor.narrow(dim, 0, 1)
+    return tensor
 
 
 class GaussianStateSpace(TorchDistribution):
