@@ -41,7 +41,12 @@ from typing import NamedTuple
 import torch
 
 from rpm._validation import check_positive_int
-from rpm.ops.kalman_scan import parallel_backward_sample, parallel_filter, parallel_smoother
+from rpm.ops.kalman_scan import (
+    NotPositiveDefiniteError,
+    parallel_backward_sample,
+    parallel_filter,
+    parallel_smoother,
+)
 from rpm.ops.square_root import triangularize
 
 __all__ = [
@@ -203,7 +208,9 @@ def kalman_filter(
     root; each time update triangularizes :math:`(A L_{t|t},\ L_Q)`. In parallel
     (``method="parallel"``), the filtered distributions are the prefix products of the
     associative elements of Särkkä & García-Fernández (2021) (:mod:`rpm.ops.kalman_scan`),
-    O(log T) depth; ``"auto"`` takes the scan from :data:`PARALLEL_THRESHOLD` frames.
+    O(log T) depth; ``"auto"`` takes the scan from :data:`PARALLEL_THRESHOLD` frames, and the
+    square-root recursions where a covariance of the scan is not numerically positive
+    definite (a singular noise; ``"parallel"`` raises instead).
 
     **Missing frames.** Where ``mask`` is False the frame is not observed: it has no
     measurement update and no likelihood factor (its filtered state is its prediction), which
@@ -250,22 +257,42 @@ def kalman_filter(
     batch_shape = torch.broadcast_shapes(cov_batch, z.shape[:-2], init_loc.shape[:-1])
     if mask is not None:  # a missing frame's value is never read, not even as 0 * NaN
         z = torch.where(mask.unsqueeze(-1), z, torch.zeros((), dtype=z.dtype, device=z.device))
+    args = (z, mask, init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
+            observation_matrix, obs_scale, batch_shape, cov_batch, out_dtype)
     if parallel:
-        nb = len(batch_shape)
-        log_prob, loc_f, scale_f, loc_p, scale_p = parallel_filter(
-            _time_first(z.expand(*batch_shape, num_steps, obs_dim), 1, nb),
-            None if mask is None else _time_first(mask, 0, nb),
-            init_loc.expand(*batch_shape, hidden_dim),
-            *(_pad(t, 2, nb) for t in (init_scale_tril, transition_matrix, transition_scale_tril,
-                                       observation_matrix)),
-            _time_first(obs_scale, 2, nb))
-        cov_shape = (*cov_batch, num_steps, hidden_dim, hidden_dim)
-        return KalmanFilterResult(
-            log_prob.to(out_dtype),
-            loc_f.movedim(0, -2).to(out_dtype),
-            scale_f.movedim(0, -3).reshape(cov_shape).to(out_dtype),
-            loc_p.movedim(0, -2).to(out_dtype),
-            scale_p.movedim(0, -3).reshape(cov_shape).to(out_dtype))
+        try:
+            return _parallel_filter(*args)
+        except NotPositiveDefiniteError:
+            if method == "parallel":
+                raise
+    return _sequential_filter(*args)
+
+
+def _parallel_filter(z, mask, init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
+                     observation_matrix, obs_scale, batch_shape, cov_batch, out_dtype):
+    num_steps, obs_dim = z.shape[-2:]
+    hidden_dim = init_loc.shape[-1]
+    nb = len(batch_shape)
+    log_prob, loc_f, scale_f, loc_p, scale_p = parallel_filter(
+        _time_first(z.expand(*batch_shape, num_steps, obs_dim), 1, nb),
+        None if mask is None else _time_first(mask, 0, nb),
+        init_loc.expand(*batch_shape, hidden_dim),
+        *(_pad(t, 2, nb) for t in (init_scale_tril, transition_matrix, transition_scale_tril,
+                                   observation_matrix)),
+        _time_first(obs_scale, 2, nb))
+    cov_shape = (*cov_batch, num_steps, hidden_dim, hidden_dim)
+    return KalmanFilterResult(
+        log_prob.to(out_dtype),
+        loc_f.movedim(0, -2).to(out_dtype),
+        scale_f.movedim(0, -3).reshape(cov_shape).to(out_dtype),
+        loc_p.movedim(0, -2).to(out_dtype),
+        scale_p.movedim(0, -3).reshape(cov_shape).to(out_dtype))
+
+
+def _sequential_filter(z, mask, init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
+                       observation_matrix, obs_scale, batch_shape, cov_batch, out_dtype):
+    num_steps, obs_dim = z.shape[-2:]
+    hidden_dim = init_loc.shape[-1]
     observation_matrix = observation_matrix.expand(*cov_batch, obs_dim, hidden_dim)
     transition_scale_tril = transition_scale_tril.expand(*cov_batch, hidden_dim, hidden_dim)
 
@@ -383,11 +410,16 @@ def rts_smoother(
     if use_parallel(method, filtered.filtered_loc.shape[-2]):
         args, cov_batch = _scan_inputs(filtered, transition_matrix, transition_scale_tril,
                                        compute_dtype, filtered.filtered_loc.dim() - 2)
-        loc, scale = parallel_smoother(*args)
-        num_steps, hidden_dim = filtered.filtered_loc.shape[-2:]
-        return KalmanSmootherResult(
-            loc.movedim(0, -2).to(out_dtype),
-            scale.movedim(0, -3).reshape(*cov_batch, num_steps, hidden_dim, hidden_dim).to(out_dtype))
+        try:
+            loc, scale = parallel_smoother(*args)
+        except NotPositiveDefiniteError:  # "auto": the square-root recursion below
+            if method == "parallel":
+                raise
+        else:
+            num_steps, hidden_dim = filtered.filtered_loc.shape[-2:]
+            return KalmanSmootherResult(
+                loc.movedim(0, -2).to(out_dtype),
+                scale.movedim(0, -3).reshape(*cov_batch, num_steps, hidden_dim, hidden_dim).to(out_dtype))
     loc_f = filtered.filtered_loc.to(compute_dtype)
     loc_p = filtered.predicted_loc.to(compute_dtype)
     loc = loc_f[..., -1, :]

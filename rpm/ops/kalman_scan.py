@@ -67,7 +67,12 @@ import torch
 from rpm.ops.associative_scan import associative_scan
 from rpm.ops.square_root import triangularize
 
-__all__ = ["parallel_backward_sample", "parallel_filter", "parallel_smoother"]
+__all__ = ["NotPositiveDefiniteError", "parallel_backward_sample", "parallel_filter",
+           "parallel_smoother"]
+
+
+class NotPositiveDefiniteError(ValueError):
+    """A covariance of the scans is not numerically positive definite."""
 
 
 def _t(matrix: torch.Tensor) -> torch.Tensor:
@@ -85,7 +90,7 @@ def _matvec(matrix: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
 def _cholesky(matrix: torch.Tensor, what: str) -> torch.Tensor:
     factor, info = torch.linalg.cholesky_ex(_sym(matrix))
     if bool((info > 0).any()):
-        raise ValueError(
+        raise NotPositiveDefiniteError(
             f"the parallel Kalman {what} covariance is not positive definite (a singular process "
             "or observation noise, or an ill-conditioned model); use method='sequential', the "
             "square-root filter, which keeps semi-definite covariances exact")

@@ -98,3 +98,11 @@ def test_bad_method_and_singular_covariances_are_reported():
     with pytest.raises(ValueError, match="use method='sequential'"):
         kalman_filter(z, **p, method="parallel")
     assert torch.isfinite(kalman_filter(z, **p, method="sequential").log_prob)
+    # "auto" on a long chain falls back to the square-root recursions
+    T = kalman.PARALLEL_THRESHOLD + 3
+    p = random_model(H=3, D=2, T=T)
+    p["init_scale_tril"] = torch.zeros(3, 3, dtype=torch.float64)
+    p["transition_scale_tril"] = torch.zeros(3, 3, dtype=torch.float64)
+    z = torch.randn(T, 2, dtype=torch.float64)
+    auto, sequential = kalman_filter(z, **p), kalman_filter(z, **p, method="sequential")
+    assert torch.isfinite(auto.log_prob) and torch.equal(auto.log_prob, sequential.log_prob)
