@@ -1,19 +1,32 @@
-r"""Contrastive losses for a plain PyTorch loop, in lightly's conventions, each the negative RPM
-ELBO of its prior minus a constant (``docs/theory.md``, sections "NT-Xent" and "Candidates: the
-batch, the global batch, a queue").
+r"""Contrastive losses for a plain PyTorch loop, in lightly's and info-nce-pytorch's conventions,
+each the negative RPM ELBO of its prior minus a constant (``docs/theory.md``, sections "NT-Xent",
+"Candidates: the batch, the global batch, a queue" and "J-view priors").
 
 :class:`NTXentLoss` takes the arguments of ``lightly.loss.NTXentLoss`` (``temperature``,
 ``memory_bank_size``, ``gather_distributed``) and returns the same value from
-``forward(out0, out1)``: the mean loss, positive, in nats. Its :meth:`NTXentLoss.elbo` returns
-the RPM ELBO per pair the loss comes from:
+``forward(out0, out1)``: the mean loss, positive, in nats. It also takes J views,
+``forward(*views)`` or ``forward([views])``, for SupCon's multi-positive forms. Its
+:meth:`NTXentLoss.elbo` returns the RPM ELBO per instance the loss comes from, and
+:meth:`NTXentLoss.rpm_prior` the prior itself (for :class:`~rpm.RPM`):
 
-* without a memory bank, SimCLR's NT-Xent is the pooled implicit prior
+* two views, no memory bank: SimCLR's NT-Xent is the pooled implicit prior
   (:class:`~rpm.priors.PooledImplicitPrior`) with the cosine energy
   :math:`f(z, z') = \hat z^\top \hat z' / \tau`, and
   :math:`\mathcal{L}/N = -\text{NT-Xent} + \log(2N - 1)`;
-* with a memory bank of K latents (MoCo), the implicit conditional whose normaliser runs over
-  the anchor's own positive and the K banked latents, and
-  :math:`\mathcal{L}/N = -L_\text{MoCo} + \log(K + 1)`.
+* a memory bank of K latents (MoCo): the implicit conditional whose normaliser runs over the
+  anchor's own positive and the K banked latents (:class:`~rpm.priors.StarImplicitPrior` with
+  ``candidates="positives"``, ``centres=[0]``), and :math:`\mathcal{L}/N = -L_\text{MoCo} +
+  \log(K + 1)`;
+* J views: the star prior averaged over centres, :math:`\mathcal{L}/(N(J-1)) = -L_\text{out} +
+  \log D`, or the mixture of partners, :math:`\mathcal{L}/N = -L_\text{in} + \log(D/(J-1))`.
+
+:class:`InfoNCELoss` takes the arguments of info-nce-pytorch's ``InfoNCE`` and returns its value:
+the one-directional, cross-view InfoNCE of :class:`~rpm.priors.ImplicitPrior`,
+:math:`\mathcal{L}/N = -\text{InfoNCE} + \log N`, or with explicit negatives
+:math:`\mathcal{L}/N = -\text{InfoNCE} + \log(M + 1)`.
+
+Both take ``learn_temperature=True``: the temperature is then learned as CLIP learns its logit
+scale (:class:`ScaledCosineEnergy`).
 """
 
 from __future__ import annotations
@@ -26,10 +39,104 @@ from rpm._validation import check_bool
 from rpm.distributed import all_gather_with_grad
 from rpm.inference.objective import rpm_elbo
 from rpm.marginals.candidates import Candidates, LatentQueue
-from rpm.ops import safe_logsumexp
-from rpm.priors import CosineEnergy, PooledImplicitPrior
+from rpm.priors import ImplicitPrior, PartnerMixturePrior, PooledImplicitPrior, StarImplicitPrior
+from rpm.priors.base import Energy
+from rpm.priors.multiview import MultiViewImplicitPrior
+from rpm.priors.multiview_terms import multiview_anchor_terms, multiview_loss
 
-__all__ = ["NTXentLoss"]
+__all__ = ["InfoNCELoss", "NTXentLoss", "ScaledCosineEnergy"]
+
+_FORMS = {"out": StarImplicitPrior, "in": PartnerMixturePrior}
+
+
+def _unit(z: torch.Tensor) -> torch.Tensor:
+    """Rows of z divided by their norms (lightly's and info-nce-pytorch's ``F.normalize``)."""
+    return torch.nn.functional.normalize(z, dim=-1)
+
+
+def _check_temperature(temperature, hint: str) -> float:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not math.isfinite(temperature) or temperature <= 0:
+        raise ValueError(f"temperature must be a finite number > 0 ({hint}), got {temperature!r}")
+    return float(temperature)
+
+
+class ScaledCosineEnergy(Energy):
+    r"""The cosine energy of the losses, :math:`f(u, v) = s\, \hat u^\top \hat v` with the logit
+    scale :math:`s = 1/\tau` (:class:`~rpm.priors.CosineEnergy` with :math:`\kappa = s`), fixed
+    or learned as CLIP learns it.
+
+    **Learned** (``learn=True``), as CLIP (Radford et al. 2021, section 2.5): the scale is
+    parametrised by its logarithm, :math:`s = \exp(\min(\theta, \log 100))`, :math:`\theta`
+    initialised at :math:`\log(1/\tau)`; the clamp at :math:`\log 100` bounds the scale at 100,
+    the temperature below at 0.01, so that it cannot collapse and make training unstable (CLIP
+    clips the parameter after each step; here the clamp is in the forward pass, so the value is
+    bounded whatever the optimiser does, and the gradient in :math:`\theta` is zero beyond the
+    bound).
+
+    :param float temperature: :math:`\tau > 0`, the (initial) temperature; with ``learn`` at
+        least 0.01.
+    :param bool learn: learn the scale (a ``torch.nn.Parameter`` ``log_scale``, float64).
+    """
+
+    #: The largest logit scale of a learned temperature (CLIP's: 100).
+    MAX_SCALE = 100.0
+
+    def __init__(self, temperature: float = 0.5, learn: bool = False):
+        super().__init__()
+        temperature = _check_temperature(temperature, "the initial temperature")
+        self.learn = check_bool("learn", learn)
+        if learn:
+            if 1.0 / temperature > self.MAX_SCALE:
+                raise ValueError(f"a learned temperature is bounded below by 1/{self.MAX_SCALE:g} "
+                                 f"(the logit scale is clipped at {self.MAX_SCALE:g}, as CLIP's); "
+                                 f"start it at >= 0.01, got {temperature!r}")
+            self.log_scale = torch.nn.Parameter(torch.tensor(-math.log(temperature),
+                                                             dtype=torch.float64))
+        else:
+            self.register_buffer("scale", torch.tensor(1.0 / temperature, dtype=torch.float64))
+
+    def logit_scale(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        r"""The scale :math:`s = 1/\tau` (clamped at :attr:`MAX_SCALE` when learned), a scalar in
+        ``dtype``."""
+        if self.learn:
+            scale = self.log_scale.clamp(max=math.log(self.MAX_SCALE)).exp()
+        else:
+            scale = self.scale
+        return scale if dtype is None else scale.to(dtype)
+
+    @property
+    def temperature(self) -> float:
+        r"""The current temperature :math:`\tau = 1/s`, a float."""
+        return 1.0 / float(self.logit_scale().detach())
+
+    def shared(self) -> ScaledCosineEnergy:
+        """A new energy holding this one's parameter (or buffer) itself, so that both compute
+        the same f and train together: what :meth:`NTXentLoss.rpm_prior` builds its priors on
+        (Pyro cannot move a PyroModule that already ran into a model)."""
+        new = ScaledCosineEnergy(1.0, learn=self.learn)
+        if self.learn:
+            new.log_scale = self.log_scale
+        else:
+            new.scale = self.scale
+        return new
+
+    def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+        self.check_latents(z, z2)
+        return self.logit_scale(z.dtype) * (_unit(z) @ _unit(z2).T)
+
+    def paired(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+        self.check_latents(z, z2)
+        return self.logit_scale(z.dtype) * (_unit(z) * _unit(z2)).sum(-1)
+
+    def logit_factors(self, z: torch.Tensor, z2: torch.Tensor):
+        self.check_latents(z, z2)
+        return self.logit_scale(z.dtype) * _unit(z), _unit(z2), None
+
+    def logit_bound(self, radius: torch.Tensor) -> torch.Tensor:
+        r""":math:`s \max(1, 1/R)`, as :meth:`rpm.priors.CosineEnergy.logit_bound`."""
+        scale = self.logit_scale().detach().double()
+        return scale * radius.clamp_min(torch.finfo(torch.float64).tiny).reciprocal().clamp_min(1.0)
 
 
 def _bank_shape(memory_bank_size) -> tuple[int, int | None]:
@@ -53,15 +160,40 @@ def _bank_shape(memory_bank_size) -> tuple[int, int | None]:
     return size, dim
 
 
+def _moco_ratio(energy: ScaledCosineEnergy, z: torch.Tensor, z2: torch.Tensor,
+                negatives: torch.Tensor) -> torch.Tensor:
+    r"""Per-pair :math:`f(z_i, z'_i) - \log \frac{1}{K+1}(e^{f(z_i, z'_i)} + \sum_k e^{f(z_i, c_k)})`
+    for unit rows z, z2 and unit negatives c (used as they are, as lightly uses its bank): the
+    star prior's term with centre view 0, candidates {own positive} + the K negatives
+    (:func:`~rpm.priors.multiview_terms.multiview_anchor_terms` on the N x N block whose only
+    positive and candidate is the diagonal)."""
+    eye = torch.eye(z.shape[0], dtype=torch.bool, device=z.device)
+    logits = energy.paired(z, z2).diag_embed()                            # (N, N), the diagonal used
+    queue_logits = energy.logit_scale(z.dtype) * (z @ negatives.T)        # (N, K)
+    return multiview_anchor_terms(logits, eye, eye, "star", queue_logits).ratio
+
+
+def _check_outputs(views: list, names: list[str], what: str) -> None:
+    for name, out in zip(names, views, strict=True):
+        if not isinstance(out, torch.Tensor) or out.dim() != 2:
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"{what} takes {name} of shape (N, D), one row per image; got {got}")
+    if any(out.shape != views[0].shape for out in views[1:]):
+        shapes = ", ".join(str(tuple(out.shape)) for out in views)
+        raise ValueError(f"{what} needs {' and '.join(names) if len(names) == 2 else 'the views'} "
+                         f"of the same shape (N, D), row i of each a view of image i; got {shapes}")
+
+
 class NTXentLoss(torch.nn.Module):
-    r"""SimCLR's NT-Xent, or MoCo's loss with a memory bank, as lightly's ``NTXentLoss`` computes
-    them, and the RPM ELBO each one is (``docs/theory.md``, "NT-Xent").
+    r"""SimCLR's NT-Xent, MoCo's loss with a memory bank, or SupCon's multi-positive losses over J
+    views, as lightly's ``NTXentLoss`` computes the first two, and the RPM ELBO each one is
+    (``docs/theory.md``, "NT-Xent" and "J-view priors").
 
-    Both outputs are normalised, :math:`\hat u = u / \lVert u \rVert`, and the energy is the
-    cosine energy :math:`f(u, v) = \hat u^\top \hat v / \tau` (:class:`~rpm.priors.CosineEnergy`
-    with :math:`\kappa = 1/\tau`).
+    The outputs are normalised, :math:`\hat u = u / \lVert u \rVert`, and the energy is the
+    cosine energy :math:`f(u, v) = \hat u^\top \hat v / \tau` (:class:`ScaledCosineEnergy`, the
+    :class:`~rpm.priors.CosineEnergy` with :math:`\kappa = 1/\tau`).
 
-    **No memory bank** (``memory_bank_size=0``). The 2N outputs are pooled,
+    **Two views, no memory bank** (``memory_bank_size=0``). The 2N outputs are pooled,
     :math:`u = (z_1..z_N, z'_1..z'_N)`; each :math:`u_k` is an anchor whose positive is its
     partner :math:`u_{p(k)}` and whose candidates are the 2N - 1 others:
 
@@ -82,9 +214,9 @@ class NTXentLoss(torch.nn.Module):
     pairs (:func:`rpm.distributed.all_gather_with_grad`), each process averaging over its own
     anchors, as lightly does; without an initialised ``torch.distributed`` it changes nothing.
 
-    **Memory bank** (``memory_bank_size = K > 0``, or lightly's ``(K, D)``). MoCo's form:
-    the anchors are ``out0`` only, the positive of :math:`z_i` is :math:`z'_i` and the
-    negatives are the bank's K latents :math:`c_{1:K}`:
+    **Memory bank** (``memory_bank_size = K > 0``, or lightly's ``(K, D)``; two views only).
+    MoCo's form: the anchors are ``out0`` only, the positive of :math:`z_i` is :math:`z'_i` and
+    the negatives are the bank's K latents :math:`c_{1:K}`:
 
     .. math::
 
@@ -94,7 +226,9 @@ class NTXentLoss(torch.nn.Module):
 
     the ELBO of the implicit prior (Eq. 23-25 of Aitchison & Ganev) whose normaliser
     :math:`Z(z_i) = \mathbb{E}_{Q(z')} e^{f(z_i, z')}` is estimated from K + 1 samples of the
-    marginal: the anchor's own positive and the banked latents. The bank is a
+    marginal: the anchor's own positive and the banked latents
+    (:class:`~rpm.priors.StarImplicitPrior` with ``candidates="positives"``, ``centres=[0]``
+    and the bank as its queue: :meth:`rpm_prior`). The bank is a
     :class:`~rpm.marginals.candidates.LatentQueue` (a buffer: ``state_dict()`` carries it); as
     in lightly it starts full of random unit vectors and holds the normalised, detached ``out1``
     of earlier calls (every process's, with ``gather_distributed``), first in first out. It is
@@ -105,95 +239,303 @@ class NTXentLoss(torch.nn.Module):
     would wrap around the end of its bank; this queue wraps them around (a true FIFO), so the
     two banks then differ in which old rows they hold.
 
-    :param float temperature: :math:`\tau > 0`.
+    **J views** (``forward(*views)`` with J > 2, or ``candidates="cross_view"``). Every output is
+    an anchor; its positives P(k) are the J - 1 other views of its image and its candidates C(k)
+    all N J - 1 other outputs (``candidates="pooled"``) or the other views' N (J - 1)
+    (``"cross_view"``); with ``global_views = G`` the first G views are global crops and a local
+    crop's positives and candidates are the global crops only (SwAV, DINO). ``form`` chooses
+
+    .. math::
+
+        L_\text{out} = \operatorname*{mean}_{k,\ p \in P(k)}
+            -\log \frac{e^{f(u_k, u_p)}}{\sum_{m \in C(k)} e^{f(u_k, u_m)}}
+        \quad (\texttt{"out"}), \qquad
+        L_\text{in} = \operatorname*{mean}_{k}
+            -\log \frac{\sum_{p \in P(k)} e^{f(u_k, u_p)}}{\sum_{m \in C(k)} e^{f(u_k, u_m)}}
+        \quad (\texttt{"in"}),
+
+    the negative ELBOs of :class:`~rpm.priors.StarImplicitPrior` and
+    :class:`~rpm.priors.PartnerMixturePrior`: with :math:`D = |C(k)|`,
+    :math:`\mathcal{L}/(N(J-1)) = -L_\text{out} + \log D` and
+    :math:`\mathcal{L}/N = -L_\text{in} + \log(D/(J-1))`. With J = 2 both are NT-Xent.
+
+    .. code-block:: python
+
+        loss_fn = rpm.losses.NTXentLoss(temperature=0.5)
+        loss = loss_fn(head(backbone(x0)), head(backbone(x1)))              # SimCLR
+        loss = loss_fn(*[head(backbone(v)) for v in views])                 # J views, L_out
+        elbo_per_image = loss_fn.elbo(*[head(backbone(v)) for v in views])  # the RPM ELBO / N
+
+    :param float temperature: :math:`\tau > 0` (the initial one when learned).
     :param memory_bank_size: K >= 0 (0: SimCLR, no bank), or a tuple (K, D); with an int the
         bank is created at the first call, from the outputs' dimension.
     :param bool gather_distributed: gather the candidates (or the bank's new entries) from every
         process of ``torch.distributed``.
+    :param str form: over J views, ``"out"`` (:math:`L_\text{out}`, the star prior) or
+        ``"in"`` (:math:`L_\text{in}`, the mixture of partners).
+    :param str candidates: ``"pooled"`` (NT-Xent's) or ``"cross_view"``.
+    :param global_views: G global crops first (the multi-crop rule), or None.
+    :param bool learn_temperature: learn :math:`\tau` as CLIP does (log-parametrised logit scale
+        clipped at 100, i.e. :math:`\tau \ge 0.01`: :class:`ScaledCosineEnergy`); its parameter
+        is ``loss.energy.log_scale``, to give to the optimiser with the network's.
     """
 
     def __init__(self, temperature: float = 0.5, memory_bank_size: int | tuple[int, int] = 0,
-                 gather_distributed: bool = False):
+                 gather_distributed: bool = False, form: str = "out", candidates: str = "pooled",
+                 global_views: int | None = None, learn_temperature: bool = False):
         super().__init__()
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
-                or not math.isfinite(temperature) or temperature <= 0:
-            raise ValueError(f"temperature must be a finite number > 0 (SimCLR uses 0.5, MoCo 0.07), "
-                             f"got {temperature!r}")
-        self.temperature = float(temperature)
+        _check_temperature(temperature, "SimCLR uses 0.5, MoCo 0.07")
         self.gather_distributed = check_bool("gather_distributed", gather_distributed)
         self.memory_bank_size, dim = _bank_shape(memory_bank_size)
-        self.prior = PooledImplicitPrior(CosineEnergy(kappa=1.0 / self.temperature))
+        if form not in _FORMS:
+            raise ValueError(f"form must be 'out' (L_out, the star prior) or 'in' (L_in, the "
+                             f"mixture of partners), got {form!r}")
+        if candidates not in ("pooled", "cross_view"):
+            raise ValueError(f"candidates must be 'pooled' or 'cross_view', got {candidates!r}")
+        if self.memory_bank_size > 0 and (candidates != "pooled" or global_views is not None):
+            raise ValueError("a memory bank is MoCo's two-view form; it takes no candidates= or "
+                             "global_views= (use rpm.priors.StarImplicitPrior with a queue for J views)")
+        self.form = form
+        self.energy = ScaledCosineEnergy(temperature, learn=learn_temperature)
+        self.prior = PooledImplicitPrior(self.energy)
+        self.multiview_prior = _FORMS[form](self.energy, candidates=candidates,
+                                            global_views=global_views)
         self.bank: LatentQueue | None = None
         if self.memory_bank_size > 0 and dim is not None:
             self._init_bank(dim)
+
+    @property
+    def temperature(self) -> float:
+        r"""The current temperature :math:`\tau` (learned or fixed), a float."""
+        return self.energy.temperature
 
     def _init_bank(self, dim: int, like: torch.Tensor | None = None) -> None:
         """K random unit vectors, as lightly's bank starts (on ``like``'s device, in its dtype)."""
         self.bank = LatentQueue(self.memory_bank_size, dim)
         if like is not None:
             self.bank.to(device=like.device, dtype=like.dtype)
-        self.bank.push(torch.nn.functional.normalize(
-            torch.randn(self.memory_bank_size, dim, dtype=self.bank.memory.dtype), dim=1))
+        self.bank.push(_unit(torch.randn(self.memory_bank_size, dim, dtype=self.bank.memory.dtype)))
 
-    def _check(self, out0: torch.Tensor, out1: torch.Tensor) -> None:
-        for name, out in (("out0", out0), ("out1", out1)):
-            if not isinstance(out, torch.Tensor) or out.dim() != 2:
-                got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-                raise ValueError(f"NTXentLoss takes {name} of shape (N, D), one row per image; got {got}")
-        if out0.shape != out1.shape:
-            raise ValueError(f"NTXentLoss needs out0 and out1 of the same shape (N, D), row i of each "
-                             f"the two views of image i; got {tuple(out0.shape)} and {tuple(out1.shape)}")
-        if self.bank is not None and out0.shape[1] != self.bank.dim:
+    def _views(self, views: tuple) -> list[torch.Tensor]:
+        if len(views) == 1 and isinstance(views[0], (list, tuple)):
+            views = tuple(views[0])
+        if len(views) < 2:
+            raise ValueError(f"NTXentLoss takes two outputs (out0, out1) or J >= 2 views, got "
+                             f"{len(views)}")
+        names = ["out0", "out1"] if len(views) == 2 else [f"views[{j}]" for j in range(len(views))]
+        _check_outputs(list(views), names, "NTXentLoss")
+        if self.memory_bank_size > 0 and len(views) != 2:
+            raise ValueError(f"a memory bank is MoCo's two-view form (out0, out1); got J = "
+                             f"{len(views)} views: build the loss with memory_bank_size=0")
+        if self.bank is not None and views[0].shape[1] != self.bank.dim:
             raise ValueError(f"the memory bank holds latents of dimension {self.bank.dim}, the outputs "
-                             f"have {out0.shape[1]}; build the loss with memory_bank_size=(K, "
-                             f"{out0.shape[1]})")
+                             f"have {views[0].shape[1]}; build the loss with memory_bank_size=(K, "
+                             f"{views[0].shape[1]})")
+        return list(views)
 
-    def _bank_ratio(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-        r"""Per-pair :math:`f(z_i, z'_i) - \log \frac{1}{K+1}(e^{f(z_i, z'_i)} + \sum_k e^{f(z_i, c_k)})`."""
-        bank = self.bank.latents().to(z)  # unit rows, as lightly's bank: used as they are
-        positive = (z * z2).sum(-1, keepdim=True) / self.temperature  # f(z_i, z'_i), unit rows
-        logits = torch.cat([positive, z @ bank.T / self.temperature], dim=-1)  # (N, K + 1)
-        return positive.squeeze(-1) - safe_logsumexp(logits, dim=-1) + math.log(logits.shape[-1])
+    def _pairwise(self, num_views: int) -> bool:
+        """True when the loss is lightly's two-view NT-Xent (the pooled prior)."""
+        return num_views == 2 and self.multiview_prior.candidates == "pooled" \
+            and self.multiview_prior.global_views is None
 
-    def _terms(self, out0: torch.Tensor, out1: torch.Tensor):
-        """(ELBO summed over this process's pairs, the loss's constant, normalised out1)."""
-        self._check(out0, out1)
+    def _terms(self, views: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ELBO summed over this process's instances, the loss, normalised out1)."""
         if self.memory_bank_size > 0 and self.bank is None:
-            self._init_bank(out0.shape[1], like=out0)
-        z = torch.nn.functional.normalize(out0, dim=1)
-        z2 = torch.nn.functional.normalize(out1, dim=1)
+            self._init_bank(views[0].shape[1], like=views[0])
+        units = [_unit(out) for out in views]
+        num = views[0].shape[0]
         if self.bank is not None:
-            return self._bank_ratio(z, z2).sum(), math.log(self.memory_bank_size + 1), z2
+            value = _moco_ratio(self.energy, units[0], units[1], self.bank.latents().to(units[0])).sum()
+            return value, math.log(self.memory_bank_size + 1) - value / num, units[1]
         candidates = Candidates(global_batch=self.gather_distributed)
-        value = rpm_elbo(self.prior, [z, z2], candidates=candidates)
-        num_pairs = candidates.gather(z).shape[0]  # M: the global batch (gathered once, cached)
-        return value, math.log(2 * num_pairs - 1), z2
+        if self._pairwise(len(views)):
+            value = rpm_elbo(self.prior, units, candidates=candidates)
+            num_pairs = candidates.gather(units[0]).shape[0]  # M: the global batch (gathered once)
+            return value, math.log(2 * num_pairs - 1) - value / num, units[1]
+        terms = self.multiview_prior.anchor_terms(torch.stack(units, dim=1), candidates)
+        loss, _, _ = multiview_loss(terms, self.multiview_prior.form)
+        return terms.ratio.sum() / len(views), loss, units[1]
 
-    def elbo(self, out0: torch.Tensor, out1: torch.Tensor) -> torch.Tensor:
-        r"""The RPM ELBO per pair, :math:`\mathcal{L}/N`: :math:`-\text{NT-Xent} + \log(2N - 1)`
-        (no bank) or :math:`-L_\text{MoCo} + \log(K + 1)` (bank). Leaves the bank unchanged.
+    def rpm_prior(self, num_views: int = 2) -> MultiViewImplicitPrior | PooledImplicitPrior:
+        r"""The prior whose ELBO :meth:`elbo` returns for batches of ``num_views`` views, a new
+        one each call (Pyro cannot move a PyroModule that already ran into a model) on an energy
+        sharing this loss's temperature (:meth:`ScaledCosineEnergy.shared`, a learned one
+        included): :class:`~rpm.priors.PooledImplicitPrior`
+        (two views), the star or mixture prior (J views, or cross-view candidates), or, with a
+        memory bank, :class:`~rpm.priors.StarImplicitPrior` with ``candidates="positives"``,
+        ``centres=[0]`` and the bank as its queue (it then pushes into the bank when it is
+        evaluated in training mode, as the loss does). For
+        ``rpm.RPM(rpm.DeltaRecognition(net), loss.rpm_prior(J))``, whose negative ELBO per
+        instance under :class:`~rpm.RPMELBO` is ``-loss.elbo(*views)``.
 
-        :param torch.Tensor out0: first views' outputs, shape (N, D).
-        :param torch.Tensor out1: second views' outputs, shape (N, D).
+        :param int num_views: J.
+        """
+        energy = self.energy.shared()
+        if self.memory_bank_size > 0:
+            if self.bank is None:
+                raise ValueError("the memory bank is created at the first call (or give "
+                                 "memory_bank_size=(K, D)); call the loss once before rpm_prior()")
+            return StarImplicitPrior(energy, candidates="positives", centres=[0], queue=self.bank)
+        if self._pairwise(num_views):
+            return PooledImplicitPrior(energy)
+        return type(self.multiview_prior)(energy, candidates=self.multiview_prior.candidates,
+                                          global_views=self.multiview_prior.global_views)
+
+    def elbo(self, *views: torch.Tensor) -> torch.Tensor:
+        r"""The RPM ELBO per instance, :math:`\mathcal{L}/N`: :math:`-\text{NT-Xent} + \log(2N - 1)`
+        (two views), :math:`-L_\text{MoCo} + \log(K + 1)` (bank; leaves the bank unchanged), or
+        over J views :math:`(J - 1)(-L_\text{out} + \log D)` (``form="out"``) and
+        :math:`-L_\text{in} + \log(D/(J-1))` (``form="in"``).
+
+        :param views: ``out0, out1`` or J outputs (or one list of them), each of shape (N, D).
         :return: a scalar tensor (nats).
         """
-        value, _, _ = self._terms(out0, out1)
-        return value / out0.shape[0]
+        views = self._views(views)
+        value, _, _ = self._terms(views)
+        return value / views[0].shape[0]
 
-    def forward(self, out0: torch.Tensor, out1: torch.Tensor) -> torch.Tensor:
-        r"""The mean loss, :math:`-\mathcal{L}/N + \log(2N - 1)` (NT-Xent) or
-        :math:`-\mathcal{L}/N + \log(K + 1)` (MoCo); in training mode a bank then takes the
-        normalised, detached ``out1`` (gathered from every process with ``gather_distributed``).
+    def forward(self, *views: torch.Tensor) -> torch.Tensor:
+        r"""The mean loss, :math:`-\mathcal{L}/N + \log(2N - 1)` (NT-Xent), :math:`-\mathcal{L}/N
+        + \log(K + 1)` (MoCo), :math:`L_\text{out}` or :math:`L_\text{in}` (J views); in
+        training mode a bank then takes the normalised, detached ``out1`` (gathered from every
+        process with ``gather_distributed``).
 
-        :param torch.Tensor out0: first views' outputs, shape (N, D).
-        :param torch.Tensor out1: second views' outputs, shape (N, D).
+        :param views: ``out0, out1`` (first and second views' outputs, each (N, D)), or J
+            outputs (or one list of them).
         :return: a scalar tensor (nats), positive.
         """
-        value, constant, z2 = self._terms(out0, out1)
-        loss = constant - value / out0.shape[0]
+        views = self._views(views)
+        _, loss, z2 = self._terms(views)
         if self.bank is not None and self.training:
             keys = z2.detach()
             if self.gather_distributed:
                 keys = all_gather_with_grad(keys)
             self.bank.push(keys)
         return loss
+
+
+class InfoNCELoss(torch.nn.Module):
+    r"""The InfoNCE loss as info-nce-pytorch's ``InfoNCE`` computes it, and the RPM ELBO it is
+    (``docs/theory.md``, "InfoNCE identity" and "J-view priors").
+
+    ``forward(query, positive_key)``: the outputs are normalised and the logits are
+    :math:`F_{ij} = \hat q_i^\top \hat k_j / \tau` (:class:`ScaledCosineEnergy`); each query's
+    candidates are the N positive keys of the batch, its own among them (cross-view, one
+    direction):
+
+    .. math::
+
+        \text{InfoNCE} = \frac1N \sum_i -\log \frac{e^{F_{ii}}}{\sum_j e^{F_{ij}}},
+        \qquad \mathcal{L}/N = -\text{InfoNCE} + \log N,
+
+    the ELBO of :class:`~rpm.priors.ImplicitPrior` (Eq. 23-25 of Aitchison & Ganev).
+    ``forward(query, positive_key, negative_keys)`` with M unpaired negatives (M, D): each
+    query's candidates are its own positive and the M negatives,
+
+    .. math::
+
+        \text{InfoNCE} = \frac1N \sum_i -\log \frac{e^{F_{ii}}}
+            {e^{F_{ii}} + \sum_m e^{\hat q_i^\top \hat n_m / \tau}},
+        \qquad \mathcal{L}/N = -\text{InfoNCE} + \log(M + 1),
+
+    the ELBO of :class:`~rpm.priors.StarImplicitPrior` with ``candidates="positives"``,
+    ``centres=[0]`` and the negatives as its queue (MoCo's form; :meth:`rpm_prior`).
+
+    .. code-block:: python
+
+        loss_fn = rpm.losses.InfoNCELoss(temperature=0.1)
+        loss = loss_fn(head(backbone(x0)), head(backbone(x1)))      # info-nce-pytorch's value
+        elbo_per_pair = loss_fn.elbo(head(backbone(x0)), head(backbone(x1)))  # = -loss + log N
+
+    :param float temperature: :math:`\tau > 0` (info-nce-pytorch's default 0.1; the initial
+        one when learned).
+    :param str reduction: ``"mean"`` (default), ``"sum"`` or ``"none"`` (the N per-query losses).
+    :param str negative_mode: ``"unpaired"``: negative keys (M, D) shared by every query (the
+        one mode with an RPM prior here).
+    :param bool learn_temperature: learn :math:`\tau` as CLIP does (log-parametrised logit
+        scale clipped at 100: :class:`ScaledCosineEnergy`).
+    """
+
+    def __init__(self, temperature: float = 0.1, reduction: str = "mean",
+                 negative_mode: str = "unpaired", learn_temperature: bool = False):
+        super().__init__()
+        if reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        if negative_mode != "unpaired":
+            raise ValueError(f"negative_mode must be 'unpaired' (negative keys (M, D) shared by "
+                             f"every query), got {negative_mode!r}")
+        self.reduction = reduction
+        self.negative_mode = negative_mode
+        self.energy = ScaledCosineEnergy(temperature, learn=learn_temperature)
+        self.prior = ImplicitPrior(self.energy)
+
+    @property
+    def temperature(self) -> float:
+        r"""The current temperature :math:`\tau`, a float."""
+        return self.energy.temperature
+
+    def _check(self, query, positive_key, negative_keys) -> None:
+        _check_outputs([query, positive_key], ["query", "positive_key"], "InfoNCELoss")
+        if negative_keys is not None:
+            if not isinstance(negative_keys, torch.Tensor) or negative_keys.dim() != 2 \
+                    or negative_keys.shape[1] != query.shape[1]:
+                got = (tuple(negative_keys.shape) if isinstance(negative_keys, torch.Tensor)
+                       else type(negative_keys).__name__)
+                raise ValueError(f"InfoNCELoss takes unpaired negative_keys of shape (M, "
+                                 f"{query.shape[1]}); got {got}")
+
+    def _ratio(self, query, positive_key, negative_keys) -> tuple[torch.Tensor, float]:
+        """Per-query ELBO terms (N,) and the constant log N or log(M + 1)."""
+        self._check(query, positive_key, negative_keys)
+        z, z2 = _unit(query), _unit(positive_key)
+        if negative_keys is None:
+            return self.prior.log_ratio(z, z2), math.log(z.shape[0])
+        return _moco_ratio(self.energy, z, z2, _unit(negative_keys)), math.log(negative_keys.shape[0] + 1)
+
+    def rpm_prior(self, negative_keys: torch.Tensor | None = None):
+        r"""The prior whose ELBO :meth:`elbo` returns: :class:`~rpm.priors.ImplicitPrior` (no
+        negatives), or a :class:`~rpm.priors.StarImplicitPrior` (``candidates="positives"``,
+        ``centres=[0]``) whose queue holds ``negative_keys`` (evaluate it in eval mode to keep its
+        queue as it is). A new prior each call, on an energy sharing this loss's temperature
+        (:meth:`ScaledCosineEnergy.shared`).
+
+        :param negative_keys: shape (M, D), or None.
+        """
+        energy = self.energy.shared()
+        if negative_keys is None:
+            return ImplicitPrior(energy)
+        queue = LatentQueue(negative_keys.shape[0], negative_keys.shape[1]).to(negative_keys)
+        queue.push(negative_keys)
+        return StarImplicitPrior(energy, candidates="positives", centres=[0], queue=queue)
+
+    def elbo(self, query: torch.Tensor, positive_key: torch.Tensor,
+             negative_keys: torch.Tensor | None = None) -> torch.Tensor:
+        r"""The RPM ELBO per pair, :math:`\mathcal{L}/N = -\text{InfoNCE} + \log N` (or
+        :math:`+ \log(M + 1)` with negatives).
+
+        :param torch.Tensor query: shape (N, D).
+        :param torch.Tensor positive_key: shape (N, D), row i the positive of query i.
+        :param negative_keys: shape (M, D), or None.
+        :return: a scalar tensor (nats).
+        """
+        ratio, _ = self._ratio(query, positive_key, negative_keys)
+        return ratio.mean()
+
+    def forward(self, query: torch.Tensor, positive_key: torch.Tensor,
+                negative_keys: torch.Tensor | None = None) -> torch.Tensor:
+        r"""info-nce-pytorch's value: the cross-entropy of each query's logits against its
+        positive, reduced by ``reduction``; per query it is :math:`-r_i + \log N` (or
+        :math:`\log(M + 1)`), :math:`r_i` the query's ELBO term.
+
+        :param torch.Tensor query: shape (N, D).
+        :param torch.Tensor positive_key: shape (N, D).
+        :param negative_keys: unpaired negatives, shape (M, D), or None.
+        :return: a scalar (``"mean"``, ``"sum"``) or shape (N,) (``"none"``).
+        """
+        ratio, constant = self._ratio(query, positive_key, negative_keys)
+        losses = constant - ratio
+        if self.reduction == "mean":
+            return losses.mean()
+        if self.reduction == "sum":
+            return losses.sum()
+        return losses
