@@ -5,10 +5,13 @@ ELBO / N = -L_in + log(D / (J-1)) at J = 2, 3, 4, 6 for several energies and bot
 sets, J = 2 = NT-Xent, the multi-crop rule, and the queue (MoCo: ELBO / N = -L_MoCo + log(K+1),
 first in first out, automatic pushes in training mode, checkpoints)."""
 
+import datetime
 import math
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from pyro.infer import Trace_ELBO
 
 import rpm
@@ -387,3 +390,59 @@ def test_bad_arguments_are_refused_in_one_line():
     model, _ = _model(StarImplicitPrior(energy, centres=[0, 4]), 3)
     with pytest.raises(ValueError, match="has centres"):
         rpm.RPMELBO().loss(model.model, model.guide, [torch.randn(3, X_DIM) for _ in range(3)])
+
+
+# -- a global batch over two processes ---------------------------------------------------------
+
+SIZES = (3, 4)  # instances per rank
+
+
+def _global_batch_model():
+    torch.manual_seed(2)
+    queue = LatentQueue(40, D)
+    queue.push(torch.randn(5, D))
+    prior = PartnerMixturePrior(BilinearEnergy(D, init_scale=0.7), queue=queue)
+    return rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(X_DIM, D)), prior)
+
+
+def _global_batch_worker(rank, store_path):
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float64)
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
+                            world_size=len(SIZES), timeout=datetime.timedelta(seconds=120))
+    try:
+        generator = torch.Generator().manual_seed(1)
+        views = [torch.randn(sum(SIZES), X_DIM, generator=generator) for _ in range(3)]
+        rows = slice(sum(SIZES[:rank]), sum(SIZES[:rank + 1]))
+        model = _global_batch_model()
+        loss = rpm.RPMELBO(global_batch=True).differentiable_loss(
+            model.model, model.guide, [v[rows] for v in views])
+        loss.backward()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+        for grad in grads.values():
+            dist.all_reduce(grad)
+        reference = _global_batch_model()
+        reference_loss = rpm.RPMELBO().differentiable_loss(reference.model, reference.guide, views)
+        reference_loss.backward()
+        torch.testing.assert_close(total, reference_loss.detach(), rtol=0, atol=1e-10)
+        for name, p in reference.named_parameters():
+            torch.testing.assert_close(grads[name], p.grad, rtol=0, atol=1e-10, msg=name)
+        # every rank's queue took the global batch's latents, in the reference's order
+        torch.testing.assert_close(model.prior.queue.latents(), reference.prior.queue.latents(),
+                                   rtol=0, atol=1e-12)
+        assert len(model.prior.queue) == 5 + 3 * sum(SIZES)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                    reason="needs torch.distributed with gloo")
+def test_global_batch_over_two_processes_is_the_concatenated_batch_and_fills_the_queue(tmp_path):
+    """Ranks of 3 and 4 instances of J = 3 views, a queue: the summed losses and gradients equal
+    one process on all 7, and each rank's queue takes every rank's latents."""
+    torch.testing.assert_close(torch.zeros(1), torch.zeros(1))   # warm lazy imports before fork
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    mp.start_processes(_global_batch_worker, args=(str(tmp_path / "store"),), nprocs=len(SIZES),
+                       join=True, start_method=method)
