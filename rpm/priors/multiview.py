@@ -70,6 +70,7 @@ from rpm.priors.multiview_terms import (
     AnchorTerms,
     multiview_anchor_terms,
     multiview_masks,
+    positive_index,
 )
 from rpm.priors.sequence import SequencePrior
 
@@ -190,21 +191,34 @@ class MultiViewImplicitPrior(SequencePrior):
         if candidates is not None and candidates.is_global:
             columns = candidates.gather(z)                                        # (M, J, D)
             offset = candidates.offset(num)
-        device = z.device
         rows = z[:, centres].reshape(num * len(centres), dim)                     # (R, D)
         logits = self.energy(rows, columns.reshape(-1, dim))                       # (R, M J)
-        row_instance = torch.arange(offset, offset + num, device=device).repeat_interleave(
-            len(centres))
-        row_view = torch.tensor(centres, device=device).repeat(num)
-        col_instance = torch.arange(columns.shape[0], device=device).repeat_interleave(num_views)
-        col_view = torch.arange(num_views, device=device).repeat(columns.shape[0])
-        positives, allowed = multiview_masks(row_instance, row_view, col_instance, col_view,
-                                             self.candidates, self.global_views)
+        positives, allowed, index = self._masks(num, columns.shape[0], offset, num_views, z.device)
         queue_logits = None
         queued = self.queued(z)
         if queued is not None:
             queue_logits = self.energy(rows, queued)                                # (R, K)
-        return multiview_anchor_terms(logits, positives, allowed, self.form, queue_logits)
+        return multiview_anchor_terms(logits, positives, allowed, self.form, queue_logits, index)
+
+    def _masks(self, num: int, num_columns: int, offset: int, num_views: int, device) -> tuple:
+        """The positives and candidates masks and the positives' index
+        (:func:`~rpm.priors.multiview_terms.positive_index`) of a batch's shape, cached (they
+        depend on the shapes only)."""
+        key = (num, num_columns, offset, num_views, str(device))
+        cache = self.__dict__.setdefault("_mask_cache", {})
+        if key not in cache:
+            centres = self.centre_views(num_views)
+            row_instance = torch.arange(offset, offset + num, device=device).repeat_interleave(
+                len(centres))
+            row_view = torch.tensor(centres, device=device).repeat(num)
+            col_instance = torch.arange(num_columns, device=device).repeat_interleave(num_views)
+            col_view = torch.arange(num_views, device=device).repeat(num_columns)
+            positives, allowed = multiview_masks(row_instance, row_view, col_instance, col_view,
+                                                 self.candidates, self.global_views)
+            if len(cache) >= 8:
+                cache.clear()
+            cache[key] = (positives, allowed, positive_index(positives))
+        return cache[key]
 
     def queued(self, like: torch.Tensor) -> torch.Tensor | None:
         """The queue's latents (K, D) as a copy in ``like``'s dtype and device (later pushes do

@@ -55,6 +55,7 @@ __all__ = [
     "multiview_anchor_terms",
     "multiview_loss",
     "multiview_masks",
+    "positive_index",
 ]
 
 #: The candidate sets of an anchor (module docstring).
@@ -114,9 +115,26 @@ def multiview_masks(
     return positives, allowed
 
 
+def positive_index(positives: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The positives of each row as column indices: ``(index (R, P), valid (R, P))``, P the
+    largest number of positives of a row, ``index[k, :|P(k)|]`` the columns of row k's
+    positives (in order) and ``valid`` False on the padding. Lets
+    :func:`multiview_anchor_terms` read the positives' logits by ``gather`` instead of a pass
+    over the (R, C) matrix.
+
+    :param torch.Tensor positives: boolean (R, C).
+    """
+    counts = positives.sum(-1)                                                # (R,)
+    width = max(int(counts.max()), 1) if counts.numel() else 1
+    order = positives.to(torch.int8).argsort(dim=-1, descending=True, stable=True)[:, :width]
+    valid = torch.arange(width, device=positives.device)[None, :] < counts[:, None]
+    return order, valid
+
+
 def multiview_anchor_terms(
     logits: torch.Tensor, positives: torch.Tensor, candidates: torch.Tensor, form: str,
     queue_logits: torch.Tensor | None = None,
+    index: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> AnchorTerms:
     r"""The per-anchor ELBO terms :math:`r_k` of the star or mixture form (module docstring).
 
@@ -129,6 +147,8 @@ def multiview_anchor_terms(
     :param str form: ``"star"`` or ``"mixture"``.
     :param queue_logits: :math:`f(u_k, c_q)` against K queued latents, shape (R, K), candidates
         of every anchor; or None.
+    :param index: :func:`positive_index` of ``positives``, if the caller holds it (the priors
+        cache it with the masks); None computes the positives' terms from the mask.
     :rtype: AnchorTerms
     """
     if form not in FORMS:
@@ -150,11 +170,15 @@ def multiview_anchor_terms(
     log_num_candidates = num_candidates.clamp_min(1).log()
     log_normalizer = safe_logsumexp(masked, dim=-1) - log_num_candidates   # log Z-hat(u_k)
     has = num_positives > 0
+    if index is None:
+        partners, valid = logits, positives                                    # (R, C)
+    else:
+        partners, valid = logits.gather(1, index[0]), index[1]                 # (R, P)
     if form == "star":
-        ratio = logits.masked_fill(~positives, 0.0).sum(-1) - num_positives * torch.where(
+        ratio = partners.masked_fill(~valid, 0.0).sum(-1) - num_positives * torch.where(
             has, log_normalizer, torch.zeros_like(log_normalizer))
     else:
-        log_partners = safe_logsumexp(logits.masked_fill(~positives, -math.inf), dim=-1)
+        log_partners = safe_logsumexp(partners.masked_fill(~valid, -math.inf), dim=-1)
         ratio = torch.where(has, log_partners - num_positives.clamp_min(1).log() - log_normalizer,
                             torch.zeros_like(log_normalizer))
     return AnchorTerms(ratio, num_positives, log_num_candidates)

@@ -26,7 +26,12 @@ from rpm.priors import (
     RBFEnergy,
     StarImplicitPrior,
 )
-from rpm.priors.multiview_terms import multiview_anchor_terms, multiview_loss, multiview_masks
+from rpm.priors.multiview_terms import (
+    multiview_anchor_terms,
+    multiview_loss,
+    multiview_masks,
+    positive_index,
+)
 from tests.helpers import GaussianHead
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -234,6 +239,9 @@ def test_the_terms_and_the_loss_function_against_the_loop():
         positives, allowed = multiview_masks(instance, view, instance, view, candidates)
         for form in ("star", "mixture"):
             terms = multiview_anchor_terms(energy(rows, rows), positives, allowed, form)
+            indexed = multiview_anchor_terms(energy(rows, rows), positives, allowed, form,
+                                             index=positive_index(positives))
+            assert torch.allclose(indexed.ratio, terms.ratio, rtol=1e-14, atol=1e-14)
             loss, constant, _ = multiview_loss(terms, form)
             expected_loss, expected_constant = loss_loop(z.tolist(), f, form, candidates)
             assert abs(loss.item() - expected_loss) < 1e-12
