@@ -454,3 +454,76 @@ def test_global_batch_over_two_processes_is_the_concatenated_batch_and_fills_the
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
     mp.start_processes(_global_batch_worker, args=(str(tmp_path / "store"),), nprocs=len(SIZES),
                        join=True, start_method=method)
+
+
+# -- every energy, the plain-torch route, one encoder called per shape ---------------------------
+
+def _module_loop(energy):
+    """f(a, b) from the module's own forward on one pair (for energies without a closed-form
+    loop here): the loops above then check the combinatorics of the candidates and positives."""
+    def f(a, b):
+        with torch.no_grad():
+            return energy(torch.tensor([a]), torch.tensor([b])).item()
+    return f
+
+
+@pytest.mark.parametrize("make", [
+    lambda: rpm.priors.AnisotropicEnergy(D),
+    lambda: rpm.priors.NeuralEnergy(D, hidden=8),
+    lambda: CosineEnergy(kappa=1.5, learn_kappa=True),
+    lambda: LpEnergy(p=3.0, tau=2.0),
+], ids=["anisotropic", "neural", "cosine-learned", "lp3"])
+@pytest.mark.parametrize("form", sorted(PRIORS))
+def test_every_energy_rpmelbo_trace_elbo_and_the_identity(make, form):
+    energy = make()
+    num, num_views = 3, 4
+    model, net = _model(PRIORS[form](energy), num_views)
+    views = [torch.randn(num, X_DIM) for _ in range(num_views)]
+    params = list(net.parameters()) + list(energy.parameters())
+    a = rpm.RPMELBO().differentiable_loss(model.model, model.guide, views)
+    b = Trace_ELBO().differentiable_loss(model.model, model.guide, views)
+    assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+    for ga, gb in zip(torch.autograd.grad(a, params), torch.autograd.grad(b, params), strict=True):
+        assert torch.allclose(ga, gb, rtol=1e-10, atol=1e-12)
+    z, f = _latents(net, views), _module_loop(energy)
+    assert abs(-a.item() - elbo_loop(z, f, form)) < 1e-10
+    loss, _ = loss_loop(z, f, form)
+    size = num * num_views - 1
+    if form == "star":
+        assert abs(-a.item() / (num * (num_views - 1)) - (-loss + math.log(size))) < 1e-10
+    else:
+        assert abs(-a.item() / num - (-loss + math.log(size / (num_views - 1)))) < 1e-10
+
+
+@pytest.mark.parametrize("form", sorted(PRIORS))
+def test_rpm_elbo_on_embeddings_is_the_model_elbo(form):
+    """rpm.inference.rpm_elbo(prior, [z_1, ..., z_J]) for a plain torch loop."""
+    prior = PRIORS[form](RBFEnergy(0.6), candidates="cross_view")
+    z = torch.randn(4, 3, D)
+    value = rpm.inference.rpm_elbo(prior, list(z.unbind(1)))
+    assert abs(value.item() - elbo_loop(z.tolist(), _rbf(0.6), form, "cross_view")) < 1e-10
+
+
+def test_multi_crop_with_one_encoder_called_once_per_shape():
+    """One network for 2 global and 3 local crops, encoder_calls='concat': the recognition model
+    is given once per group of one shape, so each group is encoded in one call."""
+
+    class PoolThenLinear(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(2, D)
+            self.calls = 0
+
+        def forward(self, x):                        # (B, 2, L) -> (B, D)
+            self.calls += 1
+            return self.linear(x.mean(-1))
+
+    net = PoolThenLinear()
+    recognition = rpm.DeltaRecognition(net)
+    model = rpm.RPM([recognition, recognition], StarImplicitPrior(CosineEnergy(2.0), global_views=2),
+                    groups=[0, 0, 1, 1, 1], encoder_calls="concat")
+    views = [torch.randn(4, 2, 8) for _ in range(2)] + [torch.randn(4, 2, 3) for _ in range(3)]
+    value = -rpm.RPMELBO().loss(model.model, model.guide, views)
+    assert net.calls == 2
+    expected = elbo_loop(_latents(net, views), _cosine(2.0), "star", global_views=2)
+    assert abs(value - expected) < 1e-10
