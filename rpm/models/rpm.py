@@ -58,6 +58,7 @@ from rpm.priors.base import (
     likelihood_marginals,
     prior_log_ratio,
 )
+from rpm.priors.multiview import MultiViewImplicitPrior
 
 __all__ = ["RPM"]
 
@@ -196,6 +197,10 @@ class RPM(RPMBase):
         if queue is not None:
             if not isinstance(queue, LatentQueue):
                 raise TypeError(f"queue must be an rpm.inference.LatentQueue, got {queue!r}")
+            if isinstance(prior, MultiViewImplicitPrior):
+                raise ValueError(
+                    f"{type(prior).__name__} holds its own queue: build it with "
+                    f"{type(prior).__name__}(energy, queue=LatentQueue(K, D)) and give the RPM none")
             if not hook(prior, "accepts_queue"):
                 raise ValueError(
                     f"the prior {type(prior).__name__} takes no queue of earlier latents (its "

@@ -126,7 +126,7 @@ def positive_index(positives: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     """
     counts = positives.sum(-1)                                                # (R,)
     width = max(int(counts.max()), 1) if counts.numel() else 1
-    order = positives.to(torch.int8).argsort(dim=-1, descending=True, stable=True)[:, :width]
+    order = positives.to(torch.int32).argsort(dim=-1, descending=True, stable=True)[:, :width]
     valid = torch.arange(width, device=positives.device)[None, :] < counts[:, None]
     return order, valid
 

@@ -527,3 +527,9 @@ def test_multi_crop_with_one_encoder_called_once_per_shape():
     assert net.calls == 2
     expected = elbo_loop(_latents(net, views), _cosine(2.0), "star", global_views=2)
     assert abs(value - expected) < 1e-10
+
+
+def test_the_model_refuses_a_second_queue_naming_the_prior_s_own():
+    with pytest.raises(ValueError, match=r"holds its own queue: build it with StarImplicitPrior\("):
+        rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(X_DIM, D)), StarImplicitPrior(CosineEnergy()),
+                queue=LatentQueue(4, D))
