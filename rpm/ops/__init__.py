@@ -24,6 +24,7 @@ from rpm.ops.logsumexp import (
     streaming_matmul_logsumexp,
 )
 from rpm.ops.lp_distances import lp_distances, lp_paired_distances
+from rpm.ops.lyapunov import stationary_covariance
 from rpm.ops.streaming import check_mixture_arguments, streaming_gaussian_mixture_log_prob
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "lp_paired_distances",
     "rts_smoother",
     "safe_logsumexp",
+    "stationary_covariance",
     "squared_distance_factors",
     "squared_distances",
     "streaming_gaussian_mixture_log_prob",

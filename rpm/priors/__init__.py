@@ -33,7 +33,13 @@ from rpm.priors.sequence import (
     MarkovPrior,
     SequencePrior,
 )
-from rpm.priors.state_space import GaussianStateSpace, StateSpacePosterior, StateSpacePrior
+from rpm.priors.state_space import (
+    GaussianStateSpace,
+    LinearGaussianPrior,
+    StateSpacePosterior,
+    StateSpacePrior,
+)
+from rpm.priors.stationary import StationaryStateSpacePrior
 
 __all__ = [
     "AnisotropicEnergy",
@@ -47,6 +53,7 @@ __all__ = [
     "ImplicitConditional",
     "ImplicitPrior",
     "LinearDynamicsPrior",
+    "LinearGaussianPrior",
     "LpEnergy",
     "MarkovChain",
     "MarkovImplicitChain",
@@ -62,6 +69,7 @@ __all__ = [
     "StarImplicitPrior",
     "StateSpacePosterior",
     "StateSpacePrior",
+    "StationaryStateSpacePrior",
     "implicit_log_ratio",
     "squared_distances",
 ]

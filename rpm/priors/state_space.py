@@ -52,7 +52,7 @@ from rpm.ops.kalman import (
 )
 from rpm.priors.sequence import SequencePrior
 
-__all__ = ["GaussianStateSpace", "StateSpacePosterior", "StateSpacePrior"]
+__all__ = ["GaussianStateSpace", "LinearGaussianPrior", "StateSpacePosterior", "StateSpacePrior"]
 
 
 def _matvec(matrix: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
@@ -94,6 +94,9 @@ class GaussianStateSpace(TorchDistribution):
     :param torch.Tensor observation_matrix: C, (..., D, H).
     :param torch.Tensor observation_scale_tril: Cholesky factor of R, (..., D, D).
     :param int duration: T, the number of views.
+    :param observation_offset: b, a constant added to every observation, :math:`z_t = C s_t +
+        b + v_t`, shape (..., D); None: 0 (the offset of the stationary prior,
+        :class:`~rpm.priors.StationaryStateSpacePrior`, whose states have mean 0).
     """
 
     arg_constraints = {
@@ -103,12 +106,14 @@ class GaussianStateSpace(TorchDistribution):
         "transition_scale_tril": constraints.lower_cholesky,
         "observation_matrix": constraints.independent(constraints.real, 2),
         "observation_scale_tril": constraints.lower_cholesky,
+        "observation_offset": constraints.real_vector,
     }
     support = constraints.independent(constraints.real, 2)
     has_rsample = True
 
     def __init__(self, init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
-                 observation_matrix, observation_scale_tril, duration: int, validate_args=None):
+                 observation_matrix, observation_scale_tril, duration: int,
+                 observation_offset: torch.Tensor | None = None, validate_args=None):
         check_positive_int("duration", duration)
         hidden_dim = init_loc.shape[-1]
         obs_dim = observation_matrix.shape[-2]
@@ -116,23 +121,31 @@ class GaussianStateSpace(TorchDistribution):
             raise ValueError(
                 f"observation_matrix must have shape (D, H) with H = {hidden_dim}, got "
                 f"{tuple(observation_matrix.shape)}")
+        if observation_offset is None:
+            observation_offset = observation_matrix.new_zeros(obs_dim)
+        if observation_offset.shape[-1:] != (obs_dim,):
+            raise ValueError(f"observation_offset must have shape (..., D) with D = {obs_dim}, "
+                             f"got {tuple(observation_offset.shape)}")
         batch_shape = torch.broadcast_shapes(
             init_loc.shape[:-1], init_scale_tril.shape[:-2], transition_matrix.shape[:-2],
             transition_scale_tril.shape[:-2], observation_matrix.shape[:-2],
-            observation_scale_tril.shape[:-2])
+            observation_scale_tril.shape[:-2], observation_offset.shape[:-1])
         self.init_loc = init_loc
         self.init_scale_tril = init_scale_tril
         self.transition_matrix = transition_matrix
         self.transition_scale_tril = transition_scale_tril
         self.observation_matrix = observation_matrix
         self.observation_scale_tril = observation_scale_tril
+        self.observation_offset = observation_offset
         self.duration = duration
         self.hidden_dim = hidden_dim
         super().__init__(batch_shape, torch.Size([duration, obs_dim]), validate_args=validate_args)
 
     @property
     def _params(self) -> dict:
-        return {name: getattr(self, name) for name in self.arg_constraints}
+        """The arguments of :func:`rpm.ops.kalman.kalman_filter` (all but the offset)."""
+        return {name: getattr(self, name) for name in self.arg_constraints
+                if name != "observation_offset"}
 
     def expand(self, batch_shape, _instance=None):
         # The parameters keep their own (smaller) batch shape: the covariance recursion of the
@@ -152,7 +165,7 @@ class GaussianStateSpace(TorchDistribution):
         """The Kalman filter of ``value`` (..., T, D): log-likelihood and filtered states."""
         params = dict(self._params,
                       observation_scale_tril=self.observation_scale_tril.unsqueeze(-3))
-        return kalman_filter(value, **params)
+        return kalman_filter(value - self.observation_offset.unsqueeze(-2), **params)
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         if self._validate_args:
@@ -167,9 +180,11 @@ class GaussianStateSpace(TorchDistribution):
     def forecast(self, value: torch.Tensor, steps: int = 1) -> KalmanForecast:
         r"""The predictive distributions of :math:`s_{T+j}` and :math:`z_{T+j}`, j = 1..steps,
         given :math:`z_{1:T}` = ``value`` (:func:`rpm.ops.kalman.kalman_forecast`)."""
-        return kalman_forecast(self.filter(value), self.transition_matrix,
-                               self.transition_scale_tril, self.observation_matrix,
-                               self.observation_scale_tril, steps)
+        forecast = kalman_forecast(self.filter(value), self.transition_matrix,
+                                   self.transition_scale_tril, self.observation_matrix,
+                                   self.observation_scale_tril, steps)
+        return forecast._replace(loc=forecast.loc + self.observation_offset.unsqueeze(-2).to(
+            forecast.loc.dtype))
 
     def rsample(self, sample_shape=torch.Size()) -> torch.Tensor:
         shape = torch.Size(sample_shape) + self.batch_shape
@@ -182,7 +197,7 @@ class GaussianStateSpace(TorchDistribution):
             if t > 0:
                 state = (_matvec(self.transition_matrix, state)
                          + _matvec(self.transition_scale_tril, noise_s[..., t, :]))
-            values.append(_matvec(self.observation_matrix, state)
+            values.append(_matvec(self.observation_matrix, state) + self.observation_offset
                           + _matvec(self.observation_scale_tril, noise_z[..., t, :]))
         return torch.stack(values, dim=-2)
 
@@ -259,7 +274,8 @@ class StateSpacePosterior(TorchDistribution):
         """The Kalman filter of the pseudo-observations under observation noise R + Sigma_t."""
         if self._filtered is None:
             params = dict(self.prior._params, observation_scale_tril=self._noise_scale)
-            self._filtered = kalman_filter(self.loc, **params)
+            offset = self.prior.observation_offset.unsqueeze(-2)
+            self._filtered = kalman_filter(self.loc - offset, **params)
         return self._filtered
 
     def expand(self, batch_shape, _instance=None):
@@ -277,7 +293,8 @@ class StateSpacePosterior(TorchDistribution):
                                  self.prior.transition_scale_tril, noise_s)  # (..., N, T, H)
         states, noise_z = states.to(torch.float64), noise_z.to(torch.float64)
         observation_matrix = self.prior.observation_matrix.to(torch.float64).unsqueeze(-3)
-        predicted = _matvec(observation_matrix, states)  # C s_t, (..., N, T, D)
+        offset = self.prior.observation_offset.to(torch.float64).unsqueeze(-2)
+        predicted = _matvec(observation_matrix, states) + offset  # C s_t + b, (..., N, T, D)
         # K (mu - C s) with K = K_bar L^{-1}
         white = torch.linalg.solve_triangular(
             self._noise_scale, (self.loc.to(torch.float64) - predicted).unsqueeze(-1),
@@ -321,7 +338,69 @@ def _cholesky_init(name: str, value, size: int) -> torch.Tensor:
     return torch.diag(value.expand(size).clone())
 
 
-class StateSpacePrior(SequencePrior):
+class LinearGaussianPrior(SequencePrior):
+    r"""Base class of the linear-Gaussian priors over T views: a chain of hidden states read out
+    linearly with Gaussian noise, :math:`P(z_{1:T})` = :class:`GaussianStateSpace`.
+
+    A subclass implements :meth:`distribution`; this class declares the site ``"z"`` from it
+    and gives the structured guide (:meth:`posterior`, :class:`StateSpacePosterior`), its
+    closed-form log-ratio, the smoother and forecasts. :class:`StateSpacePrior` (free
+    parameters) and :class:`~rpm.priors.StationaryStateSpacePrior` (stationary, scale-pinned)
+    are the two.
+    """
+
+    #: an explicit continuous density: Delta recognition needs noise (Appendix B).
+    accepts_delta_recognition = False
+
+    def distribution(self, duration: int) -> GaussianStateSpace:
+        r""":math:`P(z_{1:T})` for T = ``duration`` views, batch_shape (), event_shape (T, D)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement distribution(duration), returning the "
+            "GaussianStateSpace of its parameters")
+
+    def forward(self, q: TorchDistribution, marginal=None) -> torch.Tensor:
+        """Declares ``"z"`` ~ :class:`GaussianStateSpace` for the T views of the recognition
+        distributions ``q`` (batch_shape (N, T), event_shape (D,)); returns z, (N, T, D). The
+        marginals are not used (an explicit prior)."""
+        return pyro.sample("z", self.distribution(q.batch_shape[-1]))
+
+    def posterior(self, q: TorchDistribution) -> StateSpacePosterior:
+        r"""The structured guide :math:`Q(z_{1:T}) \propto P(z_{1:T}) \prod_t \mathcal{N}(\mu_t;
+        z_t, \operatorname{diag}\sigma_t^2)` for Gaussian recognition distributions
+        ``q = Normal(mu, sigma).to_event(1)`` with batch_shape (N, T), event_shape (D,)."""
+        loc, scale = sequence_components(q)
+        if scale is None:
+            raise ValueError(
+                "the structured guide conditions the prior on Gaussian pseudo-observations and "
+                "needs stochastic recognition; use GaussianRecognition or DeltaRecognition(net, "
+                "noise_scale=...) with a positive noise scale")
+        return StateSpacePosterior(self.distribution(loc.shape[-2]), loc, scale)
+
+    def posterior_log_ratio(self, z: torch.Tensor, q: TorchDistribution,
+                            posterior: TorchDistribution) -> torch.Tensor | None:
+        r"""Under the structured guide, :math:`\log P(z_{1:T}) + \sum_t \log
+        \mathcal{N}(z_t; \mu_t, \sigma_t^2) - \log Q(z_{1:T}) = \log P_{R+\Sigma}(\mu_{1:T})`
+        for every :math:`z_{1:T}`: the prior's log-density cancels against the posterior's
+        (:class:`StateSpacePosterior`), and the Gaussian factor is symmetric in z and
+        :math:`\mu`, leaving the Kalman likelihood of the recognition means under observation
+        noise :math:`R + \Sigma_t`, which the guide's filter already computed. Shape (N,); None
+        for a posterior that is not this prior's."""
+        if not isinstance(posterior, StateSpacePosterior):
+            return None
+        return posterior.filtered.log_prob.to(z.dtype).expand(z.shape[:-2])
+
+    def smooth(self, z: torch.Tensor) -> KalmanSmootherResult:
+        r"""The hidden states given the latents, :math:`P(s_t | z_{1:T})` (RTS smoother); ``z``
+        (N, T, D); returns loc (N, T, H) and scale_tril (N, T, H, H)."""
+        return self.distribution(z.shape[-2]).smooth(z)
+
+    def forecast(self, z: torch.Tensor, steps: int = 1) -> KalmanForecast:
+        r"""The next ``steps`` latents given :math:`z_{1:T}`: loc (N, steps, D) and the state
+        predictions (:func:`rpm.ops.kalman.kalman_forecast`)."""
+        return self.distribution(z.shape[-2]).forecast(z, steps)
+
+
+class StateSpacePrior(LinearGaussianPrior):
     r"""A learned linear-Gaussian state-space prior :math:`P(z_{1:T})` over T views.
 
     .. math::
@@ -347,9 +426,6 @@ class StateSpacePrior(SequencePrior):
     :param observation_noise: R starts at ``diag(observation_noise)**2`` (a number or D
         numbers).
     """
-
-    #: an explicit continuous density: Delta recognition needs noise (Appendix B).
-    accepts_delta_recognition = False
 
     def __init__(self, dim: int, state_dim: int | None = None, constant_velocity: bool | None = None,
                  init_loc=0.0, init_scale=1.0, process_noise=0.1, observation_noise=0.1):
@@ -395,44 +471,3 @@ class StateSpacePrior(SequencePrior):
         return GaussianStateSpace(self.init_loc, self.init_scale_tril, self.transition_matrix,
                                   self.transition_scale_tril, self.observation_matrix,
                                   self.observation_scale_tril, duration)
-
-    def forward(self, q: TorchDistribution, marginal=None) -> torch.Tensor:
-        """Declares ``"z"`` ~ :class:`GaussianStateSpace` for the T views of the recognition
-        distributions ``q`` (batch_shape (N, T), event_shape (D,)); returns z, (N, T, D). The
-        marginals are not used (an explicit prior)."""
-        return pyro.sample("z", self.distribution(q.batch_shape[-1]))
-
-    def posterior(self, q: TorchDistribution) -> StateSpacePosterior:
-        r"""The structured guide :math:`Q(z_{1:T}) \propto P(z_{1:T}) \prod_t \mathcal{N}(\mu_t;
-        z_t, \operatorname{diag}\sigma_t^2)` for Gaussian recognition distributions
-        ``q = Normal(mu, sigma).to_event(1)`` with batch_shape (N, T), event_shape (D,)."""
-        loc, scale = sequence_components(q)
-        if scale is None:
-            raise ValueError(
-                "the structured guide conditions the prior on Gaussian pseudo-observations and "
-                "needs stochastic recognition; use GaussianRecognition or DeltaRecognition(net, "
-                "noise_scale=...) with a positive noise scale")
-        return StateSpacePosterior(self.distribution(loc.shape[-2]), loc, scale)
-
-    def posterior_log_ratio(self, z: torch.Tensor, q: TorchDistribution,
-                            posterior: TorchDistribution) -> torch.Tensor | None:
-        r"""Under the structured guide, :math:`\log P(z_{1:T}) + \sum_t \log
-        \mathcal{N}(z_t; \mu_t, \sigma_t^2) - \log Q(z_{1:T}) = \log P_{R+\Sigma}(\mu_{1:T})`
-        for every :math:`z_{1:T}`: the prior's log-density cancels against the posterior's
-        (:class:`StateSpacePosterior`), and the Gaussian factor is symmetric in z and
-        :math:`\mu`, leaving the Kalman likelihood of the recognition means under observation
-        noise :math:`R + \Sigma_t`, which the guide's filter already computed. Shape (N,); None
-        for a posterior that is not this prior's."""
-        if not isinstance(posterior, StateSpacePosterior):
-            return None
-        return posterior.filtered.log_prob.to(z.dtype).expand(z.shape[:-2])
-
-    def smooth(self, z: torch.Tensor) -> KalmanSmootherResult:
-        r"""The hidden states given the latents, :math:`P(s_t | z_{1:T})` (RTS smoother); ``z``
-        (N, T, D); returns loc (N, T, H) and scale_tril (N, T, H, H)."""
-        return self.distribution(z.shape[-2]).smooth(z)
-
-    def forecast(self, z: torch.Tensor, steps: int = 1) -> KalmanForecast:
-        r"""The next ``steps`` latents given :math:`z_{1:T}`: loc (N, steps, D) and the state
-        predictions (:func:`rpm.ops.kalman.kalman_forecast`)."""
-        return self.distribution(z.shape[-2]).forecast(z, steps)
