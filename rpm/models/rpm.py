@@ -268,7 +268,9 @@ class RPM(RPMBase):
                     f"(for scalar frames, x.unsqueeze(-1))")
             if x.shape[1] < 2:
                 raise ValueError(f"an RPM needs J >= 2 views per instance (T >= 2 views per "
-                                 f"sequence), got x of shape {tuple(x.shape)} (T = {x.shape[1]})")
+                                 f"sequence), got x of shape {tuple(x.shape)} (T = {x.shape[1]}); "
+                                 f"to encode a batch of single frames (N, ...) call "
+                                 f"encode_frames(x)")
             return [f"x[:, {j}]" for j in range(x.shape[1])], list(x.unbind(1)), x
         raise TypeError(
             f"{type(self).__name__} takes two views (x, x2), a list of J views, or one tensor "
@@ -496,10 +498,30 @@ class RPM(RPMBase):
                                self.candidates(global_batch), block_size)
 
     @pyro_method
+    def encode_frames(self, x: torch.Tensor, group: int = 0) -> torch.Tensor:
+        r"""The recognition means :math:`\mathbb{E}_{Q(z|x_n)}[z]` of a batch of single frames
+        ``x`` (N, ...), shape (N, D), whatever the prior: unlike :meth:`encode`, one tensor is
+        never read as stacked views (N, J, ...), so this is the call for images under a prior
+        over J views.
+
+        :param torch.Tensor x: N frames, each as one view takes it.
+        :param int group: which recognition model encodes them (the index in ``groups``, 0
+            for the first or only one).
+        """
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"encode_frames takes one tensor of frames (N, ...), got "
+                            f"{type(x).__name__}; for views use encode(...)")
+        modules = self.modules_list
+        if not 0 <= group < len(modules):
+            raise ValueError(f"group must be in [0, {len(modules)}) for this model's "
+                             f"{len(modules)} recognition model(s), got {group}")
+        return modules[group](x).mean
+
     def encode(self, *args) -> torch.Tensor:
         """The learned representation: for one tensor x (N, ...) the recognition mean of the
-        first view's model, shape (N, D); for the views of a batch (as :meth:`model` takes
-        them) the means of every view, shape (N, J, D)."""
+        first view's model, shape (N, D) (under a prior over J views, where one tensor is read
+        as stacked views (N, J, ...), use :meth:`encode_frames`); for the views of a batch (as
+        :meth:`model` takes them) the means of every view, shape (N, J, D)."""
         if len(args) == 1 and isinstance(args[0], torch.Tensor) and not hook(
                 self.prior, "joint_views"):
             return self.modules_list[0](args[0]).mean

@@ -261,3 +261,26 @@ def test_a_prior_without_to_event_names_the_fix():
             elbo.loss(model.model, model.guide, x, x)
         # one line from rpm (Pyro's Trace_ELBO appends the trace's shapes below it)
         assert ".to_event(1)" in str(info.value).splitlines()[0]
+
+
+def test_encode_frames_reads_one_tensor_as_frames_under_a_j_view_prior():
+    """Under a prior over J views one tensor is stacked views (N, J, ...); encode_frames reads a
+    batch of images (N, 1, 8, 8) as N frames and returns each frame's recognition mean, which
+    equals the network applied frame by frame."""
+    from rpm.priors import CosineEnergy, StarImplicitPrior
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 8))
+    model = rpm.RPM(rpm.DeltaRecognition(net), StarImplicitPrior(CosineEnergy(2.0)))
+    images = torch.randn(5, 1, 8, 8)
+    with pytest.raises(ValueError, match="encode_frames"):
+        model.encode(images)
+    means = model.encode_frames(images)
+    expected = torch.stack([net(images[n:n + 1])[0] for n in range(5)])
+    assert means.shape == (5, 8)
+    torch.testing.assert_close(means, expected, rtol=0, atol=1e-6)
+    views = model.encode([images, images.flip(-1), images])
+    torch.testing.assert_close(views[:, 0], means, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="group must be in"):
+        model.encode_frames(images, group=1)
+    with pytest.raises(TypeError, match="encode_frames takes one tensor"):
+        model.encode_frames([images])
