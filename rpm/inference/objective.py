@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from pyro.distributions import Delta, TorchDistribution
+from pyro.distributions import Delta, Independent, TorchDistribution
 
 from rpm._validation import check_bool, check_positive_int
 from rpm.marginals.candidates import Candidates
@@ -70,7 +70,7 @@ def elbo(inputs: ObjectiveInputs, num_particles: int = 1,
     joint = hook(inputs.prior, "joint_views")
     total = 0.0
     for _ in range(num_particles):
-        latents = tuple(guide.rsample() for guide in inputs.guides)
+        latents = tuple(_rsample(guide) for guide in inputs.guides)
         if joint:
             (z,) = latents  # (N, J, D): the guide's site "z"
             q, marginal = inputs.recognitions
@@ -91,6 +91,14 @@ def elbo(inputs: ObjectiveInputs, num_particles: int = 1,
             return value
         total = total + value
     return total / num_particles
+
+
+def _rsample(guide: TorchDistribution) -> torch.Tensor:
+    """``guide.rsample()``; for a ``Delta`` (deterministic encoders), also as the independent
+    views of the joint form, its point itself, which is what ``Delta.rsample()`` returns as a
+    view (``v.expand(v.shape)``) at the cost of an autograd node per view and step."""
+    base = guide.base_dist if type(guide) is Independent else guide
+    return base.v if type(base) is Delta else guide.rsample()
 
 
 def _delta(latent: torch.Tensor) -> TorchDistribution:

@@ -112,7 +112,7 @@ def check_implicit_log_ratio(
     if maxima.dtype != ratio.dtype:
         maxima = maxima.to(ratio.dtype)
     total, smallest, largest = torch.stack(
-        [ratio.detach().sum(), maxima.amin(), maxima.amax()]).tolist()
+        [ratio.detach().sum(), *torch.aminmax(maxima)]).tolist()
     dtype, num_pairs, dim = ratio.dtype, ratio.numel(), unique[0].shape[-1]
     if math.isfinite(total) and math.isfinite(largest):
         low, high = _window(dtype)
