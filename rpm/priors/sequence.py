@@ -269,13 +269,13 @@ class MarkovImplicitPrior(SequencePrior):
         ``forward`` is pairwise, so the other blocks are simply not used). One kernel instead of
         T - 1 costs (T - 1) times the entries and wins while launching kernels dominates."""
         num, steps, dim = z.shape[0], z.shape[1] - 1, z.shape[2]
-        anchors = z[:, :-1].transpose(0, 1).reshape(steps * num, dim)     # step-major rows
-        partners = z[:, 1:].transpose(0, 1).reshape(steps * num, dim)
+        frames = z.transpose(0, 1).reshape((steps + 1) * num, dim)       # step-major rows
+        anchors, partners = frames[:-num], frames[num:]                   # views 1..T-1, 2..T
         full = self.energy(anchors, partners).reshape(steps, num, steps, num)
         blocks = full.diagonal(dim1=0, dim2=2).permute(2, 0, 1)          # (T - 1, N, N)
         terms = diagonal_log_softmax(blocks, math.log(num))                 # (T - 1, N)
         ratio = terms.sum(0)
-        check_implicit_log_ratio(type(self).__name__, self.energy, [anchors, partners], ratio)
+        check_implicit_log_ratio(type(self).__name__, self.energy, [frames], ratio)
         return ratio
 
 
