@@ -53,6 +53,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "rpm.experiments.bouncing_balls.command",
     "rpm.experiments.digits.command",
     "rpm.experiments.identifiability.command",
+    "rpm.experiments.lds.command",
 )
 
 EXIT_FAILURE = 1  # the run failed (non-finite loss)
