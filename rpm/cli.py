@@ -54,6 +54,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "rpm.experiments.digits.command",
     "rpm.experiments.identifiability.command",
     "rpm.experiments.lds.command",
+    "rpm.experiments.pendulum.command",
 )
 
 EXIT_FAILURE = 1  # the run failed (non-finite loss)

@@ -1,0 +1,197 @@
+r"""Videos of a swinging pendulum, optionally over moving textured backgrounds (``rpm pendulum``;
+the pendulum tasks of RP-GSSM, Hromadka et al. 2025, generated here instead of loaded).
+
+**Dynamics.** The angle :math:`\theta` from the downward vertical and the angular velocity
+:math:`\omega` follow the frictionless pendulum
+
+.. math::
+
+    \dot\theta = \omega, \qquad \dot\omega = -\frac{g}{l} \sin\theta,
+
+integrated by the classical fourth-order Runge-Kutta method with ``substeps`` steps per frame
+interval ``dt`` (float64). With :math:`g/l = 9.81\,\mathrm{s}^{-2}` and ``dt`` = 0.1 s a small
+swing takes about 20 frames. Each sequence starts at :math:`\theta_0 \sim \mathcal{U}(-\pi,
+\pi)` and :math:`\omega_0 \sim \mathcal{U}(-2, 2)`: most swing, the most energetic go over the
+top. The state read out by the experiment is :math:`(\sin\theta, \cos\theta, \omega)`.
+
+**Frames** (S x S pixels, one channel, S = ``image_size``): a rod from the pivot at the centre
+to a bob at distance :math:`l_\mathrm{px}` = 0.36 S, direction :math:`(\sin\theta, \cos\theta)`
+in (column, row) coordinates (the row axis points down), drawn with anti-aliased edges: a pixel
+at distance d from the bob's centre (radius 0.11 S) or from the rod (half-width 0.04 S) has
+intensity :math:`\operatorname{clip}(r + 1/2 - d, 0, 1)`, the larger of the two. Every pixel
+then gets independent Gaussian noise of standard deviation ``noise`` (0.05), not clipped.
+
+**Distractors** (``distractors=True``): a procedurally generated background behind the
+pendulum, moving independently of it. Each sequence gets ``num_gratings`` sinusoidal gratings
+(random orientation, spatial period between 4 and 12 pixels, phase drifting by a random speed
+per frame) and ``num_blobs`` Gaussian blobs (random width, moving in straight lines with
+random velocities and wrapping around the frame); their sum is scaled to [0, 0.8]. The pendulum
+is composited over it, :math:`x = a + (1 - a)\, b` with a the pendulum's intensity and b the
+background: the pendulum stays the brightest thing in the frame where it is, but the
+background's edges, textures and motion are everywhere else.
+
+References:
+    M. Hromadka et al., "Recognition-parametrised Gaussian state-space models" (RP-GSSM), 2025.
+    P. Becker, H. Pandya, G. Gebhardt et al., "Recurrent Kalman networks", ICML 2019 (the
+    pendulum image task).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from rpm._validation import check_int, check_positive, check_positive_int
+
+__all__ = ["PendulumVideos", "pendulum_background", "render_pendulum", "simulate_pendulum",
+           "generate_pendulum"]
+
+#: :math:`g / l` in s^-2.
+GRAVITY_OVER_LENGTH = 9.81
+
+
+class PendulumVideos(NamedTuple):
+    r"""Pendulum videos and their states.
+
+    :ivar torch.Tensor frames: (N, T, 1, S, S).
+    :ivar torch.Tensor angle: :math:`\theta_t`, (N, T), float64.
+    :ivar torch.Tensor velocity: :math:`\omega_t`, (N, T), float64.
+    """
+
+    frames: torch.Tensor
+    angle: torch.Tensor
+    velocity: torch.Tensor
+
+    @property
+    def states(self) -> torch.Tensor:
+        r""":math:`(\sin\theta_t, \cos\theta_t, \omega_t)`, (N, T, 3), float64."""
+        return torch.stack([self.angle.sin(), self.angle.cos(), self.velocity], dim=-1)
+
+
+def simulate_pendulum(angle: torch.Tensor, velocity: torch.Tensor, num_steps: int,
+                      dt: float = 0.1, substeps: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Integrates :math:`\dot\theta = \omega`, :math:`\dot\omega = -(g/l) \sin\theta` by RK4.
+
+    :param torch.Tensor angle: :math:`\theta_0`, (N,).
+    :param torch.Tensor velocity: :math:`\omega_0`, (N,).
+    :param int num_steps: T, frames including the first.
+    :param float dt: seconds between frames.
+    :param int substeps: RK4 steps per frame interval.
+    :return: :math:`\theta`, :math:`\omega`, each (N, T), float64.
+    """
+    check_positive_int("num_steps", num_steps)
+    check_positive("dt", dt)
+    check_positive_int("substeps", substeps)
+    h = dt / substeps
+
+    def rate(theta, omega):
+        return omega, -GRAVITY_OVER_LENGTH * torch.sin(theta)
+
+    theta, omega = angle.to(torch.float64), velocity.to(torch.float64)
+    angles, velocities = [theta], [omega]
+    for _ in range(num_steps - 1):
+        for _ in range(substeps):
+            k1 = rate(theta, omega)
+            k2 = rate(theta + h / 2 * k1[0], omega + h / 2 * k1[1])
+            k3 = rate(theta + h / 2 * k2[0], omega + h / 2 * k2[1])
+            k4 = rate(theta + h * k3[0], omega + h * k3[1])
+            theta = theta + h / 6 * (k1[0] + 2 * k2[0] + 2 * k3[0] + k4[0])
+            omega = omega + h / 6 * (k1[1] + 2 * k2[1] + 2 * k3[1] + k4[1])
+        angles.append(theta)
+        velocities.append(omega)
+    return torch.stack(angles, -1), torch.stack(velocities, -1)
+
+
+def _pixel_centres(image_size: int, dtype: torch.dtype = torch.float64
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    centres = torch.arange(image_size, dtype=dtype) + 0.5
+    return centres[None, :], centres[:, None]  # column (1, S), row (S, 1)
+
+
+def render_pendulum(angle: torch.Tensor, image_size: int = 28) -> torch.Tensor:
+    r"""The pendulum's intensity :math:`a \in [0, 1]` at every pixel (module docstring).
+
+    :param torch.Tensor angle: :math:`\theta`, any shape B.
+    :param int image_size: S.
+    :return: (*B, S, S), float32 (sub-pixel geometry needs no more).
+    """
+    check_positive_int("image_size", image_size)
+    column, row = _pixel_centres(image_size, torch.float32)
+    pivot = image_size / 2
+    length, bob, half_width = 0.36 * image_size, 0.11 * image_size, 0.04 * image_size
+    theta = angle.to(torch.float32)[..., None, None]
+    ux, uy = theta.sin(), theta.cos()  # rod direction in (column, row)
+    dx, dy = column - pivot, row - pivot
+    along = (dx * ux + dy * uy).clamp(0.0, length)  # projection onto the rod, clipped
+    rod = torch.hypot(dx - along * ux, dy - along * uy)
+    ball = torch.hypot(dx - length * ux, dy - length * uy)
+    intensity = torch.maximum((half_width + 0.5 - rod).clamp(0, 1), (bob + 0.5 - ball).clamp(0, 1))
+    return intensity
+
+
+def pendulum_background(num_sequences: int, num_steps: int, image_size: int,
+                        generator: torch.Generator, num_gratings: int = 3,
+                        num_blobs: int = 3) -> torch.Tensor:
+    """Moving procedural textures (module docstring), in [0, 0.8].
+
+    :return: (N, T, S, S), float32.
+    """
+    column, row = _pixel_centres(image_size, torch.float32)
+    steps = torch.arange(num_steps, dtype=torch.float32)[:, None, None]  # (T, 1, 1)
+
+    def uniform(low, high, *shape):
+        return low + (high - low) * torch.rand(*shape, generator=generator, dtype=torch.float64
+                                               ).to(torch.float32)
+
+    backgrounds = []
+    for _ in range(num_sequences):
+        image = torch.zeros(num_steps, image_size, image_size)
+        for _ in range(num_gratings):
+            direction = uniform(0, math.pi, 1)
+            frequency = 2 * math.pi / uniform(4.0, 12.0, 1)
+            phase = uniform(0, 2 * math.pi, 1) + uniform(-0.8, 0.8, 1) * steps
+            image += uniform(0.3, 1.0, 1) * torch.sin(
+                frequency * (column * direction.cos() + row * direction.sin()) + phase)
+        for _ in range(num_blobs):
+            start, speed = uniform(0, image_size, 2), uniform(-1.5, 1.5, 2)
+            width = uniform(1.5, 4.0, 1)
+            centre = (start + speed * steps[:, :, 0]) % image_size  # (T, 2)
+            gap_x = (column - centre[:, None, :1] + image_size / 2) % image_size - image_size / 2
+            gap_y = (row - centre[:, None, 1:] + image_size / 2) % image_size - image_size / 2
+            image += 2.0 * torch.exp(-(gap_x ** 2 + gap_y ** 2) / (2 * width ** 2))
+        low = image.amin(dim=(-1, -2), keepdim=True).amin(0, keepdim=True)
+        high = image.amax(dim=(-1, -2), keepdim=True).amax(0, keepdim=True)
+        backgrounds.append(0.8 * (image - low) / (high - low))
+    return torch.stack(backgrounds)
+
+
+def generate_pendulum(num_sequences: int, num_steps: int = 100, image_size: int = 28,
+                      noise: float = 0.05, distractors: bool = False, dt: float = 0.1,
+                      seed: int = 0, dtype: torch.dtype = torch.float32) -> PendulumVideos:
+    """``num_sequences`` pendulum videos (module docstring), reproducible from ``seed``.
+
+    :param int num_sequences: N.
+    :param int num_steps: T, frames per video.
+    :param int image_size: S.
+    :param float noise: standard deviation of the pixel noise, >= 0.
+    :param bool distractors: draw the pendulum over moving textured backgrounds.
+    :param float dt: seconds between frames.
+    :param int seed: the seed of the initial states, backgrounds and noise.
+    :param torch.dtype dtype: of the frames (computed in float32).
+    """
+    check_positive_int("num_sequences", num_sequences)
+    check_int("image_size", image_size, minimum=8)
+    if not 0.0 <= noise < float("inf"):
+        raise ValueError(f"noise must be a finite standard deviation >= 0, got {noise!r}")
+    generator = torch.Generator().manual_seed(seed)
+    angle0 = (2 * torch.rand(num_sequences, generator=generator, dtype=torch.float64) - 1) * math.pi
+    velocity0 = (2 * torch.rand(num_sequences, generator=generator, dtype=torch.float64) - 1) * 2.0
+    angle, velocity = simulate_pendulum(angle0, velocity0, num_steps, dt)
+    frames = render_pendulum(angle, image_size)  # (N, T, S, S)
+    if distractors:
+        background = pendulum_background(num_sequences, num_steps, image_size, generator)
+        frames = frames + (1 - frames) * background
+    frames = frames + noise * torch.randn(frames.shape, generator=generator)
+    return PendulumVideos(frames.unsqueeze(2).to(dtype), angle, velocity)
