@@ -21,14 +21,18 @@ at distance d from the bob's centre (radius 0.11 S) or from the rod (half-width 
 intensity :math:`\operatorname{clip}(r + 1/2 - d, 0, 1)`, the larger of the two. Every pixel
 then gets independent Gaussian noise of standard deviation ``noise`` (0.05), not clipped.
 
-**Distractors** (``distractors=True``): a procedurally generated background behind the
-pendulum, moving independently of it. Each sequence gets ``num_gratings`` sinusoidal gratings
-(random orientation, spatial period between 4 and 12 pixels, phase drifting by a random speed
-per frame) and ``num_blobs`` Gaussian blobs (random width, moving in straight lines with
-random velocities and wrapping around the frame); their sum is scaled to [0, 0.8]. The pendulum
-is composited over it, :math:`x = a + (1 - a)\, b` with a the pendulum's intensity and b the
-background: the pendulum stays the brightest thing in the frame where it is, but the
-background's edges, textures and motion are everywhere else.
+**Distractors** (``distractors=True``): a procedurally generated textured background behind
+the pendulum that changes at every frame. Each frame gets ``num_gratings`` sinusoidal gratings
+(random orientation, spatial period between 4 and 12 pixels, random phase) and ``num_blobs``
+Gaussian blobs (random width and position, wrapping around the frame), drawn afresh; their sum
+is scaled to [0, 0.8]. The pendulum is composited over it, :math:`x = a + (1 - a)\, b` with a
+the pendulum's intensity and b the background: the pendulum stays the brightest thing where it
+is, but edges, stripes and blobs as strong as its own are everywhere else, and they move
+between frames. They are drawn independently at every frame on purpose: a background that
+moved predictably (a drifting grating is a rotation of its phase, a constant texture a
+constant) would be a second dynamical system in the video, which a temporal objective (the
+RPM's as RP-GSSM's) is entitled to model; these distractors are clutter that says nothing
+about the next frame.
 
 References:
     M. Hromadka et al., "Recognition-parametrised Gaussian state-space models" (RP-GSSM), 2025.
@@ -134,37 +138,32 @@ def render_pendulum(angle: torch.Tensor, image_size: int = 28) -> torch.Tensor:
 def pendulum_background(num_sequences: int, num_steps: int, image_size: int,
                         generator: torch.Generator, num_gratings: int = 3,
                         num_blobs: int = 3) -> torch.Tensor:
-    """Moving procedural textures (module docstring), in [0, 0.8].
+    """Procedural textures drawn afresh at every frame (module docstring), in [0, 0.8].
 
     :return: (N, T, S, S), float32.
     """
     column, row = _pixel_centres(image_size, torch.float32)
-    steps = torch.arange(num_steps, dtype=torch.float32)[:, None, None]  # (T, 1, 1)
+    shape = (num_sequences, num_steps, 1, 1)
 
-    def uniform(low, high, *shape):
+    def uniform(low, high):
         return low + (high - low) * torch.rand(*shape, generator=generator, dtype=torch.float64
                                                ).to(torch.float32)
 
-    backgrounds = []
-    for _ in range(num_sequences):
-        image = torch.zeros(num_steps, image_size, image_size)
-        for _ in range(num_gratings):
-            direction = uniform(0, math.pi, 1)
-            frequency = 2 * math.pi / uniform(4.0, 12.0, 1)
-            phase = uniform(0, 2 * math.pi, 1) + uniform(-0.8, 0.8, 1) * steps
-            image += uniform(0.3, 1.0, 1) * torch.sin(
-                frequency * (column * direction.cos() + row * direction.sin()) + phase)
-        for _ in range(num_blobs):
-            start, speed = uniform(0, image_size, 2), uniform(-1.5, 1.5, 2)
-            width = uniform(1.5, 4.0, 1)
-            centre = (start + speed * steps[:, :, 0]) % image_size  # (T, 2)
-            gap_x = (column - centre[:, None, :1] + image_size / 2) % image_size - image_size / 2
-            gap_y = (row - centre[:, None, 1:] + image_size / 2) % image_size - image_size / 2
-            image += 2.0 * torch.exp(-(gap_x ** 2 + gap_y ** 2) / (2 * width ** 2))
-        low = image.amin(dim=(-1, -2), keepdim=True).amin(0, keepdim=True)
-        high = image.amax(dim=(-1, -2), keepdim=True).amax(0, keepdim=True)
-        backgrounds.append(0.8 * (image - low) / (high - low))
-    return torch.stack(backgrounds)
+    image = torch.zeros(num_sequences, num_steps, image_size, image_size)
+    for _ in range(num_gratings):
+        direction = uniform(0, math.pi)
+        frequency = 2 * math.pi / uniform(4.0, 12.0)
+        image += uniform(0.3, 1.0) * torch.sin(
+            frequency * (column * direction.cos() + row * direction.sin()) + uniform(0, 2 * math.pi))
+    half = image_size / 2
+    for _ in range(num_blobs):
+        x, y, width = uniform(0, image_size), uniform(0, image_size), uniform(1.5, 4.0)
+        gap_x = (column - x + half) % image_size - half
+        gap_y = (row - y + half) % image_size - half
+        image += 2.0 * torch.exp(-(gap_x ** 2 + gap_y ** 2) / (2 * width ** 2))
+    low = image.amin(dim=(-1, -2), keepdim=True)
+    high = image.amax(dim=(-1, -2), keepdim=True)
+    return 0.8 * (image - low) / (high - low)
 
 
 def generate_pendulum(num_sequences: int, num_steps: int = 100, image_size: int = 28,
