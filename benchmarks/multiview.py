@@ -121,7 +121,8 @@ def main(args: argparse.Namespace) -> None:
             print(f"  {name:>20}: {1e3 * seconds:8.2f} ms   {seconds / r['pair']:5.2f}x the pair step")
 
 
-if __name__ == "__main__":
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``argv``: a list for tests, None for ``sys.argv``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, nargs="+", default=[64, 512])
     parser.add_argument("--views", type=int, default=4)
@@ -133,4 +134,8 @@ if __name__ == "__main__":
                         help="this process's CPU time (for a shared CPU) or wall time")
     parser.add_argument("--validation", action=argparse.BooleanOptionalAction, default=False,
                         help="Pyro's validation (off: as in training)")
-    main(parser.parse_args())
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    main(parse_args())

@@ -171,7 +171,8 @@ def main(args: argparse.Namespace) -> None:
               + " ".join(f"{r[n] / r['bare']:>16.2f}" for n in names))
 
 
-if __name__ == "__main__":
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``argv``: a list for tests, None for ``sys.argv``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 6144])
     parser.add_argument("--dim", type=int, default=10)
@@ -187,4 +188,8 @@ if __name__ == "__main__":
                         help="print the K functions with the most own time of each RPM step")
     parser.add_argument("--svi-floor", action="store_true",
                         help="also time the bare loss as an SVI loss with pyro.optim.Adam")
-    main(parser.parse_args())
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    main(parse_args())

@@ -1,0 +1,49 @@
+"""The step benchmarks (benchmarks/step_overhead.py, multiview.py, dense_infonce.py) run at toy
+size and print a row per size with the baseline's ratio; their numbers live in
+benchmarks/README.md."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def restore_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_step_overhead_runs(capsys, restore_threads):
+    bench = load("step_overhead")
+    bench.main(bench.parse_args(["--hidden", "8", "--batch-sizes", "4", "--warmup", "1",
+                                 "--repeats", "1", "--threads", "1", "--clock", "cpu",
+                                 "--svi-floor", "--device", "cpu"]))
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[-1].split()[0] == "4" and len(rows[-1].split()) == 1 + 1 + 3 + 3
+
+
+def test_multiview_runs(capsys, restore_threads):
+    bench = load("multiview")
+    bench.main(bench.parse_args(["--pairs", "8", "--warmup", "1", "--repeats", "1"]))
+    out = capsys.readouterr().out
+    assert "J=4 per_view" in out and "J=4 concat" in out and "structured" in out
+    assert "1.00x the pair step" in out
+
+
+def test_dense_infonce_runs_and_agrees(capsys, restore_threads):
+    bench = load("dense_infonce")
+    bench.main(bench.parse_args(["--sizes", "4", "--spreads", "1", "500", "--repeats", "1"]))
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert [row.split()[:2] for row in rows] == [["4", "1"], ["4", "500"]]
