@@ -134,6 +134,12 @@ class RPM(RPMBase):
     Pyro does not copy a loaded param store back into a module's ``nn.Parameter`` s (see the
     README's section on parameters).
 
+    **Checks.** The views, the recognition models' outputs and the prior's requirements are
+    checked (under ``pyro.enable_validation`` also for finite values) on the first batch of
+    each signature: the shapes, dtypes and devices of the views and the model's modules; later
+    batches of a signature that passed skip them, and :class:`~rpm.RPMELBO` evaluates a step
+    whose ELBO is not finite again with every check (:mod:`rpm.models.checked_batches`).
+
     **Candidates.** ``queue``, a :class:`~rpm.marginals.candidates.LatentQueue`, adds K latents
     of earlier batches to the implicit prior's normaliser (MoCo); it is a submodule, so
     ``state_dict()`` carries it. Push into it after each step (``queue.push(...)``).
