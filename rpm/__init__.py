@@ -19,6 +19,7 @@ _LAZY = {
     "MixtureMarginal": "rpm.marginals",
     "RPM": "rpm.models",
     "RPMELBO": "rpm.inference",
+    "ScaleFloorWarning": "rpm.models",
     "SequenceRPM": "rpm.models",
     "info_nce": "rpm.inference",
 }
@@ -31,6 +32,7 @@ __all__ = [
     "MixtureMarginal",
     "RPM",
     "RPMELBO",
+    "ScaleFloorWarning",
     "SequenceRPM",
     "info_nce",
     "marginals",
@@ -57,4 +59,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs
     from rpm import marginals, priors
     from rpm.inference import RPMELBO, info_nce
     from rpm.marginals import MixtureMarginal
-    from rpm.models import RPM, DeltaRecognition, GaussianRecognition, SequenceRPM
+    from rpm.models import RPM, DeltaRecognition, GaussianRecognition, ScaleFloorWarning, SequenceRPM

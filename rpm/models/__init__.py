@@ -2,7 +2,7 @@
 
 from rpm.models.base import RPMBase
 from rpm.models.mlp import MLPEncoder
-from rpm.models.recognition import DeltaRecognition, GaussianRecognition
+from rpm.models.recognition import DeltaRecognition, GaussianRecognition, ScaleFloorWarning
 from rpm.models.rpm import RPM
 from rpm.models.sequence import SequenceRPM
 
@@ -12,5 +12,6 @@ __all__ = [
     "MLPEncoder",
     "RPM",
     "RPMBase",
+    "ScaleFloorWarning",
     "SequenceRPM",
 ]

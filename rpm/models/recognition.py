@@ -16,6 +16,12 @@ sees and optimises its parameters, and a
 ``torch.optim`` loop finds them in ``rpm.parameters()``. One recognition model may serve
 several RPMs (its network is then registered under the name of the model that adopted the
 recognition model last).
+
+A Gaussian encoder trained under an implicit prior has no reason to keep any noise: the
+recognition entropy cancels from the ELBO and the information the latents share can only fall
+as the noise grows (``docs/theory.md#stochastic-encoders``), so a learned scale falls to the
+smallest value the network can output. Given that floor (``min_scale``),
+:class:`GaussianRecognition` says so with a :class:`ScaleFloorWarning`, once per model.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from rpm.models.checked_batches import checks_skipped
 from rpm.nn import NamedModule
 from rpm.ops.finite import all_finite
 
-__all__ = ["DeltaRecognition", "GaussianRecognition"]
+__all__ = ["DeltaRecognition", "GaussianRecognition", "ScaleFloorWarning"]
 
 
 def _network(module: NamedModule) -> torch.nn.Module:
@@ -117,8 +123,34 @@ def _check_finite(name: str, tensor: torch.Tensor) -> None:
         )
 
 
+class ScaleFloorWarning(UserWarning):
+    r"""A learned scale of a :class:`GaussianRecognition` sits at its floor.
+
+    Issued (once per recognition model) when, in a training call, at least half of the
+    standard deviations :math:`\sigma_d(x_n)` of the batch are within 10% of the floor
+    :math:`\sigma_\text{min}` that the network cannot go below: the encoder has become
+    deterministic up to the floor, and its scale carries no information. Under an implicit
+    prior this is the optimum, not a bug (``docs/theory.md#stochastic-encoders``): use
+    :class:`DeltaRecognition`, or an explicit prior if the scale should mean something.
+    Silence it with ``warnings.filterwarnings("ignore", category=rpm.models.ScaleFloorWarning)``.
+    """
+
+
+def _scale_at_floor(scale: torch.Tensor, floor: float) -> bool:
+    """True when at least half of the entries of ``scale`` are at most 1.1 times ``floor``."""
+    return bool((scale.detach() <= 1.1 * floor).float().mean() >= 0.5)
+
+
 class GaussianRecognition(NamedModule):
     r"""Diagonal Gaussian recognition :math:`Q(z|x) = \mathcal{N}(\mu(x), \mathrm{diag}\,\sigma(x)^2)`.
+
+    **The floor check.** With ``min_scale`` :math:`\sigma_\text{min} > 0`, the smallest
+    standard deviation the network can return (the ``1e-3`` of ``softplus(raw) + 1e-3``), every
+    :attr:`floor_check_every`-th call in training (gradients enabled, the network in train
+    mode) checks whether at least half of the batch's scales satisfy
+    :math:`\sigma_d(x_n) \le 1.1\,\sigma_\text{min}` and, the first time they do, issues a
+    :class:`ScaleFloorWarning` (one check reads one number back from the device). Under the
+    implicit priors the scale goes to its floor (``docs/theory.md#stochastic-encoders``).
 
     :param torch.nn.Module net: maps a batch x (N, ...) to ``(loc, scale)``, each of shape
         (N, D), scale positive (e.g. through ``softplus``).
@@ -126,12 +158,44 @@ class GaussianRecognition(NamedModule):
         but each synchronises with the device); ``None`` follows
         :func:`pyro.enable_validation` (on by default), where an RPM checks the first batch
         of each shape (:mod:`rpm.models.checked_batches`).
+    :param min_scale: :math:`\sigma_\text{min} > 0`, the floor of the network's scale, or
+        None (no floor check).
     """
 
-    def __init__(self, net: torch.nn.Module, validate: bool | None = None):
+    #: Calls in training between two floor checks (the first check is on the first call).
+    floor_check_every: int = 100
+    #: Whether this model has issued its :class:`ScaleFloorWarning` (set by the floor check).
+    floor_warned: bool
+
+    def __init__(self, net: torch.nn.Module, validate: bool | None = None,
+                 min_scale: float | None = None):
         super().__init__()
+        if min_scale is not None:
+            if isinstance(min_scale, bool) or not isinstance(min_scale, (int, float)) or not (
+                    0.0 < float(min_scale) < float("inf")):
+                raise ValueError(f"min_scale must be a finite number > 0 (the smallest scale the "
+                                 f"network returns, e.g. 1e-3) or None, got {min_scale!r}")
+            min_scale = float(min_scale)
         self.net = _check_network(net)
         self.validate = validate
+        self.min_scale = min_scale
+        self._training_calls = 0
+        self.floor_warned = False
+
+    def _check_floor(self, scale: torch.Tensor) -> None:
+        """The floor check of the class docstring."""
+        if self.floor_warned or not (torch.is_grad_enabled() and self._modules["net"].training):
+            return
+        calls, self._training_calls = self._training_calls, self._training_calls + 1
+        if calls % self.floor_check_every or not _scale_at_floor(scale, self.min_scale):
+            return
+        self.floor_warned = True
+        warnings.warn(
+            f"GaussianRecognition: at least half of the learned scales are at their floor "
+            f"min_scale={self.min_scale:g} (the encoder is deterministic up to the floor); under an "
+            "implicit prior that is the optimum (docs/theory.md#stochastic-encoders): use "
+            "DeltaRecognition, or an explicit prior for a scale that carries information",
+            ScaleFloorWarning, stacklevel=2)
 
     def forward(self, x: torch.Tensor) -> TorchDistribution:
         """Returns ``Normal(loc, scale).to_event(1)`` with batch_shape (N,), event_shape (D,)."""
@@ -158,6 +222,8 @@ class GaussianRecognition(NamedModule):
                     "the recognition network returned a non-positive scale; map it through "
                     "softplus or exp (plus a small floor) to keep it positive"
                 )
+        if self.min_scale is not None:
+            self._check_floor(scale)
         return Normal(loc, scale).to_event(1)
 
 
