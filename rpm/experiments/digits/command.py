@@ -2,14 +2,18 @@ r"""``rpm digits``: self-supervised learning on real images, the 8x8 digits that
 ships, evaluated by how few labels a classifier on the learned representation needs.
 
 Data: :func:`rpm.data.digits.load_digits_split` (1797 images, nothing downloaded; a fixed
-stratified split, 1347 training and 450 test images). Two augmented views of every image of a
-minibatch (:mod:`rpm.data.augment`: a small random affine map and pixel noise, no flips) are
-the pairs; a small CNN with a projection head (:mod:`rpm.experiments.digits.model`) is trained
-without labels by each method: the RPMs with the cross-view InfoNCE prior (``infonce``), the
-pooled NT-Xent prior (``ntxent``), the RBF energy (``rbf``) and a Gaussian encoder
-(``gaussian``), and NT-Xent written in plain torch (``torch_ntxent``, the same objective as
-``ntxent``, from the same initialisation on the same batches). The baselines are the raw
-pixels and the untrained encoder.
+stratified split, 1347 training and 450 test images). Augmented views of every image of a
+minibatch (:mod:`rpm.data.augment`: a small random affine map and pixel noise, no flips; two,
+four, or two and four local crops) are the views; a small CNN with a projection head
+(:mod:`rpm.experiments.digits.model`) is trained without labels by each method: the RPMs with
+the cross-view InfoNCE prior (``infonce``), the pooled NT-Xent prior (``ntxent``), the RBF energy
+(``rbf``), a Gaussian encoder (``gaussian``), the star and mixture-of-partners priors over J = 4
+views (``star4``, ``mixture4``), the star prior over 2 global views and 4 local crops with the
+multi-crop rule (``multicrop``), a queue of earlier latents (``queue``, MoCo's normaliser), and
+NT-Xent written in plain torch (``torch_ntxent``, the same objective as ``ntxent``, from the
+same initialisation on the same batches). The baselines are the raw pixels and the untrained
+encoder. The default run trains :data:`DEFAULT_METHODS` (within 6 minutes of one CPU core);
+``--methods all`` trains every method (about 12 minutes; ``benchmarks/README.md``).
 
 Evaluation (:mod:`rpm.evaluation`, batch normalisation in eval mode) of two representations:
 the backbone's :math:`h` before the projection head (the usual protocol of SimCLR and its
@@ -22,22 +26,31 @@ With few labels :math:`z` is the better representation here (the contrastive obj
 clusters it by class; :math:`h` keeps more of what the augmentations change), with all labels
 :math:`h` is; both are reported, and the floors name which one meets them.
 
+Seeds: ``--num-seeds K`` trains every method from the seeds ``--seed`` to ``--seed`` + K - 1 (the
+initialisation, the batches, the label draws); ``methods`` then holds the mean over the seeds
+(``_std`` and ``_draws`` over every seed and draw) and ``per_seed`` each seed's results.
+
+More than one process: ``torchrun --nproc_per_node=K -m rpm digits ...`` (gloo on the CPU, NCCL
+on GPUs) trains on the same global minibatches of ``--batch-size`` images, each process encoding
+its slice of 1/K, with the normalisers over the whole batch
+(:func:`~rpm.experiments.digits.train.train_method`; batch normalisation per process); process
+0 scores and writes the run folder.
+
 Output folder (``--out``, the run-folder contract of :mod:`rpm.experiments.common`):
 ``config.json``; ``results.json`` with, for each method and baseline under ``methods``,
 ``linear_probe`` and ``knn`` of :math:`h` keyed by labels per class (``"1"``, ``"5"``, ``"10"``,
 ``"all"``; test accuracy in [0, 1], the mean over draws), their ``_std`` and ``_draws``, the
 same for :math:`z` under ``latent`` (not for the raw pixels), the Gaussian encoder's mean
-standard deviation (``mean_scale``), the
-training losses and validation scores, ``train_seconds``; under ``checks`` the gap between
-``ntxent`` and ``torch_ntxent`` at every label count and the floors; the configuration, the
+standard deviation (``mean_scale``) and whether it issued :class:`rpm.ScaleFloorWarning`
+(``scale_floor_warning``), the training losses and validation scores, ``train_seconds``, the
+views (``[global, local]``); ``seeds``; under ``checks`` the gap between ``ntxent`` and
+``torch_ntxent`` at every label count and the floors; the configuration, the
 environment and the provenance. Figures: ``label_efficiency.png`` (accuracy against labels per
 class) and ``training.png`` (loss and validation kNN accuracy against the step). One subfolder
-per method with its ``checkpoint.pt`` and ``history.json``; ``--resume`` continues (``--steps``
-may grow).
+per method with its ``checkpoint.pt`` and ``history.json`` (``seed{s}/`` above them with several
+seeds); ``--resume`` continues (``--steps`` may grow).
 
-The default run's measured scores and times are in ``benchmarks/README.md``. Not here yet: the
-priors over J > 2 views (star and mixture of partners), multi-crop and a queue of earlier
-latents, which need the J-view model.
+The measured scores and times are in ``benchmarks/README.md``.
 
 References:
     T. Chen, S. Kornblith, M. Norouzi and G. Hinton, "A simple framework for contrastive learning
@@ -65,6 +78,7 @@ from rpm.experiments.common import (
     positive_float,
     positive_int,
     probability,
+    read_run_config,
     resolve_device,
     torch_threads,
     write_json_atomic,
@@ -74,8 +88,11 @@ __all__ = ["FLOORS", "METHODS", "add_parser", "run"]
 
 # Written out so that the parser is built without importing torch; a test checks them against
 # rpm.experiments.digits.model.METHODS.
-METHODS = ("infonce", "ntxent", "rbf", "gaussian", "torch_ntxent")
-_COSINE = ("infonce", "ntxent", "gaussian", "torch_ntxent")
+METHODS = ("infonce", "ntxent", "rbf", "gaussian", "star4", "mixture4", "multicrop", "queue", "torch_ntxent")
+#: The methods of the default run (within the 6 minutes of a 2-core CPU); ``--methods all``
+#: trains every one of :data:`METHODS`.
+DEFAULT_METHODS = ("infonce", "ntxent", "gaussian", "star4", "queue", "torch_ntxent")
+_COSINE = tuple(name for name in METHODS if name != "rbf")
 #: Test accuracy the best RPM prior must reach with the defaults, by labels per class (the best
 #: of its representations and classifiers, named in results.json's checks).
 FLOORS = {"1": 0.85, "5": 0.95}
@@ -86,12 +103,14 @@ NTXENT_TOLERANCE = 0.01
 
 
 def _method_list(text: str) -> list[str]:
+    if text.strip() == "all":
+        return list(METHODS)
     names = [part.strip() for part in text.split(",")]
     unknown = [name for name in names if name not in METHODS]
     if unknown or not names or len(set(names)) != len(names):
         raise argparse.ArgumentTypeError(
             f"expected distinct methods from {', '.join(METHODS)} separated by commas (e.g. "
-            f"ntxent,torch_ntxent), got {text!r}")
+            f"ntxent,torch_ntxent), or all, got {text!r}")
     return names
 
 
@@ -105,8 +124,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_common_arguments(parser, default_out="runs/digits", default_checkpoint_every=500,
                          grow_flag="--steps")
     model = parser.add_argument_group("model")
-    model.add_argument("--methods", type=_method_list, default=list(METHODS), metavar="LIST",
-                       help=f"methods to train, separated by commas (default: {','.join(METHODS)})")
+    model.add_argument("--methods", type=_method_list, default=list(DEFAULT_METHODS), metavar="LIST",
+                       help=f"methods to train, separated by commas, from {','.join(METHODS)}; "
+                       f"all: every one (default: {','.join(DEFAULT_METHODS)})")
     model.add_argument("--temperature", type=positive_float, default=1.0,
                        help="temperature tau of the cosine energy, kappa = 1/tau (default: 1)")
     model.add_argument("--width", type=positive_int, default=16,
@@ -129,6 +149,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        "(default: 100)")
     train.add_argument("--draws", type=positive_int, default=5,
                        help="random draws of the labelled images per label count (default: 5)")
+    train.add_argument("--num-seeds", type=positive_int, default=1,
+                       help="train every method from the seeds SEED, SEED+1, ..., SEED+K-1 "
+                       "(initialisation, batches, label draws) and report the mean (default: 1)")
     parser.set_defaults(func=run)
 
 
@@ -136,9 +159,10 @@ def _validate(args: argparse.Namespace) -> None:
     """Every check of the flags, before the run folder is created or written."""
     from rpm import distributed
 
-    if distributed.global_world_size() > 1:
-        raise ConfigurationError("rpm digits runs in one process (its batches are small): start it "
-                                 "without torchrun")
+    world = distributed.global_world_size()
+    if args.batch_size % world:
+        raise ConfigurationError(f"--batch-size {args.batch_size} is the global batch of the {world} "
+                                 f"processes: make it a multiple of {world}")
     if args.batch_size > 1347:
         raise ConfigurationError(f"--batch-size {args.batch_size} is more than the 1347 training "
                                  "images: use at most 1347 (default 256)")
@@ -149,23 +173,75 @@ def _validate(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the experiment described in the module docstring; returns the exit status 0."""
-    with torch_threads(args.threads), open_run(args, may_change=("eval_every",), may_grow=("steps",),
-                                               validate=_validate) as run:
-        return _train_and_report(args, run.path, resolve_device(args.device), run)
+    import contextlib
+
+    from rpm import distributed
+
+    with torch_threads(args.threads):
+        device = resolve_device(args.device)
+        with distributed.process_group(device), contextlib.ExitStack() as stack:
+            run = None
+            if distributed.is_main_process():
+                run = stack.enter_context(open_run(args, may_change=("eval_every",), may_grow=("steps",),
+                                                   validate=_validate))
+            distributed.barrier()  # the run folder and its config.json exist
+            if run is None:
+                if args.resume:
+                    read_run_config(args)
+                return _train_and_report(args, Path(args.out), device, None)
+            return _train_and_report(args, run.path, device, run)
 
 
-def _baselines(args: argparse.Namespace, data, device) -> dict:
+def _baselines(args: argparse.Namespace, data, device, seed: int) -> dict:
     from rpm.experiments.common import seed_everything
     from rpm.experiments.digits.model import DigitsEncoder
     from rpm.experiments.digits.train import score_encoder, score_features
 
-    seed_everything(args.seed)  # the initialisation every method starts from
+    seed_everything(seed)  # the initialisation every method starts from
     untrained = DigitsEncoder(args.width, args.latent_dim).to(device)
     raw = score_features(data.train.images.flatten(1), data.train.labels, data.test.images.flatten(1),
-                         data.test.labels, args.draws, args.seed)
+                         data.test.labels, args.draws, seed)
     return {"raw_pixels": {"kind": "baseline", **raw},
-            "untrained": {"kind": "baseline", **score_encoder(untrained, data, device, args.draws,
-                                                              args.seed)}}
+            "untrained": {"kind": "baseline", **score_encoder(untrained, data, device, args.draws, seed)}}
+
+
+def _seeds(args: argparse.Namespace) -> list[int]:
+    return [args.seed + k for k in range(args.num_seeds)]
+
+
+def _folder(out: Path, name: str, seed: int, seeds: list[int]) -> Path:
+    """A method's folder: ``out/name`` for one seed, ``out/seed{s}/name`` for several."""
+    return out / name if len(seeds) == 1 else out / f"seed{seed}" / name
+
+
+def _mean_over_seeds(runs: list[dict]) -> dict:
+    """One method's result over seeds: the scores (``linear_probe``, ``knn``, also under
+    ``latent``) are the means over the seeds of the means over the draws, ``_std`` the standard
+    deviation over every (seed, draw) score, ``_draws`` every draw; the rest is the first
+    seed's (``train_seconds``: the sum)."""
+    import statistics
+
+    if len(runs) == 1:
+        return runs[0]
+
+    def merge(parts: list[dict]) -> dict:
+        merged = dict(parts[0])
+        for classifier in ("linear_probe", "knn"):
+            keys = parts[0][classifier]
+            merged[classifier] = {k: statistics.fmean(p[classifier][k] for p in parts) for k in keys}
+            draws = {k: [d for p in parts for d in p[f"{classifier}_draws"][k]] for k in keys}
+            merged[f"{classifier}_draws"] = draws
+            merged[f"{classifier}_std"] = {k: statistics.pstdev(v) for k, v in draws.items()}
+        return merged
+
+    result = merge(runs)
+    if "latent" in runs[0]:
+        result["latent"] = merge([r["latent"] for r in runs])
+    if "train_seconds" in runs[0]:
+        result["train_seconds"] = sum(r["train_seconds"] for r in runs)
+    if "mean_scale" in runs[0]:
+        result["mean_scale"] = statistics.fmean(r["mean_scale"] for r in runs)
+    return result
 
 
 def _checks(methods: dict) -> dict:
@@ -230,17 +306,25 @@ def _messages(checks: dict) -> list[str]:
     return lines
 
 
-def _train_and_report(args: argparse.Namespace, out: Path, device, run: Run) -> int:
-    from rpm.data.augment import MultiViewTransform, RandomView
+def _train_and_report(args: argparse.Namespace, out: Path, device, run: Run | None) -> int:
+    from rpm import distributed
     from rpm.data.digits import load_digits_split
     from rpm.experiments.digits.plots import plot_label_efficiency
     from rpm.experiments.digits.train import train_method
     from rpm.experiments.figures import plot_training
 
     data = load_digits_split()
-    transform = MultiViewTransform([RandomView(), RandomView()])
-    methods = {name: train_method(name, args, data, transform, device, out / name) for name in args.methods}
-    methods.update(_baselines(args, data, device))
+    seeds = _seeds(args)
+    per_seed = {}
+    for seed in seeds:
+        trained = {name: train_method(name, args, data, device, _folder(out, name, seed, seeds), seed)
+                   for name in args.methods}
+        if distributed.is_main_process():
+            per_seed[seed] = {**trained, **_baselines(args, data, device, seed)}
+    if not distributed.is_main_process():
+        return 0
+    methods = {name: _mean_over_seeds([per_seed[seed][name] for seed in seeds])
+               for name in per_seed[seeds[0]]}
     plot_label_efficiency(out / "label_efficiency.png", methods,
                           title="rpm digits: test accuracy against labelled images per class")
     plot_training(out / "training.png", {n: {"losses": m["losses"], "evaluations": m["evaluations"]}
@@ -256,7 +340,9 @@ def _train_and_report(args: argparse.Namespace, out: Path, device, run: Run) -> 
                        "accuracy": "test accuracy in [0, 1], mean over the draws",
                        "train_images": int(data.train.labels.shape[0]),
                        "test_images": int(data.test.labels.shape[0])},
+        "seeds": seeds,
         "methods": methods,
+        **({"per_seed": {str(seed): per_seed[seed] for seed in seeds}} if len(seeds) > 1 else {}),
         "checks": checks,
         **run.provenance(),
     }

@@ -24,10 +24,27 @@ rbf             Delta recognition, implicit prior with the RBF energy
                 :math:`f(z, z') = -\lVert z - z'\rVert^2 / (2 l^2)`, :math:`l = 1`
 gaussian        Gaussian recognition :math:`\mathcal{N}(\mu(x), \mathrm{diag}\,\sigma(x)^2)`
                 (the head outputs :math:`\mu` and :math:`\sigma` = softplus + 1e-3), implicit
-                prior with the cosine energy; :math:`z` is sampled (reparameterised)
+                prior with the cosine energy; :math:`z` is sampled (reparameterised); the
+                recognition model warns (:class:`rpm.ScaleFloorWarning`) when the scale
+                reaches its floor
 torch_ntxent    not an RPM: NT-Xent written in plain torch in this module
                 (:func:`torch_ntxent_loss`), the same objective as ``ntxent``, trained from the
                 same initialisation on the same batches: a check of rpm's implementation
+star4           J = 4 views of each image, Delta recognition, the star prior averaged over
+                centres (:class:`~rpm.priors.StarImplicitPrior`, pooled candidates, cosine
+                energy): :math:`\mathcal{L} / (N (J - 1)) = -L_\text{out} + \log(N J - 1)`
+                (SupCon's :math:`L_\text{out}` with the views of an image as its positives)
+mixture4        J = 4 views, the mixture-of-partners prior
+                (:class:`~rpm.priors.PartnerMixturePrior`, pooled, cosine):
+                :math:`\mathcal{L}/N = -L_\text{in} + \log((N J - 1)/(J - 1))`
+multicrop       2 global views (8 x 8) and 4 local crops (4 x 4, a fifth to a half of the
+                image's area), the star prior with the multi-crop rule (``global_views=2``: a
+                local crop's positives and candidates are the global views only; SwAV, DINO)
+queue           MoCo as an RPM: the star prior over J = 2 views with centre the first view,
+                its positive the second, and the normaliser over the positive and a queue of
+                the K = 1024 latest second views (:class:`~rpm.marginals.candidates.LatentQueue`,
+                pushed by the prior in training): :math:`\mathcal{L}/N = -L_\text{MoCo} +
+                \log(K + 1)`, no momentum encoder
 ==============  ==========================================================================
 
 References:
@@ -47,13 +64,26 @@ from torch import nn
 
 import rpm
 from rpm._validation import check_positive, check_positive_int
-from rpm.priors import CosineEnergy, ImplicitPrior, PooledImplicitPrior, RBFEnergy
+from rpm.marginals.candidates import LatentQueue
+from rpm.priors import (
+    CosineEnergy,
+    ImplicitPrior,
+    PartnerMixturePrior,
+    PooledImplicitPrior,
+    RBFEnergy,
+    StarImplicitPrior,
+)
 
-__all__ = ["METHODS", "RPM_METHODS", "DigitsEncoder", "build_method", "torch_ntxent_loss"]
+__all__ = ["METHODS", "QUEUE_SIZE", "RPM_METHODS", "VIEWS", "DigitsEncoder", "build_method",
+           "torch_ntxent_loss"]
 
 #: The RPM methods (module table), then the plain-torch reference.
-RPM_METHODS = ("infonce", "ntxent", "rbf", "gaussian")
+RPM_METHODS = ("infonce", "ntxent", "rbf", "gaussian", "star4", "mixture4", "multicrop", "queue")
 METHODS = (*RPM_METHODS, "torch_ntxent")
+#: The views of each method: ``(global views, local crops)``; the pairs are ``(2, 0)``.
+VIEWS = {name: (2, 0) for name in METHODS} | {"star4": (4, 0), "mixture4": (4, 0), "multicrop": (2, 4)}
+#: K, the latents kept by the ``queue`` method's queue.
+QUEUE_SIZE = 1024
 #: The smallest standard deviation of the Gaussian encoder.
 MIN_SCALE = 1e-3
 
@@ -141,7 +171,17 @@ def build_method(name: str, width: int, latent_dim: int,
     elif name == "rbf":
         model = rpm.RPM(delta, ImplicitPrior(RBFEnergy(lengthscale=1.0)))
     elif name == "gaussian":
-        model = rpm.RPM(rpm.GaussianRecognition(encoder, validate=False), ImplicitPrior(cosine))
+        recognition = rpm.GaussianRecognition(encoder, validate=False, min_scale=MIN_SCALE)
+        model = rpm.RPM(recognition, ImplicitPrior(cosine))
+    elif name == "star4":
+        model = rpm.RPM(delta, StarImplicitPrior(cosine))
+    elif name == "mixture4":
+        model = rpm.RPM(delta, PartnerMixturePrior(cosine))
+    elif name == "multicrop":
+        model = rpm.RPM(delta, StarImplicitPrior(cosine, global_views=VIEWS[name][0]))
+    elif name == "queue":
+        queue = LatentQueue(QUEUE_SIZE, latent_dim)
+        model = rpm.RPM(delta, StarImplicitPrior(cosine, candidates="positives", centres=[0], queue=queue))
     else:
         raise ValueError(f"method must be one of {METHODS}, got {name!r}")
     return model, encoder

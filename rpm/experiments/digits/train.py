@@ -1,18 +1,30 @@
 r"""Training and scoring of one method of the ``rpm digits`` experiment.
 
 :func:`train_method` minimises, over ``--steps`` minibatches of ``--batch-size`` training
-images, the method's loss on two augmented views of each image: the negative RPM ELBO per pair
-(Eq. 15 of Aitchison & Ganev; for the implicit priors InfoNCE minus :math:`\log N`, Eq. 23-25,
-and NT-Xent minus :math:`\log(2N - 1)`) or, for ``torch_ntxent``, the plain-torch NT-Xent of
+images, the method's loss on the augmented views of each image (two, or the J views of
+:data:`~rpm.experiments.digits.model.VIEWS`): the negative RPM ELBO per image (Eq. 15 of
+Aitchison & Ganev; for the implicit pair priors InfoNCE minus :math:`\log N`, Eq. 23-25, and
+NT-Xent minus :math:`\log(2N - 1)`; for the priors over J views the identities of
+:mod:`rpm.priors.multiview`) or, for ``torch_ntxent``, the plain-torch NT-Xent of
 :func:`~rpm.experiments.digits.model.torch_ntxent_loss` on the same scale. Adam with a linear
 warm-up and a cosine decay, through :class:`~rpm.training.trainer.Trainer` (checkpoints, exact
-resumption, the progress bar).
+resumption, the queue's latents included, the progress bar).
 
 **Same batches for every method.** Step :math:`s` draws its images (a uniformly random subset
-of the training part, without replacement) and both views from one CPU generator seeded with
-``derived_seed(seed, "train", s)``: every method sees the same images and the same views at
-every step, and a resumed run needs no sampler state. Every method starts from the same
+of the training part, without replacement) and the views from one CPU generator seeded with
+``derived_seed(seed, "train", s)``: every method sees the same images at every step, and the
+first two views of every method are the same (the views are drawn in order from that
+generator), so a resumed run needs no sampler state. Every method starts from the same
 initialisation (``seed_everything(seed)`` before each is built).
+
+**More than one process** (``torchrun``): every process draws the same global minibatch,
+encodes its slice of 1/W of the images (:func:`rpm.distributed.local_slice`) and evaluates its
+share of the ELBO with the normalisers and marginals over the global batch
+(``RPMELBO(global_batch=True)``; ``torch_ntxent``: its anchors against the gathered latents,
+:func:`rpm.distributed.all_gather_with_grad`); the trainer sums the gradients over the
+processes. Batch normalisation normalises each process's slice (as SimCLR does without its
+global batch norm; ``torch.nn.SyncBatchNorm`` needs GPUs), so W processes train a slightly
+different model from one process on the same batches.
 
 **Validation during training** (the progress display, ``training.png``): kNN accuracy
 (:func:`rpm.evaluation.knn_accuracy`, 5 neighbours, all labels) of a fixed stratified 20% of
@@ -23,32 +35,53 @@ images are only used at the end (:func:`score_features`).
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import pyro
 import torch
+import torch.nn.functional as F
 
 import rpm
+from rpm import distributed
+from rpm.data.augment import MultiViewTransform, RandomView, multi_crop_views
 from rpm.evaluation import knn_accuracy, label_efficiency, representations
 from rpm.experiments.common import derived_seed, seed_everything
-from rpm.experiments.digits.model import MIN_SCALE, DigitsEncoder, build_method, torch_ntxent_loss
+from rpm.experiments.digits.model import (
+    MIN_SCALE,
+    VIEWS,
+    DigitsEncoder,
+    build_method,
+    torch_ntxent_loss,
+)
 from rpm.training.schedule import cosine_schedule
 from rpm.training.trainer import Trainer
 
-__all__ = ["LABELS_PER_CLASS", "batch_views", "cosine_schedule", "score_encoder", "score_features",
-           "train_method", "validation_rows"]
+__all__ = ["LABELS_PER_CLASS", "batch_views", "cosine_schedule", "distributed_ntxent_share",
+           "method_views", "score_encoder", "score_features", "train_method", "validation_rows"]
 
 #: The label counts of the label-efficiency curve (``None``: all labels).
 LABELS_PER_CLASS = (1, 5, 10, None)
 
 
+def method_views(name: str) -> MultiViewTransform:
+    """The views of method ``name`` (:data:`~rpm.experiments.digits.model.VIEWS`): J random
+    views of the whole image (:class:`~rpm.data.augment.RandomView`'s defaults), or 2 of them
+    and local crops (:func:`~rpm.data.augment.multi_crop_views`, 4 x 4, a fifth to a half of
+    the area)."""
+    num_global, num_local = VIEWS[name]
+    if num_local:
+        return multi_crop_views(num_global, num_local)
+    return MultiViewTransform([RandomView() for _ in range(num_global)])
+
+
 def batch_views(images: torch.Tensor, transform, batch_size: int, seed: int, step: int):
-    """The images and two views of step ``step`` (module docstring: a pure function of the seed
+    """The views of the images of step ``step`` (module docstring: a pure function of the seed
     and the step).
 
     :param torch.Tensor images: the training images, on the training device. Shape: (M, 1, 8, 8).
-    :param transform: a :class:`rpm.data.augment.MultiViewTransform` of two views.
-    :returns: the two views. Shape: (batch_size, 1, 8, 8) each.
+    :param transform: a :class:`rpm.data.augment.MultiViewTransform` of J views.
+    :returns: the J views. Shape: (batch_size, 1, s_j, s_j) each.
     """
     generator = torch.Generator().manual_seed(derived_seed(seed, "train", step))
     rows = torch.randperm(images.shape[0], generator=generator)[:batch_size].to(images.device)
@@ -84,30 +117,62 @@ def validation_rows(labels: torch.Tensor, seed: int) -> tuple[torch.Tensor, torc
     return torch.as_tensor(ref), torch.as_tensor(query)
 
 
-def train_method(name: str, args: argparse.Namespace, data, transform, device, out: Path) -> dict:
+def distributed_ntxent_share(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
+    r"""This process's share of :func:`~rpm.experiments.digits.model.torch_ntxent_loss` of the
+    global batch under ``torch.distributed``: the cross-entropy terms of its own 2n anchors
+    against the 2N gathered latents, divided by 2N, minus :math:`\log(2N - 1) / W`. Summed over
+    the W processes (as the trainer sums the gradients) it is the loss of the global batch.
+    Without ``torch.distributed`` it is :func:`torch_ntxent_loss` itself.
+
+    :param torch.Tensor z1: this process's first views' latents. Shape: (n, D).
+    :param torch.Tensor z2: its second views' latents. Shape: (n, D).
+    :param float temperature: :math:`\tau`.
+    """
+    if not distributed.is_distributed():
+        return torch_ntxent_loss(z1, z2, temperature)
+    n, world = z1.shape[0], distributed.global_world_size()
+    g1, g2 = distributed.all_gather_with_grad(z1), distributed.all_gather_with_grad(z2)  # (N, D)
+    total = g1.shape[0]
+    start = distributed.global_rank() * n  # equal slices (local_slice)
+    columns = F.normalize(torch.cat([g1, g2]), dim=1)  # (2N, D): all first views, then all second
+    anchors = F.normalize(torch.cat([z1, z2]), dim=1)  # (2n, D)
+    own = torch.cat([torch.arange(start, start + n), torch.arange(total + start, total + start + n)])
+    partner = torch.cat([own[n:], own[:n]]).to(z1.device)  # (2n,) column of each anchor's positive
+    logits = anchors @ columns.T / temperature  # (2n, 2N)
+    logits[torch.arange(2 * n, device=z1.device), own.to(z1.device)] = float("-inf")  # no self-pairs
+    return (F.cross_entropy(logits, partner, reduction="sum") / (2 * total)
+            - math.log(2 * total - 1) / world)
+
+
+def train_method(name: str, args: argparse.Namespace, data, device, out: Path, seed: int) -> dict:
     """Trains (or resumes, or reloads) method ``name`` in ``out`` and scores its backbone.
 
     :param str name: one of :data:`~rpm.experiments.digits.model.METHODS`.
     :param argparse.Namespace args: the flags.
     :param data: the :class:`~rpm.data.digits.DigitsSplit`, on the CPU.
-    :param transform: the two-view :class:`~rpm.data.augment.MultiViewTransform`.
     :param torch.device device: the training device.
     :param Path out: the method's folder (checkpoint, history).
-    :returns: the JSON-ready result (scores, losses, time).
+    :param int seed: the seed of the initialisation, the batches and the label draws.
+    :returns: the JSON-ready result (scores, losses, time); under ``torch.distributed``, the
+        processes other than 0 return None after training.
     """
-    seed_everything(args.seed)  # the same initialisation for every method
+    seed_everything(seed)  # the same initialisation for every method
     module, encoder = build_method(name, args.width, args.latent_dim, args.temperature)
     module = module.to(device)
+    transform = method_views(name)
     images = data.train.images.to(device)
-    ref, query = validation_rows(data.train.labels, args.seed)
-    elbo = rpm.RPMELBO()
+    ref, query = validation_rows(data.train.labels, seed)
+    parallel = distributed.is_distributed()
+    rows = distributed.local_slice(args.batch_size)  # all rows in one process
+    elbo = rpm.RPMELBO(global_batch=parallel)
 
     def loss_fn(step: int) -> torch.Tensor:
-        x1, x2 = batch_views(images, transform, args.batch_size, args.seed, step)
+        views = [v[rows] for v in batch_views(images, transform, args.batch_size, seed, step)]
         if name == "torch_ntxent":
-            return torch_ntxent_loss(encoder(x1), encoder(x2), args.temperature)
+            return distributed_ntxent_share(encoder(views[0]), encoder(views[1]), args.temperature)
         with pyro.validation_enabled(False):  # our own tensors: no per-step device syncs
-            return elbo.differentiable_loss(module.model, module.guide, x1, x2) / args.batch_size
+            inputs = views if len(views) == 2 else (views,)  # a pair, or a list of J views
+            return elbo.differentiable_loss(module.model, module.guide, *inputs) / args.batch_size
 
     def eval_fn(step: int) -> dict:
         features = representations(encoder.backbone, images)
@@ -121,17 +186,20 @@ def train_method(name: str, args: argparse.Namespace, data, transform, device, o
         module, optimizer, loss_fn, out_dir=out, num_steps=args.steps, scheduler=scheduler,
         eval_fn=eval_fn, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
         log_every=min(50, args.steps), progress=args.progress, description=name,
-        eval_at_start=True, eval_label="val",
+        eval_at_start=True, eval_label="val", distributed=parallel,
     )
     resume = args.resume and trainer.has_checkpoint()
-    if resume:
+    if resume and distributed.is_main_process():
         step = trainer.resume_state()["step"]
         print(f"{name}: finished earlier ({step}/{args.steps} steps), reloaded"
               if step == args.steps else f"{name}: resuming at step {step}/{args.steps}", flush=True)
     history = trainer.fit(resume=resume)
+    if not distributed.is_main_process():
+        return None
     result = {
         "kind": "plain torch" if name == "torch_ntxent" else "rpm",
-        **score_encoder(encoder, data, device, args.draws, args.seed),
+        "views": list(VIEWS[name]),
+        **score_encoder(encoder, data, device, args.draws, seed),
         "losses": history["losses"],
         "evaluations": history["evaluations"],
         "train_seconds": history["evaluations"][-1]["wall_time"],
@@ -141,6 +209,8 @@ def train_method(name: str, args: argparse.Namespace, data, transform, device, o
         scale = representations(_Output(encoder, scale=True), data.train.images.to(device))
         result["mean_scale"] = float(scale.mean())
         result["min_scale_floor"] = MIN_SCALE
+        # rpm.ScaleFloorWarning (docs/theory.md#stochastic-encoders), issued during training?
+        result["scale_floor_warning"] = bool(module.recognition.floor_warned)
     return result
 
 

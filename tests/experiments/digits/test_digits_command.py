@@ -6,6 +6,7 @@ import json
 import pytest
 
 from rpm.cli import main
+from rpm.experiments.digits import command
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -27,6 +28,8 @@ def _run(tmp_path, *argv, name="run"):
     (["--methods", "simclr"], "expected distinct methods"),
     (["--methods", "rbf,rbf"], "expected distinct methods"),
     (["--methods", "rbf", "--temperature", "0.5"], "drop --temperature"),
+    (["--methods", "all,rbf"], "expected distinct methods"),
+    (["--num-seeds", "0"], "positive integer"),
     (["--steps", "0"], "positive integer"),
 ])
 def test_bad_flags_exit_2_with_a_message_and_leave_no_folder(tmp_path, capsys, argv, message):
@@ -59,6 +62,7 @@ def test_end_to_end_run_writes_results_figures_and_resumes(tmp_path, capsys):
     assert rpm_losses == pytest.approx(torch_losses, abs=1e-4)
     assert "ntxent_vs_torch_ntxent" in summary["checks"] and "floors" in summary["checks"]
     assert methods["gaussian"]["mean_scale"] > 0
+    assert methods["gaussian"]["scale_floor_warning"] is False  # 6 steps: far above the floor
     for name in ("label_efficiency.png", "training.png", "ntxent/checkpoint.pt", "gaussian/history.json"):
         assert (out / name).stat().st_size > 0
     capsys.readouterr()
@@ -67,6 +71,84 @@ def test_end_to_end_run_writes_results_figures_and_resumes(tmp_path, capsys):
     again = json.loads((out / "results.json").read_text())
     assert again["methods"]["ntxent"]["linear_probe"] == methods["ntxent"]["linear_probe"]
     assert len(again["segments"]) == 2
+
+
+def test_methods_all_and_the_default_set():
+    from rpm.cli import build_parser
+
+    parser = build_parser()
+    base = ["digits", "--out", "x"]
+    assert parser.parse_args([*base, "--methods", "all"]).methods == list(command.METHODS)
+    assert parser.parse_args(base).methods == list(command.DEFAULT_METHODS)
+    assert set(command.DEFAULT_METHODS) < set(command.METHODS)
+
+
+@pytest.mark.slow
+def test_views_methods_train_on_their_views_and_the_queue_is_checkpointed(tmp_path):
+    """The priors over J views (J = 4, multi-crop) and the queue run end to end; the queue's
+    latents are in the checkpoint (exact resumption), filled by the prior in training."""
+    import torch
+
+    from rpm.experiments.digits.model import QUEUE_SIZE
+
+    assert _run(tmp_path, *TINY, "--methods", "star4,mixture4,multicrop,queue") == 0
+    out = tmp_path / "run"
+    methods = json.loads((out / "results.json").read_text())["methods"]
+    assert {name: methods[name]["views"] for name in ("star4", "mixture4", "multicrop", "queue")} == {
+        "star4": [4, 0], "mixture4": [4, 0], "multicrop": [2, 4], "queue": [2, 0]}
+    for name in ("star4", "mixture4", "multicrop", "queue"):
+        losses = [loss for _, loss in methods[name]["losses"]]
+        assert losses and all(abs(v) < 1e3 for v in losses)
+    state = torch.load(out / "queue" / "checkpoint.pt", weights_only=True)["state"]["module"]
+    filled = [v for k, v in state.items() if k.endswith("queue.filled")]
+    assert [int(v) for v in filled] == [min(QUEUE_SIZE, 6 * 32)]  # 6 steps of 32 second views
+
+
+@pytest.mark.slow
+def test_several_seeds_report_the_mean_and_each_seed(tmp_path):
+    assert _run(tmp_path, *TINY, "--methods", "ntxent", "--num-seeds", "2", "--seed", "3") == 0
+    out = tmp_path / "run"
+    summary = json.loads((out / "results.json").read_text())
+    assert summary["seeds"] == [3, 4] and set(summary["per_seed"]) == {"3", "4"}
+    for name in ("ntxent", "untrained", "raw_pixels"):
+        runs = [summary["per_seed"][seed][name] for seed in ("3", "4")]
+        for key in ("1", "5", "10", "all"):
+            mean = (runs[0]["knn"][key] + runs[1]["knn"][key]) / 2
+            assert summary["methods"][name]["knn"][key] == pytest.approx(mean, abs=1e-12)
+            assert len(summary["methods"][name]["knn_draws"][key]) == (4 if key != "all" else 2)
+    assert (out / "seed3" / "ntxent" / "checkpoint.pt").exists()
+    assert (out / "seed4" / "ntxent" / "checkpoint.pt").exists()
+    # different seeds: different initialisations and batches
+    assert summary["per_seed"]["3"]["ntxent"]["losses"] != summary["per_seed"]["4"]["ntxent"]["losses"]
+
+
+@pytest.mark.slow
+def test_torchrun_trains_on_the_global_batch(tmp_path):
+    """Two CPU processes (gloo), each encoding half of the global batch: rpm's NT-Xent over the
+    global batch (RPMELBO(global_batch=True)) and the plain-torch share of each process
+    (distributed_ntxent_share) give the same losses; process 0 writes the run folder."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("needs torch.distributed with gloo")
+    root = str(Path(__file__).resolve().parents[3])
+    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "two"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                    "-m", "rpm", "digits", *TINY, "--methods", "ntxent,torch_ntxent", "--no-progress",
+                    "--device", "cpu", "--out", str(out)], env=env, check=True, capture_output=True,
+                   timeout=300)
+    summary = json.loads((out / "results.json").read_text())
+    assert summary["environment"]["world_size"] == 2
+    losses = {name: [loss for _, loss in summary["methods"][name]["losses"]]
+              for name in ("ntxent", "torch_ntxent")}
+    assert len(losses["ntxent"]) == len(losses["torch_ntxent"]) >= 1
+    assert losses["ntxent"] == pytest.approx(losses["torch_ntxent"], abs=1e-4)
 
 
 def test_step_benchmark_times_every_method(capsys):
