@@ -15,7 +15,15 @@ that every :math:`Q_t` is the same Q), the pooled mixture over all N T frames,
 
     Q_t(z) \approx \frac{1}{NT} \sum_{n=1}^N \sum_{u=1}^T Q(z | x_{n,u})  \qquad\text{(pooled)},
 
-a lower-variance estimate of the same distribution. Over a global batch
+a lower-variance estimate of the same distribution.
+
+**Missing frames.** Recognition distributions masked over frames (Pyro's ``q.mask(mask)``, a
+bool mask (N, T), True = observed; :meth:`rpm.RPM.model` builds it from its ``mask``
+argument) leave the missing frames out of both sides: a missing frame is no component of any
+mixture (its recognition distribution comes from no data), and its own term
+:math:`\log Q_t(z_{n,t})` is dropped (0 in :meth:`SequenceMixtureMarginal.view_log_prob`),
+as its likelihood factor is (``docs/theory.md``, sequences). The per-view mixture of view t
+then runs over the :math:`N_t` sequences observed at t, with weights :math:`1/N_t`. Over a global batch
 (:class:`~rpm.marginals.candidates.Candidates` with ``global_batch``) the mixtures run over
 every process's sequences, gathered with gradients, while the batch shape stays this
 process's N.
@@ -26,7 +34,7 @@ from __future__ import annotations
 import math
 
 import torch
-from pyro.distributions import Delta, Independent, Normal, TorchDistribution
+from pyro.distributions import Delta, Independent, MaskedDistribution, Normal, TorchDistribution
 from torch.distributions import constraints
 
 from rpm._validation import check_bool
@@ -34,7 +42,7 @@ from rpm.marginals.candidates import Candidates
 from rpm.marginals.mixture_marginal import delta_mixture_log_prob
 from rpm.ops import gaussian_mixture_log_prob
 
-__all__ = ["SequenceMixtureMarginal", "sequence_components", "view"]
+__all__ = ["SequenceMixtureMarginal", "sequence_components", "sequence_mask", "view"]
 
 # Per-view Gaussian mixtures of at most this many (point, component, view, coordinate) terms are
 # evaluated in one broadcast call (small batches: one kernel instead of T); larger ones, or any
@@ -42,10 +50,26 @@ __all__ = ["SequenceMixtureMarginal", "sequence_components", "view"]
 _BROADCAST_LIMIT = 2**20
 
 
+def sequence_mask(q: TorchDistribution) -> torch.Tensor | None:
+    """The mask over frames of recognition distributions with batch_shape (N, T): a bool
+    tensor (N, T), True = observed, for ``q.mask(mask)``; None when every frame is observed."""
+    if isinstance(q, MaskedDistribution):
+        mask = q._mask
+        if mask is True:
+            return None
+        if mask is False:
+            return torch.zeros(q.batch_shape, dtype=torch.bool)
+        return mask
+    return None
+
+
 def sequence_components(q: TorchDistribution) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Returns (loc, scale) of recognition distributions with batch_shape (N, T) and
-    event_shape (D,): ``Normal(loc, scale).to_event(1)`` or ``Delta(v, event_dim=1)``; scale is
-    None for Delta. Each has shape (N, T, D)."""
+    event_shape (D,): ``Normal(loc, scale).to_event(1)`` or ``Delta(v, event_dim=1)``, or
+    either masked over frames (``q.mask(mask)``, :func:`sequence_mask`); scale is None for
+    Delta. Each has shape (N, T, D)."""
+    if isinstance(q, MaskedDistribution):
+        q = q.base_dist
     if isinstance(q, Independent) and isinstance(q.base_dist, Normal) and (
             q.reinterpreted_batch_ndims == 1 and len(q.batch_shape) == 2):
         return q.base_dist.loc, q.base_dist.scale.expand_as(q.base_dist.loc)
@@ -63,6 +87,10 @@ def sequence_components(q: TorchDistribution) -> tuple[torch.Tensor, torch.Tenso
 def view(q: TorchDistribution, t: int) -> TorchDistribution:
     """The recognition distributions of the t-th views, batch_shape (N,), event_shape (D,)."""
     loc, scale = sequence_components(q)
+    if sequence_mask(q) is not None:
+        raise ValueError("the views of recognition distributions with missing frames are not "
+                         "separable into pairs; only a prior that marginalises missing frames "
+                         "(accepts_mask, e.g. StateSpacePrior) takes a mask")
     if scale is None:
         return Delta(loc[:, t], event_dim=1)
     return Normal(loc[:, t], scale[:, t]).to_event(1)
@@ -83,6 +111,9 @@ class SequenceMixtureMarginal(TorchDistribution):
         (:func:`~rpm.ops.gaussian_mixture_log_prob`); None decides by size.
     :param candidates: a :class:`~rpm.marginals.candidates.Candidates` whose global batch
         supplies the mixture components (every process's sequences); None: this batch.
+
+    With ``q`` masked over frames (``q.mask(mask)``, mask (N, T), True = observed) the missing
+    frames are no components and their terms are 0 (module docstring); :attr:`mask` holds it.
     """
 
     arg_constraints: dict = {}
@@ -94,12 +125,16 @@ class SequenceMixtureMarginal(TorchDistribution):
         check_bool("pooled", pooled)
         self.q = q
         self.loc, self.scale = sequence_components(q)
+        self.mask = sequence_mask(q)  # (N, T) bool, or None: every frame observed
         self.pooled = pooled
         self.block_size = block_size
         num_sequences, num_views, dim = self.loc.shape
         # The mixture components: this batch's, or every process's (M, T, D).
         self.components = (self.loc, self.scale)
         if candidates is not None and candidates.is_global:
+            if self.mask is not None:
+                raise ValueError("missing frames (a mask) are not supported with a global batch; "
+                                 "train with global_batch=False or without a mask")
             if self.scale is None:
                 self.components = (candidates.gather(self.loc), None)
             else:  # one collective for both
@@ -133,6 +168,8 @@ class SequenceMixtureMarginal(TorchDistribution):
                 f"{tuple(self.loc.shape)}; got {tuple(value.shape)}")
         num_sequences, num_views, dim = value.shape
         loc, scale = self.components
+        if self.mask is not None:
+            return self._masked_view_log_prob(value)
         if self.pooled:
             flat = lambda tensor: None if tensor is None else tensor.reshape(-1, dim)  # noqa: E731
             return self._mixture(flat(value), flat(loc), flat(scale)).reshape(
@@ -147,6 +184,31 @@ class SequenceMixtureMarginal(TorchDistribution):
             self._mixture(value[:, t], loc[:, t], None if scale is None else scale[:, t])
             for t in range(num_views)], dim=-1)
 
+    def _masked_view_log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        """view_log_prob with missing frames: components and terms of the observed frames."""
+        num_sequences, num_views, dim = value.shape
+        loc, scale = self.components
+        mask = self.mask.expand(num_sequences, num_views)
+        if self.pooled:
+            keep = mask.reshape(-1)
+            flat = lambda tensor: None if tensor is None else tensor.reshape(-1, dim)[keep]  # noqa: E731
+            if not bool(keep.any()):
+                return value.new_zeros(num_sequences, num_views)
+            out = self._mixture(value.reshape(-1, dim), flat(loc), flat(scale)).reshape(
+                num_sequences, num_views)
+        else:
+            columns = []
+            for t in range(num_views):
+                keep = mask[:, t]
+                if not bool(keep.any()):  # nobody observed at t: no mixture, no terms
+                    columns.append(value.new_zeros(num_sequences))
+                    continue
+                columns.append(self._mixture(value[:, t], loc[keep, t],
+                                             None if scale is None else scale[keep, t]))
+            out = torch.stack(columns, dim=-1)
+        # A missing frame's own term is dropped (its latent is not that of any data).
+        return torch.where(mask, out, torch.zeros((), dtype=out.dtype, device=out.device))
+
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         return self.view_log_prob(value).sum(-1)
 
@@ -154,7 +216,21 @@ class SequenceMixtureMarginal(TorchDistribution):
         shape = self._extended_shape(sample_shape)  # sample_shape + (N, T, D)
         num_sequences, num_views, dim = self.loc.shape
         with torch.no_grad():
-            if self.pooled:
+            if self.mask is not None:  # components: the observed frames only
+                weights = self.mask.expand(num_sequences, num_views).to(self.loc.dtype)
+                draws = shape[:-1].numel() // num_views
+                if self.pooled:
+                    index = torch.multinomial(weights.reshape(-1), shape[:-1].numel(), True)
+                    index = index.reshape(shape[:-1])
+                    loc = self.loc.reshape(-1, dim)[index]
+                    scale = None if self.scale is None else self.scale.reshape(-1, dim)[index]
+                else:  # a view nobody observed has no mixture: every component, never used
+                    weights = torch.where(weights.sum(0) > 0, weights, torch.ones_like(weights))
+                    index = torch.multinomial(weights.T, draws, True).T.reshape(shape[:-1])
+                    views = torch.arange(num_views, device=self.loc.device).expand_as(index)
+                    loc = self.loc[index, views]
+                    scale = None if self.scale is None else self.scale[index, views]
+            elif self.pooled:
                 index = torch.randint(num_sequences * num_views, shape[:-1], device=self.loc.device)
                 loc = self.loc.reshape(-1, dim)[index]
                 scale = None if self.scale is None else self.scale.reshape(-1, dim)[index]

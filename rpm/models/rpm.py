@@ -140,6 +140,18 @@ class RPM(RPMBase):
     batches of a signature that passed skip them, and :class:`~rpm.RPMELBO` evaluates a step
     whose ELBO is not finite again with every check (:mod:`rpm.models.checked_batches`).
 
+    **Missing frames.** ``model``, ``guide``, ``encode`` (and :class:`~rpm.RPMELBO` through
+    ``objective_inputs``) take ``mask=``, a bool tensor (N, J), True where view j of instance i
+    is observed, for a prior that marginalises missing views
+    (:attr:`~rpm.priors.base.Prior.accepts_mask`, e.g. the state-space prior). A missing
+    view's input is never read (it may hold anything, NaN included; the encoder sees zeros
+    there); its recognition distribution is masked out (Pyro's ``q.mask(mask)``): it has no
+    likelihood factor, no marginal term and is no component of the mixture marginals; the
+    prior's site is the density of the observed views' latents (for the state-space prior the
+    Kalman filter skips the missing frames' updates), and the structured guide conditions on
+    the observed frames only and imputes the others. So the ELBO is that of the RPM of the
+    observed views (``docs/theory.md``, sequences).
+
     **Candidates.** ``queue``, a :class:`~rpm.marginals.candidates.LatentQueue`, adds K latents
     of earlier batches to the implicit prior's normaliser (MoCo); it is a submodule, so
     ``state_dict()`` carries it. Push into it after each step (``queue.push(...)``).
@@ -304,10 +316,33 @@ class RPM(RPMBase):
         module = self._modules.get(name)
         return module if isinstance(module, PyroModule) else getattr(self, name, None)
 
-    def _encode(self, args: tuple) -> tuple[list[TorchDistribution] | None,
-                                            TorchDistribution | None]:
+    def _mask(self, mask, prior, views: list, stacked, batch_size: int):
+        """Checks a mask over views and zeroes the missing views' inputs (never read)."""
+        if not hook(prior, "joint_views") or not hook(prior, "accepts_mask"):
+            raise ValueError(
+                f"mask= needs a prior over J views that marginalises missing views "
+                f"(accepts_mask, e.g. StateSpacePrior); {type(prior).__name__} does not")
+        shape = (batch_size, len(views))
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != shape:
+            got = (f"{mask.dtype} of shape {tuple(mask.shape)}" if isinstance(mask, torch.Tensor)
+                   else type(mask).__name__)
+            raise ValueError(f"mask must be a bool tensor of shape (N, J) = {shape}, True where "
+                             f"the view is observed; got {got}")
+
+        def zeroed(tensor, observed):
+            observed = observed.reshape(*observed.shape, *([1] * (tensor.dim() - observed.dim())))
+            return torch.where(observed, tensor, torch.zeros((), dtype=tensor.dtype,
+                                                             device=tensor.device))
+        if stacked is not None:
+            stacked = zeroed(stacked, mask)
+            return list(stacked.unbind(1)), stacked
+        return [zeroed(view, mask[:, j]) for j, view in enumerate(views)], None
+
+    def _encode(self, args: tuple, mask: torch.Tensor | None = None
+                ) -> tuple[list[TorchDistribution] | None, TorchDistribution | None]:
         """Pair form: the two views' recognition distributions (each batch (N,)) and None;
-        joint form: None and the J views' as one distribution (batch (N, J)).
+        joint form: None and the J views' as one distribution (batch (N, J)), masked over the
+        views by ``mask`` (N, J) when given (Pyro's ``q.mask(mask)``).
 
         The checks of a batch run on the first batch of each signature (shapes, dtypes and
         devices of the views, the modules, validation on or off) and are skipped for later
@@ -316,6 +351,15 @@ class RPM(RPMBase):
         modules = self.modules_list
         groups = self._groups(len(views), modules)
         prior = self._child("prior")
+        if mask is not None:
+            if all(isinstance(view, torch.Tensor) and view.dim() > 0 for view in views):
+                views, stacked = self._mask(mask, prior, views, stacked, views[0].shape[0])
+            return _masked(self._encode_checked(names, views, stacked, modules, groups, prior),
+                           mask)
+        return self._encode_checked(names, views, stacked, modules, groups, prior)
+
+    def _encode_checked(self, names, views, stacked, modules, groups, prior):
+        """:meth:`_encode` without a mask."""
         joint = hook(prior, "joint_views")
         key = signature(views, is_validation_enabled(), id(prior), *map(id, modules),
                         self.encoder_calls)
@@ -367,11 +411,12 @@ class RPM(RPMBase):
             return None, stack_components(parts)
         return parts, None
 
-    def recognise(self, *args):
+    def recognise(self, *args, mask: torch.Tensor | None = None):
         """Validates a batch and returns its recognition distributions: for a pair prior
         ``(q, q2)``, each with batch_shape (N,) and event_shape (D,); for a prior over J views
-        the J views' distributions as one, batch_shape (N, J), event_shape (D,)."""
-        encoded, stacked = self._encode(args)
+        the J views' distributions as one, batch_shape (N, J), event_shape (D,) (masked over
+        the views by ``mask``, (N, J) bool, True = observed)."""
+        encoded, stacked = self._encode(args, mask)
         return stacked if stacked is not None else tuple(encoded)
 
     def candidates(self, global_batch: bool = False) -> Candidates:
@@ -404,11 +449,12 @@ class RPM(RPMBase):
         return declare_prior(self.prior, *self._prior_args(q, q2), sites=("z", "z2"))
 
     @pyro_method
-    def model(self, *args):
+    def model(self, *args, mask: torch.Tensor | None = None):
         r"""The generative model of Eq. 9-10 (class docstring): pair form, prior sites
         ``"z"``, ``"z2"`` and likelihood factors ``"x"``, ``"x2"``; joint form, prior site
-        ``"z"`` (event (J, D)) and the factor ``"x"``."""
-        encoded, q = self._encode(args)
+        ``"z"`` (event (J, D)) and the factor ``"x"`` (over the observed views of ``mask``,
+        (N, J) bool, when given)."""
+        encoded, q = self._encode(args, mask)
         batch_size = (encoded[0] if q is None else q).batch_shape[0]
         joint_over_batch = hook(self.prior, "joint_over_batch")
         if q is not None:  # the joint form
@@ -439,13 +485,13 @@ class RPM(RPMBase):
         return z, z2
 
     @pyro_method
-    def guide(self, *args):
+    def guide(self, *args, mask: torch.Tensor | None = None):
         r"""The approximate posterior: the recognition models (Eq. 14), per instance inside the
         plate, or as whole-batch events for a prior that is
         :attr:`~rpm.priors.base.Prior.joint_over_batch` (the same draws, the same log-density
         summed over the instances); in the joint form optionally the prior's structured
-        posterior."""
-        encoded, q = self._encode(args)
+        posterior. With ``mask`` the log-density is that of the observed views' latents."""
+        encoded, q = self._encode(args, mask)
         batch_size = (encoded[0] if q is None else q).batch_shape[0]
         joint_over_batch = hook(self.prior, "joint_over_batch")
         if q is not None:
@@ -467,11 +513,13 @@ class RPM(RPMBase):
     # -- what the objective needs (rpm.inference.objective) -------------------------------------
 
     def objective_inputs(self, *args, global_batch: bool = False,
-                         block_size: int | None = None) -> ObjectiveInputs:
+                         block_size: int | None = None,
+                         mask: torch.Tensor | None = None) -> ObjectiveInputs:
         """The recognition distributions, the guide's distributions (in its order) and the
-        candidates of one batch, each encoder evaluated once (for :class:`~rpm.RPMELBO`)."""
+        candidates of one batch, each encoder evaluated once (for :class:`~rpm.RPMELBO`);
+        ``mask`` as for :meth:`model`."""
         candidates = self.candidates(global_batch)
-        encoded, q = self._encode(args)
+        encoded, q = self._encode(args, mask)
         if q is None:
             return ObjectiveInputs(prior=self._child("prior"), guides=tuple(encoded),
                                    recognitions=tuple(encoded), plate=_PAIR_PLATE,
@@ -523,18 +571,34 @@ class RPM(RPMBase):
                              f"{len(modules)} recognition model(s), got {group}")
         return modules[group](x).mean
 
-    def encode(self, *args) -> torch.Tensor:
+    def encode(self, *args, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The learned representation: for one tensor x (N, ...) the recognition mean of the
         first view's model, shape (N, D) (under a prior over J views, where one tensor is read
         as stacked views (N, J, ...), use :meth:`encode_frames`); for the views of a batch (as
-        :meth:`model` takes them) the means of every view, shape (N, J, D)."""
+        :meth:`model` takes them) the means of every view, shape (N, J, D). With ``mask`` (N, J)
+        the missing views' entries are imputed: the mean of the prior's structured posterior
+        given the observed views (:meth:`~rpm.priors.base.Prior.posterior`; for the state-space
+        prior the Kalman smoother of the recognition means)."""
         if len(args) == 1 and isinstance(args[0], torch.Tensor) and not hook(
-                self.prior, "joint_views"):
+                self.prior, "joint_views") and mask is None:
             return self.modules_list[0](args[0]).mean
-        encoded, q = self._encode(args)
+        encoded, q = self._encode(args, mask)
+        if q is not None and mask is not None:
+            posterior = self.prior.posterior(q) if isinstance(self.prior, Prior) else None
+            if posterior is None:
+                raise ValueError(
+                    f"encode(..., mask=) imputes the missing views from the prior's structured "
+                    f"posterior; {type(self.prior).__name__} has none")
+            return torch.where(mask.unsqueeze(-1), q.mean, posterior.mean)
         if q is not None:
             return q.mean
         return torch.stack([dist.mean for dist in encoded], dim=1)
+
+
+def _masked(parts: tuple, mask: torch.Tensor) -> tuple:
+    """The joint form's recognition distributions masked over the views (``q.mask(mask)``)."""
+    encoded, q = parts
+    return encoded, q.mask(mask)
 
 
 def _split_rows(dist: TorchDistribution, batch_size: int, num_views: int) -> list[tuple]:

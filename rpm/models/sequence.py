@@ -68,23 +68,28 @@ class SequenceRPM(RPM):
         super().__init__(recognition, prior, encoder_calls=encoder_calls,
                          pooled_marginal=pooled_marginal, guide=guide, queue=queue, name=name)
 
-    def model(self, x: torch.Tensor) -> torch.Tensor:
+    def model(self, x: torch.Tensor, *, mask: torch.Tensor | None = None) -> torch.Tensor:
         r"""Prior site ``"z"`` (event (T, D)); likelihood factor ``"x"`` (Eq. 10 per view).
 
-        :param torch.Tensor x: N sequences of T views, shape (N, T, ...)."""
-        return super().model(x)
+        :param torch.Tensor x: N sequences of T views, shape (N, T, ...).
+        :param mask: missing frames: None, or a bool tensor (N, T), True where the frame is
+            observed (:class:`~rpm.RPM`, "Missing frames"; needs a prior that accepts it, e.g.
+            :class:`~rpm.priors.StateSpacePrior`)."""
+        return super().model(x, mask=mask)
 
-    def guide(self, x: torch.Tensor) -> torch.Tensor:
+    def guide(self, x: torch.Tensor, *, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Samples ``"z"`` (N, T, D) from the recognition models or the structured posterior.
 
-        :param torch.Tensor x: N sequences of T views, shape (N, T, ...)."""
-        return super().guide(x)
+        :param torch.Tensor x: N sequences of T views, shape (N, T, ...).
+        :param mask: as for :meth:`model`."""
+        return super().guide(x, mask=mask)
 
-    def recognise(self, x: torch.Tensor):
+    def recognise(self, x: torch.Tensor, *, mask: torch.Tensor | None = None):
         """The recognition distributions of x (N, T, ...): batch_shape (N, T), event_shape
-        (D,)."""
-        return super().recognise(x)
+        (D,), masked over the frames by ``mask`` when given."""
+        return super().recognise(x, mask=mask)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """The recognition means of every view, shape (N, T, D)."""
-        return super().encode(x)
+    def encode(self, x: torch.Tensor, *, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The recognition means of every view, shape (N, T, D); with ``mask``, the missing
+        frames imputed by the prior's structured posterior (:meth:`rpm.RPM.encode`)."""
+        return super().encode(x, mask=mask)

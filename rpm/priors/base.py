@@ -109,6 +109,7 @@ class Prior(NamedModule):
     :attr:`joint_over_batch`            ``False``: the sites are per instance, declared inside
                                         the model's plate over the N instances
     :attr:`accepts_queue`               ``False``: the normaliser takes no queued latents
+    :attr:`accepts_mask`                ``False``: every view of an instance is observed
     :meth:`likelihood_marginals`        pair form: each view's own minibatch mixture
     :meth:`posterior`                   ``None``: no structured guide of the prior's own
     :meth:`posterior_log_ratio`         ``None``: the structured guide's terms are computed from
@@ -148,6 +149,15 @@ class Prior(NamedModule):
     #: a :class:`~rpm.marginals.candidates.LatentQueue` as extra candidates (the implicit
     #: prior: MoCo); :class:`~rpm.RPM` refuses a queue for a prior that does not.
     accepts_queue: bool = False
+
+    #: True when the joint-form prior marginalises missing views exactly: called with
+    #: recognition distributions masked over the views (``q.mask(mask)``, mask (N, J), True =
+    #: observed; :func:`rpm.marginals.sequence_marginal.sequence_mask`), its site's
+    #: log-density is that of the observed views' latents (the state-space prior: the Kalman
+    #: filter without the missing frames' updates). :class:`~rpm.RPM` refuses ``mask=`` for a
+    #: prior that does not (an implicit prior's InfoNCE terms pair consecutive views and have no
+    #: marginal over a missing one).
+    accepts_mask: bool = False
 
     def forward(self, q: TorchDistribution, q2: TorchDistribution):
         r"""Declares the prior's sample sites and returns their values.

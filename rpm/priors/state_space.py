@@ -39,12 +39,13 @@ from pyro.nn import PyroParam
 from torch.distributions import constraints
 
 from rpm._validation import check_positive_int
-from rpm.marginals.sequence_marginal import sequence_components
+from rpm.marginals.sequence_marginal import sequence_components, sequence_mask
 from rpm.ops.kalman import (
     KalmanFilterResult,
     KalmanForecast,
     KalmanSmootherResult,
     backward_sample,
+    check_mask,
     kalman_filter,
     kalman_forecast,
     rts_smoother,
@@ -97,6 +98,11 @@ class GaussianStateSpace(TorchDistribution):
     :param observation_offset: b, a constant added to every observation, :math:`z_t = C s_t +
         b + v_t`, shape (..., D); None: 0 (the offset of the stationary prior,
         :class:`~rpm.priors.StationaryStateSpacePrior`, whose states have mean 0).
+    :param mask: None, or a bool tensor (..., T), True where the frame is observed: ``log_prob``
+        is then the marginal density of the observed frames' latents,
+        :math:`\log P(z_{t \in \text{observed}})` (the Kalman filter with the missing frames
+        removed from the observation model; the missing frames' values are ignored), and the
+        batch shape includes the mask's.
     """
 
     arg_constraints = {
@@ -113,7 +119,7 @@ class GaussianStateSpace(TorchDistribution):
 
     def __init__(self, init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
                  observation_matrix, observation_scale_tril, duration: int,
-                 observation_offset: torch.Tensor | None = None, validate_args=None):
+                 observation_offset: torch.Tensor | None = None, mask=None, validate_args=None):
         check_positive_int("duration", duration)
         hidden_dim = init_loc.shape[-1]
         obs_dim = observation_matrix.shape[-2]
@@ -129,7 +135,9 @@ class GaussianStateSpace(TorchDistribution):
         batch_shape = torch.broadcast_shapes(
             init_loc.shape[:-1], init_scale_tril.shape[:-2], transition_matrix.shape[:-2],
             transition_scale_tril.shape[:-2], observation_matrix.shape[:-2],
-            observation_scale_tril.shape[:-2], observation_offset.shape[:-1])
+            observation_scale_tril.shape[:-2], observation_offset.shape[:-1],
+            () if mask is None else mask.shape[:-1])
+        self.mask = check_mask(mask, duration)
         self.init_loc = init_loc
         self.init_scale_tril = init_scale_tril
         self.transition_matrix = transition_matrix
@@ -157,15 +165,27 @@ class GaussianStateSpace(TorchDistribution):
             setattr(new, name, getattr(self, name))
         new.duration = self.duration
         new.hidden_dim = self.hidden_dim
+        new.mask = self.mask
         super(GaussianStateSpace, new).__init__(batch_shape, self.event_shape, validate_args=False)
         new._validate_args = self._validate_args
         return new
+
+    def masked(self, mask: torch.Tensor | None) -> GaussianStateSpace:
+        """This distribution over the frames observed in ``mask`` ((..., T) bool, True =
+        observed): the same parameters, ``log_prob`` the density of the observed frames'
+        latents. None: this distribution."""
+        if mask is None:
+            return self
+        return GaussianStateSpace(**self._params, duration=self.duration,
+                                  observation_offset=self.observation_offset, mask=mask,
+                                  validate_args=self._validate_args)
 
     def filter(self, value: torch.Tensor) -> KalmanFilterResult:
         """The Kalman filter of ``value`` (..., T, D): log-likelihood and filtered states."""
         params = dict(self._params,
                       observation_scale_tril=self.observation_scale_tril.unsqueeze(-3))
-        return kalman_filter(value - self.observation_offset.unsqueeze(-2), **params)
+        return kalman_filter(value - self.observation_offset.unsqueeze(-2), **params,
+                             mask=self.mask)
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         if self._validate_args:
@@ -227,6 +247,13 @@ class StateSpacePosterior(TorchDistribution):
 
     the last term the Kalman likelihood of the pseudo-observations (the normaliser).
 
+    **Missing frames.** With a mask on the prior (``prior.mask``, (N, T), True = observed) a
+    missing frame has no pseudo-observation: the filter skips its update, its term
+    :math:`\log\mathcal{N}(\mu_t; z_t, \Sigma_t)` is dropped, and both :math:`\log
+    P(z_{1:T})` and :math:`\log Q(z_{1:T})` are the densities of the observed frames' latents
+    (the missing frames' latents drawn, :math:`z_t | s_t \sim \mathcal{N}(C s_t, R)`, are the
+    imputations, on which no density depends).
+
     ``batch_shape`` (N,) (that of the pseudo-observations), ``event_shape`` (T, D).
 
     :param GaussianStateSpace prior: the prior P, batch_shape broadcastable to (N,).
@@ -267,6 +294,8 @@ class StateSpacePosterior(TorchDistribution):
         self._noise_scale = post[..., :obs_dim, :obs_dim]  # chol(R + Sigma_t), (..., T, D, D)
         self._gain_bar = post[..., obs_dim:, :obs_dim]
         self._conditional_scale = post[..., obs_dim:, obs_dim:]
+        self._observation_scale = r_scale  # chol(R): the conditional of a missing frame
+        self.mask = prior.mask
         self._filtered = None
 
     @property
@@ -275,8 +304,28 @@ class StateSpacePosterior(TorchDistribution):
         if self._filtered is None:
             params = dict(self.prior._params, observation_scale_tril=self._noise_scale)
             offset = self.prior.observation_offset.unsqueeze(-2)
-            self._filtered = kalman_filter(self.loc - offset, **params)
+            self._filtered = kalman_filter(self.loc - offset, **params, mask=self.mask)
         return self._filtered
+
+    @property
+    def mean(self) -> torch.Tensor:
+        r""":math:`E_Q[z_t] = C \hat s_t + b + K_t (\mu_t - C \hat s_t - b)` with
+        :math:`\hat s_t` the smoothed state given the pseudo-observations
+        (:func:`rpm.ops.kalman.rts_smoother`), b the observation offset and :math:`K_t = R (R +
+        \Sigma_t)^{-1}`; :math:`C \hat s_t + b` at a missing frame (its imputation). Shape
+        (N, T, D)."""
+        smoothed = rts_smoother(self.filtered, self.prior.transition_matrix,
+                                self.prior.transition_scale_tril)
+        observation_matrix = self.prior.observation_matrix.to(torch.float64).unsqueeze(-3)
+        offset = self.prior.observation_offset.to(torch.float64).unsqueeze(-2)
+        predicted = _matvec(observation_matrix, smoothed.loc.to(torch.float64)) + offset
+        white = torch.linalg.solve_triangular(
+            self._noise_scale, (self.loc.to(torch.float64) - predicted).unsqueeze(-1),
+            upper=False).squeeze(-1)
+        value = predicted + _matvec(self._gain_bar, white)
+        if self.mask is not None:
+            value = torch.where(self.mask.unsqueeze(-1), value, predicted)
+        return value.to(self.loc.dtype)
 
     def expand(self, batch_shape, _instance=None):
         if torch.Size(batch_shape) != self.batch_shape:
@@ -301,6 +350,9 @@ class StateSpacePosterior(TorchDistribution):
             upper=False).squeeze(-1)
         value = (predicted + _matvec(self._gain_bar, white)
                  + _matvec(self._conditional_scale, noise_z))
+        if self.mask is not None:  # no pseudo-observation: z_t | s_t ~ N(C s_t, R)
+            value = torch.where(self.mask.unsqueeze(-1), value,
+                                predicted + _matvec(self._observation_scale, noise_z))
         return value.to(self.loc.dtype)
 
     def rsample(self, sample_shape=torch.Size()) -> torch.Tensor:
@@ -312,8 +364,11 @@ class StateSpacePosterior(TorchDistribution):
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         if self._validate_args:
             self._validate_sample(value)
-        pseudo = Normal(value, self.scale).log_prob(self.loc).sum((-1, -2))
-        return self.prior.log_prob(value) + pseudo - self.filtered.log_prob
+        pseudo = Normal(value, self.scale).log_prob(self.loc).sum(-1)  # (..., N, T)
+        if self.mask is not None:
+            pseudo = torch.where(self.mask, pseudo, torch.zeros((), dtype=pseudo.dtype,
+                                                                 device=pseudo.device))
+        return self.prior.log_prob(value) + pseudo.sum(-1) - self.filtered.log_prob
 
 
 def _cholesky_init(name: str, value, size: int) -> torch.Tensor:
@@ -351,6 +406,8 @@ class LinearGaussianPrior(SequencePrior):
 
     #: an explicit continuous density: Delta recognition needs noise (Appendix B).
     accepts_delta_recognition = False
+    #: missing frames are marginalised exactly (the Kalman filter skips their updates).
+    accepts_mask = True
 
     def distribution(self, duration: int) -> GaussianStateSpace:
         r""":math:`P(z_{1:T})` for T = ``duration`` views, batch_shape (), event_shape (T, D)."""
@@ -361,20 +418,24 @@ class LinearGaussianPrior(SequencePrior):
     def forward(self, q: TorchDistribution, marginal=None) -> torch.Tensor:
         """Declares ``"z"`` ~ :class:`GaussianStateSpace` for the T views of the recognition
         distributions ``q`` (batch_shape (N, T), event_shape (D,)); returns z, (N, T, D). The
-        marginals are not used (an explicit prior)."""
-        return pyro.sample("z", self.distribution(q.batch_shape[-1]))
+        marginals are not used (an explicit prior). For ``q`` masked over frames
+        (``q.mask(mask)``, as :meth:`rpm.RPM.model` builds it for ``mask=``), the density of
+        the observed frames' latents (missing frames marginalised)."""
+        return pyro.sample("z", self.distribution(q.batch_shape[-1]).masked(sequence_mask(q)))
 
     def posterior(self, q: TorchDistribution) -> StateSpacePosterior:
         r"""The structured guide :math:`Q(z_{1:T}) \propto P(z_{1:T}) \prod_t \mathcal{N}(\mu_t;
         z_t, \operatorname{diag}\sigma_t^2)` for Gaussian recognition distributions
-        ``q = Normal(mu, sigma).to_event(1)`` with batch_shape (N, T), event_shape (D,)."""
+        ``q = Normal(mu, sigma).to_event(1)`` with batch_shape (N, T), event_shape (D,), or
+        masked over frames (``q.mask(mask)``): the missing frames are not conditioned on."""
         loc, scale = sequence_components(q)
         if scale is None:
             raise ValueError(
                 "the structured guide conditions the prior on Gaussian pseudo-observations and "
                 "needs stochastic recognition; use GaussianRecognition or DeltaRecognition(net, "
                 "noise_scale=...) with a positive noise scale")
-        return StateSpacePosterior(self.distribution(loc.shape[-2]), loc, scale)
+        return StateSpacePosterior(self.distribution(loc.shape[-2]).masked(sequence_mask(q)),
+                                   loc, scale)
 
     def posterior_log_ratio(self, z: torch.Tensor, q: TorchDistribution,
                             posterior: TorchDistribution) -> torch.Tensor | None:
@@ -389,15 +450,19 @@ class LinearGaussianPrior(SequencePrior):
             return None
         return posterior.filtered.log_prob.to(z.dtype).expand(z.shape[:-2])
 
-    def smooth(self, z: torch.Tensor) -> KalmanSmootherResult:
+    def smooth(self, z: torch.Tensor, mask: torch.Tensor | None = None) -> KalmanSmootherResult:
         r"""The hidden states given the latents, :math:`P(s_t | z_{1:T})` (RTS smoother); ``z``
-        (N, T, D); returns loc (N, T, H) and scale_tril (N, T, H, H)."""
-        return self.distribution(z.shape[-2]).smooth(z)
+        (N, T, D); returns loc (N, T, H) and scale_tril (N, T, H, H). With ``mask`` (N, T)
+        (True = observed) the states given the observed frames only: :math:`C\,\text{loc}_t`
+        at a missing frame is its imputation."""
+        return self.distribution(z.shape[-2]).masked(mask).smooth(z)
 
-    def forecast(self, z: torch.Tensor, steps: int = 1) -> KalmanForecast:
-        r"""The next ``steps`` latents given :math:`z_{1:T}`: loc (N, steps, D) and the state
-        predictions (:func:`rpm.ops.kalman.kalman_forecast`)."""
-        return self.distribution(z.shape[-2]).forecast(z, steps)
+    def forecast(self, z: torch.Tensor, steps: int = 1,
+                 mask: torch.Tensor | None = None) -> KalmanForecast:
+        r"""The next ``steps`` latents given :math:`z_{1:T}` (the observed frames of ``mask``,
+        if given): loc (N, steps, D) and the state predictions
+        (:func:`rpm.ops.kalman.kalman_forecast`)."""
+        return self.distribution(z.shape[-2]).masked(mask).forecast(z, steps)
 
 
 class StateSpacePrior(LinearGaussianPrior):
@@ -466,8 +531,10 @@ class StateSpacePrior(LinearGaussianPrior):
             _cholesky_init("observation_noise", observation_noise, dim),
             constraints.lower_cholesky)  # chol(R), (D, D)
 
-    def distribution(self, duration: int) -> GaussianStateSpace:
-        r""":math:`P(z_{1:T})` for T = ``duration`` views, batch_shape (), event_shape (T, D)."""
+    def distribution(self, duration: int, mask: torch.Tensor | None = None) -> GaussianStateSpace:
+        r""":math:`P(z_{1:T})` for T = ``duration`` views, batch_shape () (or the mask's),
+        event_shape (T, D); with a mask (N, T) over frames (True = observed), the density of
+        the observed frames' latents."""
         return GaussianStateSpace(self.init_loc, self.init_scale_tril, self.transition_matrix,
                                   self.transition_scale_tril, self.observation_matrix,
                                   self.observation_scale_tril, duration)
