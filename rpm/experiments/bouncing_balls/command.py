@@ -125,6 +125,16 @@ def _momentum(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction of frames in [0, 1), got {text!r}")
+    return value
+
+
 def _window(text: str) -> int:
     value = positive_int(text)
     if value < 2:
@@ -186,6 +196,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--learn-recognition-noise", action="store_true",
                        help="learn the state-space prior's recognition noise instead of "
                        "fixing it at --state-space-noise")
+    group.add_argument("--drop-frames", type=_fraction, default=0.0,
+                       help="train the state-space prior with each frame of a window dropped "
+                       "with this probability (a mask over frames: the ELBO of the observed "
+                       "ones; default: 0)")
+    group.add_argument("--eval-drop-frames", type=_fraction, default=0.25,
+                       help="after training, score the state-space prior's forecasts and "
+                       "imputations with this fraction of the held-out frames dropped "
+                       "(results.json 'missing_frames'; 0: skip; default: 0.25)")
     group.add_argument("--eval-every", type=nonnegative_int, default=50,
                        help="evaluate the held-out R^2 every STEPS steps; 0: at the end only "
                        "(default: 50)")
@@ -238,6 +256,8 @@ _ONLY_FOR = {
     "state_space_guide": ("state-space", "the guide of the state-space prior"),
     "prior_lr": ("state-space", "the learning rate of the state-space prior's parameters"),
     "learn_recognition_noise": ("state-space", "the state-space prior's recognition noise"),
+    "drop_frames": ("state-space", "the frames the state-space prior trains without"),
+    "eval_drop_frames": ("state-space", "the state-space prior's evaluation with missing frames"),
 }
 
 
@@ -393,7 +413,9 @@ def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train
 
     import rpm
     from rpm import distributed
+    from rpm.data.missing import drop_frames
     from rpm.experiments.bouncing_balls.evaluate import evaluate
+    from rpm.experiments.bouncing_balls.missing_frames import evaluate_missing_frames
     from rpm.experiments.bouncing_balls.state_space import evaluate_dynamics, window_batch
     from rpm.training.trainer import Trainer
 
@@ -431,6 +453,14 @@ def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train
     def loss_fn(step: int) -> torch.Tensor:
         if sequence:
             starts = batch_indices(step, num_windows, windows_per_batch, window_steps)
+            if args.drop_frames > 0:  # the same frames dropped at a step, whatever resumes
+                mask = drop_frames((len(starts), args.window), args.drop_frames,
+                                   torch.Generator().manual_seed(args.seed * 1_000_003 + step),
+                                   device=frames.device)
+                loss = elbo.differentiable_loss(model.model, model.guide,
+                                                window_batch(frames, starts, args.window),
+                                                mask=mask)
+                return loss / mask.sum().clamp(min=1)  # negative ELBO per observed frame
             loss = elbo.differentiable_loss(model.model, model.guide,
                                             window_batch(frames, starts, args.window))
             return loss / (len(starts) * args.window)  # negative ELBO per frame
@@ -479,6 +509,12 @@ def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train
             "smoothed_pixel_error": dynamics.smoothed_pixel_error,
             "_forecast": dynamics.forecast,
         }
+        if args.eval_drop_frames > 0:
+            missing = evaluate_missing_frames(model, frames, centres, num_train,
+                                              args.eval_drop_frames, seed=args.seed)
+            extra["missing_frames"] = {"fraction": args.eval_drop_frames,
+                                       "trained_with_fraction": args.drop_frames,
+                                       **missing._asdict()}
     return {
         "r2": scores.r2,
         "r2_per_coordinate": scores.r2_per_coordinate,
