@@ -2,8 +2,9 @@ r"""Numerical kernels of the package, apart from the distributions that use them
 :mod:`pyro.ops`): the minibatch-mixture log-density, dense and streamed in blocks (for any
 other family of recognition distributions, in row blocks over its ``log_prob``), the streamed
 log-sum-exp of a matrix product and the underflow-safe dense one, weighted squared distances,
-powers of Lp distances in blocks, and the square-root Kalman filter, smoother and backward
-sampler of linear-Gaussian state-space models."""
+powers of Lp distances in blocks, and the Kalman filter, smoother and backward sampler of
+linear-Gaussian state-space models (square-root recursions, or associative scans over time for
+long sequences: :mod:`rpm.ops.kalman_scan`), with masks over frames."""
 
 from rpm.ops.dispatch import default_block_size, ieee_float32_matmul, use_streaming
 from rpm.ops.distances import (
