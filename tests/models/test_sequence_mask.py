@@ -183,3 +183,28 @@ def test_masks_are_refused_where_they_cannot_be_honoured():
                            MarkovImplicitPrior(RBFEnergy()))
     with pytest.raises(ValueError, match="marginalises missing views"):
         implicit.model(x, mask=MASK)
+
+
+def test_the_stationary_prior_takes_a_mask():
+    """StationaryStateSpacePrior's site with a mask is the dense marginal density of the observed
+    frames (its offset included), and a SequenceRPM with it trains on masked batches."""
+    from rpm.priors import StationaryStateSpacePrior
+
+    prior = StationaryStateSpacePrior(D, 3, observation_offset=0.7)
+    dist = prior.distribution(T)
+    params = {name: getattr(dist, name).detach() for name in (
+        "init_loc", "init_scale_tril", "transition_matrix", "transition_scale_tril",
+        "observation_matrix", "observation_scale_tril")}
+    mean_z, cov_z = dense_joint(params, T)[2:4]
+    mean_z = mean_z + dist.observation_offset.detach().repeat(T)
+    z = torch.randn(N, T, D)
+    log_prob = dist.masked(MASK).log_prob(z).detach()
+    for n in range(N):
+        idx = observed(MASK[n])
+        expected = MultivariateNormal(mean_z[idx], cov_z[idx][:, idx]).log_prob(z[n].reshape(-1)[idx])
+        assert torch.allclose(log_prob[n], expected, atol=1e-8)
+    model = SequenceRPM(GaussianRecognition(GaussianHead(X_DIM, D)), prior, guide="structured")
+    _, x = data()
+    loss = RPMELBO().differentiable_loss(model.model, model.guide, x, mask=MASK)
+    grads = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad])
+    assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in grads)
