@@ -13,7 +13,7 @@ multi-crop rule (``multicrop``), a queue of earlier latents (``queue``, MoCo's n
 NT-Xent written in plain torch (``torch_ntxent``, the same objective as ``ntxent``, from the
 same initialisation on the same batches). The baselines are the raw pixels and the untrained
 encoder. The default run trains :data:`DEFAULT_METHODS` (within 6 minutes of one CPU core);
-``--methods all`` trains every method (about 12 minutes; ``benchmarks/README.md``).
+``--methods all`` trains every method (about 11 minutes; ``benchmarks/README.md``).
 
 Evaluation (:mod:`rpm.evaluation`, batch normalisation in eval mode) of two representations:
 the backbone's :math:`h` before the projection head (the usual protocol of SimCLR and its
@@ -91,7 +91,7 @@ __all__ = ["FLOORS", "METHODS", "add_parser", "run"]
 METHODS = ("infonce", "ntxent", "rbf", "gaussian", "star4", "mixture4", "multicrop", "queue", "torch_ntxent")
 #: The methods of the default run (within the 6 minutes of a 2-core CPU); ``--methods all``
 #: trains every one of :data:`METHODS`.
-DEFAULT_METHODS = ("infonce", "ntxent", "gaussian", "star4", "queue", "torch_ntxent")
+DEFAULT_METHODS = ("infonce", "ntxent", "gaussian", "star4", "torch_ntxent")
 _COSINE = tuple(name for name in METHODS if name != "rbf")
 #: Test accuracy the best RPM prior must reach with the defaults, by labels per class (the best
 #: of its representations and classifiers, named in results.json's checks).

@@ -165,3 +165,25 @@ def test_step_benchmark_times_every_method(capsys):
     assert bench.main(["--batch-size", "16", "--rounds", "1", "--steps", "1"]) == 0
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
     assert set(rows) == set(METHODS) and rows["torch_ntxent"][-1] == "1.000"
+
+
+def test_scale_information_benchmark_runs_every_prior(capsys, tmp_path):
+    """benchmarks/scale_information.py at toy size: a row per prior with the median scale per
+    corruption strength, Spearman's rho in [-1, 1] and the share at the floor."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[3] / "benchmarks" / "scale_information.py"
+    spec = importlib.util.spec_from_file_location("scale_information_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "rows.json"
+    assert bench.main(["--steps", "2", "--batch-size", "8", "--latent-dim", "4", "--levels", "3",
+                       "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [row["prior"] for row in rows] == list(bench.PRIORS)
+    for row in rows:
+        assert list(row["median_scale_by_strength"]) == ["0.00", "0.50", "1.00"]
+        assert all(v > 1e-3 for v in row["median_scale_by_strength"].values())  # above the floor
+        assert -1.0 <= row["spearman"] <= 1.0 and 0.0 <= row["at_floor"] <= 1.0
+    assert len(capsys.readouterr().out.splitlines()) == 1 + len(bench.PRIORS)
