@@ -110,6 +110,11 @@ class StationaryStateSpacePrior(LinearGaussianPrior):
     :param observation_offset: b starts at this value (a number or D numbers; default 0).
     :param observation_noise: R starts at ``diag(observation_noise)**2`` (a number or D
         numbers; default 0.1).
+    :param bool learn_observation_matrix: learn C (default); False keeps it at its start (a
+        buffer), which pins the latents' prior scale as well as the state's: every frame's
+        :math:`z_t` then has covariance :math:`C C^\top + R \succeq C C^\top`, fixed up to R
+        (``docs/theory.md``: with a learned C the RPM ELBO can trade the latents' scale
+        against the recognition noise).
 
     References:
         M. Hromadka, ..., "Maximum likelihood learning of latent dynamics without
@@ -117,7 +122,8 @@ class StationaryStateSpacePrior(LinearGaussianPrior):
     """
 
     def __init__(self, dim: int, state_dim: int | None = None, decay: float = 0.9,
-                 observation_scale=1.0, observation_offset=0.0, observation_noise=0.1):
+                 observation_scale=1.0, observation_offset=0.0, observation_noise=0.1,
+                 learn_observation_matrix: bool = True):
         super().__init__()
         check_positive_int("dim", dim)
         state_dim = dim if state_dim is None else state_dim
@@ -132,7 +138,10 @@ class StationaryStateSpacePrior(LinearGaussianPrior):
         emission[:, :min(dim, state_dim)] *= scale[:min(dim, state_dim), None]
         self.transition_weight = torch.nn.Parameter(
             contraction_weight(decay * torch.eye(state_dim)))  # W, (H, H)
-        self.observation_matrix = torch.nn.Parameter(emission)  # C, (D, H)
+        if learn_observation_matrix:
+            self.observation_matrix = torch.nn.Parameter(emission)  # C, (D, H)
+        else:
+            self.register_buffer("observation_matrix", emission)  # C, (D, H), fixed
         self.observation_offset = torch.nn.Parameter(
             _vector("observation_offset", observation_offset, dim, positive=False))  # b, (D,)
         self.observation_scale_tril = PyroParam(
@@ -142,7 +151,8 @@ class StationaryStateSpacePrior(LinearGaussianPrior):
     @classmethod
     def from_dynamics(cls, transition_matrix: torch.Tensor, process_scale_tril: torch.Tensor,
                       observation_matrix: torch.Tensor, observation_offset=0.0,
-                      observation_noise=0.1) -> StationaryStateSpacePrior:
+                      observation_noise=0.1, learn_observation_matrix: bool = True
+                      ) -> StationaryStateSpacePrior:
         r"""The stationary prior that starts as the stable chain :math:`s_{t+1} = A_0 s_t + w_t`,
         :math:`w_t \sim \mathcal{N}(0, Q_0)`, :math:`z_t = C_0 s_t + b + v_t` started from its
         stationary distribution :math:`\mathcal{N}(0, P_0)`, :math:`P_0 = A_0 P_0 A_0^\top +
@@ -157,6 +167,7 @@ class StationaryStateSpacePrior(LinearGaussianPrior):
         :param torch.Tensor observation_matrix: :math:`C_0`, (D, H).
         :param observation_offset: b (a number or D numbers).
         :param observation_noise: R starts at ``diag(observation_noise)**2``.
+        :param bool learn_observation_matrix: learn C (default) or keep it fixed.
         """
         a0 = torch.as_tensor(transition_matrix, dtype=torch.float64)
         q_tril = torch.as_tensor(process_scale_tril, dtype=torch.float64)
@@ -168,7 +179,8 @@ class StationaryStateSpacePrior(LinearGaussianPrior):
         root = torch.linalg.cholesky(covariance)  # S
         a = torch.linalg.solve_triangular(root, a0 @ root, upper=False)  # S^{-1} A_0 S
         prior = cls(c0.shape[0], a0.shape[-1], observation_offset=observation_offset,
-                    observation_noise=observation_noise)
+                    observation_noise=observation_noise,
+                    learn_observation_matrix=learn_observation_matrix)
         dtype = prior.observation_matrix.dtype
         with torch.no_grad():
             prior.transition_weight.copy_(contraction_weight(a).to(dtype))

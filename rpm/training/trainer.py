@@ -201,6 +201,12 @@ class Trainer:
         (e.g. a minibatch sampler) saved in the checkpoint by name.
     :param str eval_label: shown before the metrics in the progress bar, e.g. ``"val"`` when
         ``eval_fn`` scores a validation set other than the final test set.
+    :param callable stop_fn: ``stop_fn(history) -> str | None``, called after every evaluation
+        (``eval_every``) with the history so far: a string (the reason, e.g. a convergence rule
+        that held) stops the run there, with a checkpoint, and is recorded as
+        ``history["stopped"] = {"step": step, "reason": reason}``; a stopped run resumed stays
+        stopped. It must decide from the history alone (so that a resumed run decides as an
+        uninterrupted one).
     :param bool distributed: under ``torch.distributed`` (e.g. ``torchrun``), each rank's
         ``loss_fn`` returns its share of a global loss (e.g. its rows of the negative ELBO of the
         global batch, ``RPMELBO(global_batch=True)``, divided by the global batch size): the
@@ -234,6 +240,7 @@ class Trainer:
         extra_state: Mapping[str, Any] | None = None,
         eval_label: str = "",
         distributed: bool = False,
+        stop_fn: Callable[[dict], str | None] | None = None,
     ) -> None:
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
@@ -246,6 +253,9 @@ class Trainer:
             raise TypeError(f"loss_fn must be callable as loss_fn(step), got {loss_fn!r}")
         if eval_fn is not None and not callable(eval_fn):
             raise TypeError(f"eval_fn must be callable as eval_fn(step) or None, got {eval_fn!r}")
+        if stop_fn is not None and (not callable(stop_fn) or eval_fn is None or not eval_every):
+            raise ValueError("stop_fn must be callable as stop_fn(history) and is checked after "
+                             "each periodic evaluation: pass eval_fn and eval_every > 0 with it")
         if scheduler is not None and not (
             hasattr(scheduler, "step")
             and hasattr(scheduler, "state_dict")
@@ -277,6 +287,7 @@ class Trainer:
         self.loss_fn = loss_fn
         self.scheduler = scheduler
         self.eval_fn = eval_fn
+        self.stop_fn = stop_fn
         self.generators = dict(generators or {})
         capture_rng_state(self.generators)  # validates the generators now rather than later
         self.progress = bool(progress)
@@ -432,8 +443,8 @@ class Trainer:
                 )
             self._reset()
         self.module.train()
-        if self.step >= self.num_steps:  # a finished run, reloaded: nothing to show
-            return self.history
+        if self.step >= self.num_steps or "stopped" in self.history:
+            return self.history  # a finished (or stopped) run, reloaded: nothing to show
         with self._deferred_signals(), self._progress_bar() as bar:
             if self.eval_at_start and self.eval_fn is not None and self.step == 0:
                 if not any(e["step"] == 0 for e in self.history["evaluations"]):
@@ -456,9 +467,16 @@ class Trainer:
                         self._interrupt()
                 if evaluate:
                     self._evaluate(bar)
+                    reason = None if (final or self.stop_fn is None) else self.stop_fn(
+                        copy.deepcopy(self.history))
+                    if reason is not None:
+                        self.history["stopped"] = {"step": step, "reason": str(reason)}
+                        checkpoint = True
                 if checkpoint:
                     self._save()
                 bar.update(1)  # after the evaluation, so that a line shows its scores
+                if "stopped" in self.history:
+                    break
         return self.history
 
     def _train_step(self) -> None:

@@ -205,3 +205,19 @@ def test_bad_arguments_are_refused():
         StationaryStateSpacePrior.from_dynamics(torch.eye(2), torch.eye(2), torch.eye(2))
     with pytest.raises(ValueError, match="observation_matrix"):
         StationaryStateSpacePrior.from_dynamics(0.5 * torch.eye(2), torch.eye(2), torch.eye(3))
+
+
+def test_a_fixed_observation_matrix_is_a_buffer_that_keeps_its_start():
+    a0 = torch.tensor([[0.9, 0.5], [0.0, 0.8]])
+    prior = StationaryStateSpacePrior.from_dynamics(a0, 0.3 * torch.eye(2), torch.tensor([[1.0, 0.0]]),
+                                                    learn_observation_matrix=False)
+    names = {name for name, _ in prior.named_parameters()}
+    assert not any("observation_matrix" in name for name in names)
+    assert "observation_matrix" in dict(prior.named_buffers())
+    start = prior.observation_matrix.clone()
+    optimizer = torch.optim.SGD(prior.parameters(), lr=0.1)
+    loss = -prior.distribution(5).log_prob(torch.randn(3, 5, 1)).sum()
+    loss.backward()
+    optimizer.step()
+    assert torch.equal(prior.observation_matrix, start)
+    assert prior.transition_weight.grad.abs().sum() > 0

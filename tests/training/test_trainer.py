@@ -487,3 +487,40 @@ def test_eval_label_prefixes_the_metrics_in_the_progress_bar(tmp_path):
 def test_bad_grad_clip_is_refused(tmp_path, grad_clip, error):
     with pytest.raises(error, match="grad_clip"):
         _run(tmp_path, num_steps=2, grad_clip=grad_clip)
+
+
+def _stop_below(threshold):
+    """A stop rule from the history alone: the latest evaluation's full-data loss."""
+    def stop_fn(history):
+        last = history["evaluations"][-1]
+        return f"loss_all {last['loss_all']:.3f} < {threshold}" if last["loss_all"] < threshold \
+            else None
+    return stop_fn
+
+
+def test_stop_fn_stops_at_an_evaluation_with_a_checkpoint_and_a_resume_stays_stopped(tmp_path):
+    full, _ = _run(tmp_path / "full", num_steps=60)
+    evaluations = full.history["evaluations"]
+    # a threshold first crossed at an evaluation inside the run
+    threshold = 0.5 * (evaluations[3]["loss_all"] + evaluations[4]["loss_all"])
+    expected_step = next(e["step"] for e in evaluations[1:] if e["loss_all"] < threshold)
+    assert 0 < expected_step < 60
+    stopped, losses = _run(tmp_path / "stopped", num_steps=60, stop_fn=_stop_below(threshold))
+    assert stopped.step == expected_step and max(losses) == expected_step - 1
+    assert stopped.history["stopped"]["step"] == expected_step
+    assert stopped.history["stopped"]["reason"].startswith("loss_all")
+    assert load_checkpoint(stopped.checkpoint_path)["step"] == expected_step
+    assert json.loads(stopped.history_path.read_text())["stopped"]["step"] == expected_step
+    # the same steps as the run without the rule, up to the stop
+    assert stopped.history["losses"] == [w for w in full.history["losses"] if w[0] <= expected_step]
+    again, more = _run(tmp_path / "stopped", num_steps=80, stop_fn=_stop_below(threshold),
+                       resume=True)
+    assert more == {} and again.step == expected_step
+    # a crash before the stop, resumed, stops at the same step with the same parameters
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _run(tmp_path / "crash", num_steps=60, stop_fn=_stop_below(threshold), crash_at=expected_step - 3)
+    resumed, _ = _run(tmp_path / "crash", num_steps=60, stop_fn=_stop_below(threshold), resume=True)
+    _assert_same_run(resumed.state_dict(), stopped.state_dict())
+    assert resumed.history["stopped"] == stopped.history["stopped"]
+    with pytest.raises(ValueError, match="stop_fn"):
+        _run(tmp_path / "bad", num_steps=5, eval_every=0, stop_fn=_stop_below(threshold))
