@@ -22,8 +22,10 @@ dynamics    explicit prior :class:`~rpm.priors.circular_step.BallDynamicsPrior`:
             model :math:`\mathcal{N}(\mu(x), \epsilon^2 I)`, :math:`\epsilon` = ``--noise-scale``
             (Appendix B)
 state-space a prior over windows of ``--window`` frames (:class:`~rpm.SequenceRPM`): a learned
-            linear-Gaussian state space of positions and velocities started at constant
-            velocity, with its structured guide (``--state-space-guide``);
+            linear-Gaussian state space of positions and velocities, stationary and
+            scale-pinned by default (``--state-space-prior``), started at a damped constant
+            velocity, with its structured guide (``--state-space-guide``), trained until it
+            converges (at most ``--state-space-steps``);
             :mod:`rpm.experiments.bouncing_balls.state_space` describes it and its extra scores
             (``velocity_r2``, ``forecast_error_px``, ``baseline_forecast_error_px``)
 ==========  ================================================================================
@@ -99,7 +101,8 @@ from rpm.experiments.common import (
     write_json_atomic,
 )
 
-__all__ = ["PRIORS", "add_parser", "build_model", "epoch_permutation", "prior_parameters", "run"]
+__all__ = ["PRIORS", "add_parser", "build_model", "converged", "epoch_permutation",
+           "prior_parameters", "run"]
 
 #: The priors of ``--prior``, in the order ``--prior all`` runs them.
 PRIORS = ("rbf", "bilinear", "cosine", "dynamics", "state-space")
@@ -109,6 +112,13 @@ STATE_SPACE_NOISE = 0.15
 #: Frames per training window of the state-space prior (the default of ``--window``; the
 #: reasons in :mod:`rpm.experiments.bouncing_balls.state_space`).
 WINDOW = 8
+#: Most training steps of the state-space prior (``--state-space-steps``).
+STATE_SPACE_STEPS = 1500
+#: The convergence rule of the state-space prior (``--stop-tolerance``, ``--stop-window``;
+#: :func:`converged`): the mean training loss over the last STOP_WINDOW steps moved by less
+#: than STOP_TOLERANCE nats per frame from the STOP_WINDOW steps before.
+STOP_TOLERANCE = 0.01
+STOP_WINDOW = 100
 NUM_BALLS = 3
 #: Number of held-out frames shown in the feature-map figure.
 _SHOWN_FRAMES = 4
@@ -132,6 +142,16 @@ def _fraction(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError(f"expected a fraction of frames in [0, 1), got {text!r}")
+    return value
+
+
+def _nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
     return value
 
 
@@ -190,6 +210,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="guide of the state-space prior: the structured posterior (Kalman "
                        "smoother of the recognition factors) or the recognition models "
                        "(default: structured)")
+    group.add_argument("--state-space-prior", choices=("stationary", "free"),
+                       default="stationary",
+                       help="the state-space prior: stationary and scale-pinned (s_t ~ N(0, I), "
+                       "Q = I - A A^T) or the free chain of the first version (default: "
+                       "stationary)")
+    group.add_argument("--state-space-objective", choices=("rpm", "rp-gssm"), default="rpm",
+                       help="objective of the stationary state-space prior: the RPM ELBO with "
+                       "the structured guide, or RP-GSSM's (each frame's own marginal "
+                       "likelihood of the factors subtracted, rpm.inference.rp_gssm) "
+                       "(default: rpm)")
+    group.add_argument("--state-space-steps", type=positive_int, default=STATE_SPACE_STEPS,
+                       help="most training steps of the state-space prior (its run stops earlier "
+                       "when converged, --stop-tolerance); on --resume it may grow (default: "
+                       f"{STATE_SPACE_STEPS})")
+    group.add_argument("--stop-tolerance", type=_nonnegative_float, default=STOP_TOLERANCE,
+                       help="the state-space prior's run stops when its mean training loss (nats "
+                       "per frame) over the last --stop-window steps has moved by less than this "
+                       f"from the --stop-window steps before; 0: never (default: {STOP_TOLERANCE})")
+    group.add_argument("--stop-window", type=positive_int, default=STOP_WINDOW,
+                       help="steps over which the convergence rule averages the training loss "
+                       f"(default: {STOP_WINDOW})")
     group.add_argument("--prior-lr", type=positive_float, default=1e-3,
                        help="learning rate of the state-space prior's parameters (default: "
                        "1e-3)")
@@ -224,6 +265,18 @@ def _check_arguments(args: argparse.Namespace) -> int:
         raise ConfigurationError(
             f"--test-frames {args.test_frames}: R^2 needs at least 2 held-out frames"
         )
+    if getattr(args, "state_space_objective", "rpm") == "rp-gssm" and (
+            getattr(args, "state_space_prior", "free") != "stationary"
+            or args.state_space_guide != "structured"):
+        raise ConfigurationError(
+            "--state-space-objective rp-gssm folds the stationary prior's marginal into the "
+            "recognition and uses the structured guide: use it with --state-space-prior "
+            "stationary and --state-space-guide structured")
+    if getattr(args, "state_space_objective", "rpm") == "rp-gssm" and getattr(
+            args, "drop_frames", 0) > 0:
+        raise ConfigurationError(
+            "--state-space-objective rp-gssm has no masks over frames: drop --drop-frames or use "
+            "--state-space-objective rpm")
     windows = _windows_per_batch(args)
     if args.prior in ("state-space", "all") and num_train - args.window + 1 < windows:
         raise ConfigurationError(
@@ -254,7 +307,12 @@ _ONLY_FOR = {
     "state_space_noise": ("state-space", "the recognition noise of the state-space prior"),
     "window": ("state-space", "the training window of the state-space prior"),
     "state_space_guide": ("state-space", "the guide of the state-space prior"),
+    "state_space_prior": ("state-space", "the kind of state-space prior"),
+    "state_space_objective": ("state-space", "the objective of the state-space prior"),
     "prior_lr": ("state-space", "the learning rate of the state-space prior's parameters"),
+    "state_space_steps": ("state-space", "the training length of the state-space prior"),
+    "stop_tolerance": ("state-space", "the convergence rule of the state-space prior"),
+    "stop_window": ("state-space", "the convergence rule of the state-space prior"),
     "learn_recognition_noise": ("state-space", "the state-space prior's recognition noise"),
     "drop_frames": ("state-space", "the frames the state-space prior trains without"),
     "eval_drop_frames": ("state-space", "the state-space prior's evaluation with missing frames"),
@@ -270,6 +328,10 @@ def _check_flags_apply(args: argparse.Namespace) -> None:
         raise ConfigurationError(
             f"--momentum is the momentum of --optimizer sgd, but the optimiser is "
             f"{args.optimizer}: drop --momentum or add --optimizer sgd")
+    if "epochs" in given and args.prior == "state-space":
+        raise ConfigurationError(
+            "--epochs sets the training length of the pair priors; the state-space prior trains "
+            "for at most --state-space-steps (and stops when converged): drop --epochs")
     for key, (prior, what) in _ONLY_FOR.items():
         if key in given and args.prior not in (prior, "all"):
             flag = "--" + key.replace("_", "-")
@@ -317,7 +379,8 @@ def build_model(name: str, args: argparse.Namespace, in_channels: int):
 
         return build_state_space_model(args, in_channels, NUM_BALLS,
                                        guide=args.state_space_guide,
-                                       learn_noise=args.learn_recognition_noise)
+                                       learn_noise=args.learn_recognition_noise,
+                                       kind=getattr(args, "state_space_prior", "free"))
     encoder = BallEncoder(in_channels=in_channels, hidden_channels=args.hidden_channels,
                           kernel_size=5, num_maps=NUM_BALLS)
     if name == "dynamics":
@@ -341,6 +404,8 @@ def prior_parameters(name: str, model, args: argparse.Namespace | None = None) -
     ``"state-space"``, :class:`rpm.SequenceRPM`) ``model``, as JSON-ready numbers and lists."""
     import torch
 
+    import rpm
+
     prior = model.prior
     with torch.no_grad():
         if name == "rbf":
@@ -358,6 +423,10 @@ def prior_parameters(name: str, model, args: argparse.Namespace | None = None) -
                 "recognition_noise": model.recognition.net.log_scale.exp().cpu().tolist(),
                 "guide": model.guide_kind,
                 "window": None if args is None else args.window,
+                "kind": "stationary" if isinstance(
+                    prior, rpm.priors.StationaryStateSpacePrior) else "free",
+                "transition_eigenvalues_abs": torch.linalg.eigvals(
+                    prior.transition_matrix).abs().sort().values.cpu().tolist(),
             }
         return {
             "centre": prior.loc.cpu().tolist(),
@@ -417,17 +486,19 @@ def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train
     from rpm.experiments.bouncing_balls.evaluate import evaluate
     from rpm.experiments.bouncing_balls.missing_frames import evaluate_missing_frames
     from rpm.experiments.bouncing_balls.state_space import evaluate_dynamics, window_batch
+    from rpm.inference.rp_gssm import rp_gssm_elbo
     from rpm.training.trainer import Trainer
 
     seed_everything(args.seed)  # each prior's run is the same whichever others run with it
     model = build_model(name, args, frames.shape[1]).to(frames.device)
     sequence = isinstance(model, rpm.SequenceRPM)
+    rp_gssm = sequence and getattr(args, "state_space_objective", "rpm") == "rp-gssm"
     # the network of the 6 position numbers (of the state-space prior's Gaussian encoder: the means)
     encoder = model.recognition.net.encoder if sequence else model.recognition.net
     untrained = evaluate(encoder, frames, centres, num_train)
     num_pairs = num_train - 1
     steps_per_epoch = num_pairs // args.batch_size  # full batches only
-    num_steps = args.epochs * steps_per_epoch
+    num_steps = args.state_space_steps if sequence else args.epochs * steps_per_epoch
     parallel = distributed.is_distributed()
     if sequence and parallel:
         raise ConfigurationError(
@@ -453,16 +524,18 @@ def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train
     def loss_fn(step: int) -> torch.Tensor:
         if sequence:
             starts = batch_indices(step, num_windows, windows_per_batch, window_steps)
+            windows = window_batch(frames, starts, args.window)
             if args.drop_frames > 0:  # the same frames dropped at a step, whatever resumes
                 mask = drop_frames((len(starts), args.window), args.drop_frames,
                                    torch.Generator().manual_seed(args.seed * 1_000_003 + step),
                                    device=frames.device)
-                loss = elbo.differentiable_loss(model.model, model.guide,
-                                                window_batch(frames, starts, args.window),
-                                                mask=mask)
+                loss = elbo.differentiable_loss(model.model, model.guide, windows, mask=mask)
                 return loss / mask.sum().clamp(min=1)  # negative ELBO per observed frame
-            loss = elbo.differentiable_loss(model.model, model.guide,
-                                            window_batch(frames, starts, args.window))
+            if rp_gssm:
+                q = model.objective_inputs(windows).recognitions[0]
+                loss = -rp_gssm_elbo(model.prior, q).sum()
+            else:
+                loss = elbo.differentiable_loss(model.model, model.guide, windows)
             return loss / (len(starts) * args.window)  # negative ELBO per frame
         index = batch_indices(step, num_pairs, args.batch_size, steps_per_epoch)[rows]
         loss = elbo.differentiable_loss(model.model, model.guide, frames[index],
@@ -484,6 +557,7 @@ def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train
         eval_fn=eval_fn, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
         log_every=min(10, num_steps), progress=args.progress, description=name,
         eval_label="held-out", distributed=parallel,
+        stop_fn=_stop_rule(args) if sequence and args.eval_every else None,
     )
     resume = args.resume and trainer.has_checkpoint()  # a deleted checkpoint is an error
     if resume and distributed.is_main_process():
@@ -523,7 +597,8 @@ def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train
         "untrained_r2": untrained.r2,
         "untrained_pixel_error": untrained.pixel_error,
         "prior_parameters": prior_parameters(name, model, args),
-        "steps": num_steps,
+        "steps": trainer.step,
+        "stopped": history.get("stopped"),
         "final_loss": history["losses"][-1][1] if history["losses"] else math.nan,
         "train_seconds": history["evaluations"][-1]["wall_time"],
         "_decoded": scores.decoded,
@@ -532,6 +607,52 @@ def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train
         "_history": history,
         **extra,
     }
+
+
+def converged(history: dict, window: int, tolerance: float) -> str | None:
+    r"""The convergence rule of the state-space prior: at an evaluation at step s >= 2w (w =
+    ``window``), with :math:`\bar\ell(a, b]` the mean training loss (negative ELBO per frame)
+    over steps a < step <= b,
+
+    .. math::
+
+        \big|\bar\ell(s - 2w, s - w] - \bar\ell(s - w, s]\big| < \text{tolerance}
+
+    stops the run: the loss has stopped moving (in either direction) at the scale of its
+    noise. Decided from the trainer's history alone (the logged loss windows), so a resumed
+    run stops where an uninterrupted one does.
+
+    :param dict history: the :class:`~rpm.training.trainer.Trainer`'s history.
+    :param int window: w, steps.
+    :param float tolerance: nats per frame; 0 never stops.
+    :return: the reason, or None to go on.
+    """
+    step = history["evaluations"][-1]["step"]
+    if tolerance <= 0 or step < 2 * window:
+        return None
+    ends = [end for end, _ in history["losses"]]
+    means = [mean for _, mean in history["losses"]]
+    sums = {0: 0.0, 1: 0.0}
+    counts = {0: 0, 1: 0}
+    for start, end, mean in zip([0, *ends[:-1]], ends, means, strict=True):
+        for half, (low, high) in enumerate(((step - 2 * window, step - window),
+                                            (step - window, step))):
+            overlap = max(0, min(end, high) - max(start, low))
+            sums[half] += overlap * mean
+            counts[half] += overlap
+    if counts[0] < window or counts[1] < window:
+        return None  # the history does not cover both windows (logged windows were longer)
+    before, after = sums[0] / counts[0], sums[1] / counts[1]
+    if abs(before - after) < tolerance:
+        return (f"converged at step {step}: mean loss {after:.4f} over steps {step - window + 1}-"
+                f"{step}, {before:.4f} over the {window} before (change below {tolerance})")
+    return None
+
+
+def _stop_rule(args: argparse.Namespace):
+    def stop_fn(history: dict) -> str | None:
+        return converged(history, args.stop_window, args.stop_tolerance)
+    return stop_fn
 
 
 #: Priors expected not to learn the positions, and why (reported as a result, not a warning).
@@ -580,7 +701,8 @@ def _run(args: argparse.Namespace) -> int:
         run = None
         if distributed.is_main_process():
             run = stack.enter_context(open_run(args, may_change=("eval_every",),
-                                               may_grow=("epochs",), validate=_validate))
+                                               may_grow=("epochs", "state_space_steps"),
+                                               validate=_validate))
         distributed.barrier()  # the run folder and its config.json exist
         if run is None:
             out = Path(args.out)

@@ -22,6 +22,8 @@ TINY = [
     "--image-size", "16", "--ball-diameter", "3", "--hidden-channels", "4",
     "--eval-every", "0", "--checkpoint-every", "0", "--no-progress", "--device", "cpu",
 ]  # fmt: skip
+#: --prior all (the default): the state-space prior's length is its own flag
+TINY_ALL = [*TINY, "--state-space-steps", "4"]
 
 
 def _main(capsys, *argv):
@@ -48,7 +50,7 @@ def reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("reference")
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        status = main(["bouncing-balls", "--out", str(out), *TINY])
+        status = main(["bouncing-balls", "--out", str(out), *TINY_ALL])
     return out, status, stdout.getvalue()
 
 
@@ -145,7 +147,7 @@ def test_interrupted_run_resumes_the_unfinished_prior_and_skips_the_others(
     interrupted = tmp_path / "interrupted"
     with monkeypatch.context() as patch:
         patch.setattr(rpm.training.trainer, "Trainer", _InterruptDynamics)
-        status, _, err = _main(capsys, "--out", str(interrupted), *TINY)
+        status, _, err = _main(capsys, "--out", str(interrupted), *TINY_ALL)
     assert status == 128 + signal.SIGINT and "rerun with --resume" in err
     assert not (interrupted / "results.json").exists()
     finished = {name: (interrupted / name / "checkpoint.pt").read_bytes()
@@ -174,7 +176,7 @@ def test_interrupted_run_resumes_the_unfinished_prior_and_skips_the_others(
     assert status == 2 and "--lr: was 0.01, now 0.1" in err
     status, _, err = _main(capsys, "--out", str(interrupted), "--resume", "--epochs", "1")
     assert status == 2 and "--epochs: was 2, now 1 (it may only grow" in err
-    status, _, err = _main(capsys, "--out", str(tmp_path / "none"), *TINY, "--resume")
+    status, _, err = _main(capsys, "--out", str(tmp_path / "none"), *TINY_ALL, "--resume")
     assert status == 2 and "no run to resume" in err
 
 

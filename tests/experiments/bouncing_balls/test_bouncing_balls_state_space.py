@@ -11,6 +11,7 @@ import torch
 
 from rpm.cli import main
 from rpm.data.bouncing_balls import generate_bouncing_balls
+from rpm.experiments.bouncing_balls.command import converged
 from rpm.experiments.bouncing_balls.evaluate import fit_linear_decoder
 from rpm.experiments.bouncing_balls.state_space import (
     build_state_space_model,
@@ -52,15 +53,17 @@ def test_window_batch():
     assert batch[1, :, 0, 0, 0].tolist() == [5.0, 6.0, 7.0, 8.0]
 
 
-def test_dynamics_scores_with_the_true_centres():
-    """With the true centres as the encoder's means, the untrained constant-velocity prior
-    reads the velocities out of its smoothed states, and each one-step forecast equals the
-    forecast of GaussianStateSpace on the prefix (noise R + sigma^2), decoded by the position
-    decoder; the baseline is the mean step length, one ball diameter."""
+@pytest.mark.parametrize("kind", ["stationary", "free"])
+def test_dynamics_scores_with_the_true_centres(kind):
+    """With the true centres as the encoder's means, the untrained prior (damped or plain
+    constant velocity) reads the velocities out of its smoothed states, and each one-step
+    forecast equals the forecast of GaussianStateSpace on the prefix (noise R + sigma^2),
+    decoded by the position decoder; the baseline is the mean step length, one ball
+    diameter."""
     torch.set_default_dtype(torch.float64)
     video = generate_bouncing_balls(120, seed=1, dtype=torch.float64)
     num_train = 100
-    model = build_state_space_model(ARGS, 3, 3)
+    model = build_state_space_model(ARGS, 3, 3, kind=kind)
     model.recognition.net.encoder = Oracle(video.centres)
     frames = torch.arange(120.0).reshape(120, 1, 1, 1)
     scores = evaluate_dynamics(model, frames, video.centres, num_train)
@@ -76,9 +79,11 @@ def test_dynamics_scores_with_the_true_centres():
     targets = video.centres.flatten(1)
     decoder = fit_linear_decoder(targets[:num_train], targets[:num_train])
     for t in (num_train, num_train + 7, 119):
-        chain = GaussianStateSpace(prior.init_loc, prior.init_scale_tril, prior.transition_matrix,
-                                   prior.transition_scale_tril, prior.observation_matrix,
-                                   torch.linalg.cholesky(r_cov), duration=t)
+        learned = prior.distribution(t)
+        chain = GaussianStateSpace(learned.init_loc, learned.init_scale_tril,
+                                   learned.transition_matrix, learned.transition_scale_tril,
+                                   learned.observation_matrix, torch.linalg.cholesky(r_cov),
+                                   duration=t, observation_offset=learned.observation_offset)
         latent = chain.forecast(targets[:t], 1).loc[0].detach()
         decoded = torch.cat([latent, torch.ones(1)]) @ decoder
         assert torch.allclose(scores.forecast[t - num_train].flatten(), decoded, atol=1e-8)
@@ -88,7 +93,7 @@ def test_dynamics_scores_with_the_true_centres():
 def test_tiny_run_writes_the_dynamics_scores(tmp_path):
     status = main([
         "bouncing-balls", "--prior", "state-space", "--out", str(tmp_path), "--frames", "48",
-        "--test-frames", "16", "--epochs", "2", "--batch-size", "15", "--image-size", "16",
+        "--test-frames", "16", "--state-space-steps", "4", "--batch-size", "15", "--image-size", "16",
         "--ball-diameter", "3", "--hidden-channels", "4", "--eval-every", "0",
         "--checkpoint-every", "0", "--no-progress", "--device", "cpu", "--window", "4",
     ])
@@ -103,7 +108,8 @@ def test_tiny_run_writes_the_dynamics_scores(tmp_path):
     assert (tmp_path / "forecast.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_smoothed_position_scores_against_dense_gaussian_conditioning():
+@pytest.mark.parametrize("kind", ["stationary", "free"])
+def test_smoothed_position_scores_against_dense_gaussian_conditioning(kind):
     """The smoothed read-out C E[s_t | mu_{1:F}] equals the posterior mean of the joint Gaussian
     of all states and recognition means (conditioned densely, numpy float64); its R^2 and pixel
     error are those of the affine decoder fitted on the training frames."""
@@ -112,15 +118,16 @@ def test_smoothed_position_scores_against_dense_gaussian_conditioning():
     video = generate_bouncing_balls(num_frames, seed=2, dtype=torch.float64)
     noisy = video.centres + 0.8 * torch.randn(video.centres.shape,
                                               generator=torch.Generator().manual_seed(0))
-    model = build_state_space_model(ARGS, 3, 3)
+    model = build_state_space_model(ARGS, 3, 3, kind=kind)
     model.recognition.net.encoder = Oracle(noisy)
     frames = torch.arange(float(num_frames)).reshape(num_frames, 1, 1, 1)
     scores = evaluate_dynamics(model, frames, video.centres, num_train)
 
-    prior = model.prior
-    m1, S1, A, Q, C, R = (t.detach().numpy() for t in (
+    prior = model.prior.distribution(num_frames)
+    m1, S1, A, Q, C, R, b = (t.detach().numpy() for t in (
         prior.init_loc, prior.init_scale_tril, prior.transition_matrix,
-        prior.transition_scale_tril, prior.observation_matrix, prior.observation_scale_tril))
+        prior.transition_scale_tril, prior.observation_matrix, prior.observation_scale_tril,
+        prior.observation_offset))
     sigma = model.recognition.net.log_scale.exp().detach().numpy()
     H, D, F = A.shape[0], C.shape[0], num_frames
     # s = mean + L (s_1 noise, w_1, ..., w_{F-1}): s_t = A^{t-1} s_1 + sum_{u<t} A^{t-1-u} w_u
@@ -133,9 +140,9 @@ def test_smoothed_position_scores_against_dense_gaussian_conditioning():
     cov_s = L @ L.T
     big_c = np.kron(np.eye(F), C)
     noise = np.kron(np.eye(F), R @ R.T + np.diag(sigma ** 2))
-    mu = noisy.flatten(1).numpy().reshape(-1)
+    mu = noisy.flatten(1).numpy().reshape(-1) - np.tile(b, F)  # z_t - b = C s_t + v_t
     gain = cov_s @ big_c.T @ np.linalg.inv(big_c @ cov_s @ big_c.T + noise)
-    latent = (big_c @ (mean + gain @ (mu - big_c @ mean))).reshape(F, D)
+    latent = (big_c @ (mean + gain @ (mu - big_c @ mean))).reshape(F, D) + b
 
     targets = video.centres.flatten(1).numpy()
     design = np.concatenate([latent, np.ones((F, 1))], 1)
@@ -146,3 +153,24 @@ def test_smoothed_position_scores_against_dense_gaussian_conditioning():
     error = np.linalg.norm(residual.reshape(-1, 3, 2), axis=-1).mean()
     assert scores.smoothed_r2 == pytest.approx(r2.mean(), rel=1e-8)
     assert scores.smoothed_pixel_error == pytest.approx(error, rel=1e-8)
+
+
+def _history(losses, window_steps=10):
+    """A trainer history whose loss windows of ``window_steps`` steps have the given means."""
+    return {"losses": [[window_steps * (i + 1), m] for i, m in enumerate(losses)],
+            "evaluations": [{"step": window_steps * len(losses)}]}
+
+
+def test_convergence_rule_compares_the_mean_loss_of_two_windows():
+    # 20 windows of 10 steps: the last 100 steps average 1.0, the 100 before 1.0 + delta
+    for delta, stops in ((0.02, False), (-0.02, False), (0.005, True), (-0.005, True)):
+        losses = [5.0] * 4 + [1.0 + delta + 0.3 * (-1) ** i for i in range(10)] + [
+            1.0 + 0.2 * (-1) ** i for i in range(10)]
+        reason = converged(_history(losses), window=100, tolerance=0.01)
+        assert (reason is not None) == stops, (delta, reason)
+    assert converged(_history([1.0] * 19), window=100, tolerance=0.01) is None  # step 190 < 200
+    assert converged(_history([1.0] * 30), window=100, tolerance=0.0) is None  # 0: never
+    # windows of 10 steps weighted by their length when they straddle the split (step 250)
+    losses = [2.0] * 5 + [1.0] * 20
+    assert converged(_history(losses), window=100, tolerance=0.01) is not None
+    assert converged(_history([2.0] * 14 + [1.0] * 11), window=100, tolerance=0.01) is None
