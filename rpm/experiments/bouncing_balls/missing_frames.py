@@ -59,7 +59,8 @@ def evaluate_missing_frames(model: rpm.SequenceRPM, frames: torch.Tensor, centre
     evaluation mode.
 
     :param model: a SequenceRPM with a :class:`~rpm.models.bouncing_balls.GaussianBallEncoder`
-        and a :class:`~rpm.priors.StateSpacePrior`.
+        and a state-space prior (:class:`~rpm.priors.StationaryStateSpacePrior` or
+        :class:`~rpm.priors.StateSpacePrior`).
     :param torch.Tensor frames: the whole video, shape (F, C, H, W).
     :param torch.Tensor centres: true centres, shape (F, K, 2).
     :param int num_train: number of leading training frames (never dropped).
@@ -69,17 +70,16 @@ def evaluate_missing_frames(model: rpm.SequenceRPM, frames: torch.Tensor, centre
     encoder = model.recognition.net
     loc = encode(encoder.encoder, frames)  # (F, 2K), float64 CPU
     scale = encoder.log_scale.exp().detach().to("cpu", torch.float64).expand_as(loc)
-    params = {name: getattr(model.prior, name).detach().to("cpu", torch.float64)
-              for name in ("init_loc", "init_scale_tril", "transition_matrix",
-                           "transition_scale_tril", "observation_matrix",
-                           "observation_scale_tril")}
     num_frames, num_balls = centres.shape[:2]
+    learned = model.prior.distribution(num_frames)  # either parametrisation of the chain
+    params = {name: getattr(learned, name).detach().to("cpu", torch.float64)
+              for name in learned.arg_constraints}
     mask = torch.ones(num_frames, dtype=torch.bool)
     mask[num_train:] = drop_frames((num_frames - num_train,), fraction,
                                    torch.Generator().manual_seed(seed))
     targets = centres.detach().to("cpu", torch.float64).flatten(1)  # (F, 2K)
     position = fit_linear_decoder(loc[:num_train], targets[:num_train])  # (2K + 1, 2K)
-    observation = params["observation_matrix"]
+    observation, offset = params["observation_matrix"], params["observation_offset"]
 
     def read_out(observed: torch.Tensor | None):
         chain = rpm.priors.GaussianStateSpace(**params, duration=num_frames,
@@ -87,8 +87,8 @@ def evaluate_missing_frames(model: rpm.SequenceRPM, frames: torch.Tensor, centre
         filtered = rpm.priors.StateSpacePosterior(chain, loc[None], scale[None]).filtered
         smoothed = rts_smoother(filtered, params["transition_matrix"],
                                 params["transition_scale_tril"]).loc[0]  # (F, H)
-        forecast = _decode(filtered.predicted_loc[0] @ observation.T, position)
-        return forecast, _decode(smoothed @ observation.T, position)
+        forecast = _decode(filtered.predicted_loc[0] @ observation.T + offset, position)
+        return forecast, _decode(smoothed @ observation.T + offset, position)
 
     def error(prediction: torch.Tensor, rows: torch.Tensor) -> float:
         difference = (prediction[rows] - targets[rows]).reshape(-1, num_balls, 2)

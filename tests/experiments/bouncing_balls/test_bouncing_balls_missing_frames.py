@@ -17,13 +17,14 @@ from tests.experiments.bouncing_balls.test_bouncing_balls_state_space import ARG
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def test_imputation_and_forecast_against_dense_conditioning_on_the_observed_frames():
+@pytest.mark.parametrize("kind", ["stationary", "free"])
+def test_imputation_and_forecast_against_dense_conditioning_on_the_observed_frames(kind):
     torch.set_default_dtype(torch.float64)
     num_frames, num_train, fraction, seed = 36, 24, 0.3, 5
     video = generate_bouncing_balls(num_frames, seed=2, dtype=torch.float64)
     noisy = video.centres + 0.8 * torch.randn(video.centres.shape,
                                               generator=torch.Generator().manual_seed(0))
-    model = build_state_space_model(ARGS, 3, 3)
+    model = build_state_space_model(ARGS, 3, 3, kind=kind)
     model.recognition.net.encoder = Oracle(noisy)
     frames = torch.arange(float(num_frames)).reshape(num_frames, 1, 1, 1)
     scores = evaluate_missing_frames(model, frames, video.centres, num_train, fraction, seed=seed)
@@ -33,10 +34,11 @@ def test_imputation_and_forecast_against_dense_conditioning_on_the_observed_fram
     dropped = ~observed & (np.arange(num_frames) >= num_train)
     assert scores.dropped_frames == dropped.sum() > 0
 
-    prior = model.prior
-    m1, S1, A, Q, C, R = (t.detach().numpy() for t in (
+    prior = model.prior.distribution(num_frames)
+    m1, S1, A, Q, C, R, b = (t.detach().numpy() for t in (
         prior.init_loc, prior.init_scale_tril, prior.transition_matrix,
-        prior.transition_scale_tril, prior.observation_matrix, prior.observation_scale_tril))
+        prior.transition_scale_tril, prior.observation_matrix, prior.observation_scale_tril,
+        prior.observation_offset))
     sigma = model.recognition.net.log_scale.exp().detach().numpy()
     H, D, F = A.shape[0], C.shape[0], num_frames
     mean = np.concatenate([np.linalg.matrix_power(A, t) @ m1 for t in range(F)])
@@ -51,16 +53,17 @@ def test_imputation_and_forecast_against_dense_conditioning_on_the_observed_fram
     mu = noisy.flatten(1).numpy().reshape(-1)
     targets = video.centres.flatten(1).numpy()
     design = np.concatenate([mu.reshape(F, D), np.ones((F, 1))], 1)
+    mu = mu - np.tile(b, F)  # z_t - b = C s_t + v_t
     position = np.linalg.lstsq(design[:num_train], targets[:num_train], rcond=None)[0]
 
     def conditional_latent(rows):
         """C E[s | mu at the frames `rows`], (F, D)."""
         idx = np.concatenate([np.arange(t * D, (t + 1) * D) for t in rows]) if len(rows) else []
         if len(idx) == 0:
-            return (big_c @ mean).reshape(F, D)
+            return (big_c @ mean).reshape(F, D) + b
         cross = cov_s @ big_c.T[:, idx]
         gain = cross @ np.linalg.inv((big_c @ cov_s @ big_c.T + noise)[np.ix_(idx, idx)])
-        return (big_c @ (mean + gain @ (mu[idx] - (big_c @ mean)[idx]))).reshape(F, D)
+        return (big_c @ (mean + gain @ (mu[idx] - (big_c @ mean)[idx]))).reshape(F, D) + b
 
     def pixel_error(latent, rows):
         decoded = np.concatenate([latent, np.ones((F, 1))], 1) @ position
@@ -83,9 +86,9 @@ def test_imputation_and_forecast_against_dense_conditioning_on_the_observed_fram
 def test_tiny_run_with_dropped_frames_writes_the_missing_frame_scores(tmp_path):
     status = main([
         "bouncing-balls", "--prior", "state-space", "--out", str(tmp_path), "--frames", "48",
-        "--test-frames", "16", "--epochs", "2", "--batch-size", "15", "--image-size", "16",
-        "--ball-diameter", "3", "--hidden-channels", "4", "--eval-every", "0",
-        "--checkpoint-every", "0", "--no-progress", "--device", "cpu", "--window", "4",
+        "--test-frames", "16", "--state-space-steps", "4", "--batch-size", "15",
+        "--image-size", "16", "--ball-diameter", "3", "--hidden-channels", "4", "--eval-every",
+        "0", "--checkpoint-every", "0", "--no-progress", "--device", "cpu", "--window", "4",
         "--drop-frames", "0.25", "--eval-drop-frames", "0.5",
     ])
     assert status == 0
