@@ -11,7 +11,7 @@ The model (:mod:`rpm.experiments.lds.model`): a Gaussian encoder :math:`Q(z_t|x_
 \mathcal{N}(W x_t + c + \mathrm{MLP}(x_t), \sigma^2 I)` (D = H, ``--hidden`` tanh units, 0 for
 an affine encoder; :math:`\sigma` = ``--recognition-noise``), a learned linear-Gaussian
 state-space prior over the frames of a window (H = D, A started at 0.9 I) with the structured
-guide, and the marginals pooled over the frames of the batch. Training
+guide, and the marginals pooled over the frames of the batch (``--marginal``). Training
 (:mod:`rpm.experiments.lds.train`): ``--steps`` Adam steps on ``--batch-size`` windows of
 ``--window`` frames, the negative ELBO per frame.
 
@@ -95,6 +95,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--hidden", type=nonnegative_int, default=0,
                        help="tanh units of the encoder's MLP, added to its affine map; 0: an "
                        "affine encoder (default: 0)")
+    model.add_argument("--marginal", choices=("per-view", "pooled"), default="pooled",
+                       help="the marginals Q_t: the mixture over the t-th frames of the batch's "
+                       "windows (per-view), or over all its frames (pooled; frames of one window "
+                       "are not independent draws) (default: pooled)")
     model.add_argument("--recognition-noise", type=positive_float, default=0.1,
                        help="the encoder's constant standard deviation sigma (default: 0.1)")
     train = parser.add_argument_group("training")
@@ -169,7 +173,8 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
     x = data.observations.to(device, torch.get_default_dtype())  # (N, T, P)
     seed_everything(args.seed)
     encoder = GaussianMLPEncoder(obs_dim, state_dim, args.hidden, args.recognition_noise)
-    model = build_sequence_model(encoder, state_dim).to(device)
+    model = build_sequence_model(encoder, state_dim,
+                                 pooled_marginal=args.marginal == "pooled").to(device)
     untrained = _scores(model, data, args.sequences)
 
     def eval_fn(step: int) -> dict:

@@ -10,9 +10,9 @@ procedurally generated moving gratings and blobs (no image data set).
 The model: the convolutional Gaussian encoder
 :class:`~rpm.experiments.pendulum.model.GaussianConvEncoder` (D = ``--latent-dim``, constant
 noise ``--recognition-noise``), a learned linear-Gaussian state-space prior over the frames of a
-window (H = D) with the structured guide and the marginals pooled over the batch's frames
-(:func:`~rpm.experiments.lds.model.build_sequence_model`), trained on ``--batch-size`` windows
-of ``--window`` frames (:mod:`rpm.experiments.lds.train`).
+window (H = ``--state-dim``, D by default) with the structured guide and the marginals pooled
+over the batch's frames (``--marginal``; :func:`~rpm.experiments.lds.model.build_sequence_model`),
+trained on ``--batch-size`` windows of ``--window`` frames (:mod:`rpm.experiments.lds.train`).
 
 Results (:mod:`rpm.experiments.lds.evaluate`), in ``results.json``:
 
@@ -94,11 +94,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                       help="standard deviation of the pixel noise (default: 0.05)")
     model = parser.add_argument_group("model")
     model.add_argument("--latent-dim", type=positive_int, default=4,
-                       help="dimension D of the latents and of the prior's state (default: 4)")
+                       help="dimension D of the latents (default: 4)")
+    model.add_argument("--state-dim", type=positive_int, default=None,
+                       help="dimension H of the prior's hidden state (default: D)")
     model.add_argument("--channels", type=positive_int, default=16,
                        help="maps of the encoder's first convolution (default: 16)")
     model.add_argument("--hidden", type=positive_int, default=64,
                        help="units of the encoder's hidden layer (default: 64)")
+    model.add_argument("--marginal", choices=("per-view", "pooled"), default="pooled",
+                       help="the marginals Q_t: the mixture over the t-th frames of the batch's "
+                       "windows (per-view), or over all its frames (pooled; frames of one window "
+                       "are not independent draws) (default: pooled)")
     model.add_argument("--recognition-noise", type=positive_float, default=0.1,
                        help="the encoder's constant standard deviation (default: 0.1)")
     train = parser.add_argument_group("training")
@@ -173,7 +179,9 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
     seed_everything(args.seed)
     encoder = GaussianConvEncoder(args.image_size, args.latent_dim, args.channels, args.hidden,
                                   args.recognition_noise)
-    model = build_sequence_model(encoder, args.latent_dim).to(device)
+    model = build_sequence_model(encoder, args.latent_dim,
+                                 args.state_dim or args.latent_dim,
+                                 pooled_marginal=args.marginal == "pooled").to(device)
     num_train = args.sequences
     untrained = _scores(model, frames, states, num_train)
 

@@ -117,6 +117,7 @@ def test_smoothed_latents_and_forecasts_of_the_true_model():
     (["--window", "1"], "at least 2 frames"),
     (["--window", "50", "--length", "20"], "longer than the sequences"),
     (["--steps", "0"], "positive integer"),
+    (["--marginal", "both"], "invalid choice"),
 ])
 def test_bad_flags_exit_2_with_a_message(tmp_path, capsys, argv, message):
     assert _run(tmp_path, *argv) == 2

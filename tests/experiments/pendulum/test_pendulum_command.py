@@ -44,7 +44,8 @@ def test_bad_flags_exit_2_with_a_message(tmp_path, capsys, argv, message):
 def test_end_to_end_run_with_distractors_writes_results_and_resumes(tmp_path, capsys):
     argv = ["--distractors", "--steps", "4", "--sequences", "6", "--test-sequences", "3",
             "--length", "16", "--image-size", "16", "--batch-size", "3", "--window", "6",
-            "--channels", "4", "--hidden", "8", "--eval-every", "2", "--checkpoint-every", "0"]
+            "--channels", "4", "--hidden", "8", "--eval-every", "2", "--checkpoint-every", "0",
+            "--latent-dim", "3", "--state-dim", "5", "--marginal", "per-view"]
     assert _run(tmp_path, *argv) == 0
     out = tmp_path / "run"
     results = json.loads((out / "results.json").read_text())
@@ -54,6 +55,7 @@ def test_end_to_end_run_with_distractors_writes_results_and_resumes(tmp_path, ca
     assert set(results["r2_per_coordinate"]) == {"sin_theta", "cos_theta", "omega"}
     assert set(results["forecast_error"]) == set(results["var_forecast_error"]) == {"1", "10"}
     assert results["config"]["distractors"] is True
+    assert len(results["eigenvalues"]) == 5  # H = --state-dim
     assert (out / "pendulum.png").stat().st_size > 0
     capsys.readouterr()
     assert main(["pendulum", "--resume", "--out", str(out), "--no-progress"]) == 0
