@@ -21,8 +21,8 @@ the pooled mixture has N T components instead of N. With the N per-view componen
 (``pooled_marginal=False``), the measured runs traded the latent's information for
 predictability: on ``rpm lds --size small`` the held-out :math:`R^2` of the encoder's means
 fell from 0.99 to 0.5-0.7 within 200-300 steps while the ELBO rose, with 32 windows of 100
-frames as with 256 windows of 10; pooled over 64 windows of 25 frames it stayed at 0.99
-(``benchmarks/README.md``).
+frames as with 256 windows of 10; pooled over 64 windows of 25 frames it stayed at 0.99 (at
+``--size small``; at medium and large the pooled runs lose it too: ``benchmarks/README.md``).
 """
 
 from __future__ import annotations
