@@ -95,6 +95,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--hidden", type=nonnegative_int, default=0,
                        help="tanh units of the encoder's MLP, added to its affine map; 0: an "
                        "affine encoder (default: 0)")
+    model.add_argument("--prior", choices=("free", "stationary"), default="free",
+                       help="the state-space prior: free (rpm.priors.StateSpacePrior, every "
+                       "parameter learned) or stationary (rpm.priors.StationaryStateSpacePrior: "
+                       "s_t ~ N(0, I), Q = I - A A^T) (default: free)")
     model.add_argument("--marginal", choices=("per-view", "pooled"), default="pooled",
                        help="the marginals Q_t: the mixture over the t-th frames of the batch's "
                        "windows (per-view), or over all its frames (pooled; frames of one window "
@@ -174,7 +178,8 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
     seed_everything(args.seed)
     encoder = GaussianMLPEncoder(obs_dim, state_dim, args.hidden, args.recognition_noise)
     model = build_sequence_model(encoder, state_dim,
-                                 pooled_marginal=args.marginal == "pooled").to(device)
+                                 pooled_marginal=args.marginal == "pooled",
+                                 prior=args.prior).to(device)
     untrained = _scores(model, data, args.sequences)
 
     def eval_fn(step: int) -> dict:

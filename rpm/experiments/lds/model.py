@@ -33,10 +33,14 @@ import torch
 from torch import nn
 
 import rpm
-from rpm._validation import check_int, check_positive, check_positive_int
-from rpm.priors import StateSpacePrior
+from rpm._validation import check_choice, check_int, check_positive, check_positive_int
+from rpm.priors import StateSpacePrior, StationaryStateSpacePrior
 
-__all__ = ["GaussianMLPEncoder", "build_sequence_model"]
+__all__ = ["PRIORS", "GaussianMLPEncoder", "build_sequence_model"]
+
+#: The state-space priors of ``--prior``: the free chain (the default) and the stationary,
+#: scale-pinned one.
+PRIORS = ("free", "stationary")
 
 
 class GaussianMLPEncoder(nn.Module):
@@ -73,7 +77,8 @@ class GaussianMLPEncoder(nn.Module):
 
 
 def build_sequence_model(encoder: nn.Module, dim: int, state_dim: int | None = None,
-                         decay: float = 0.9, pooled_marginal: bool = True) -> rpm.SequenceRPM:
+                         decay: float = 0.9, pooled_marginal: bool = True,
+                         prior: str = "free") -> rpm.SequenceRPM:
     r"""The :class:`~rpm.SequenceRPM` of ``encoder`` (returning ``(loc, scale)`` of dimension
     ``dim``) with a :class:`~rpm.priors.StateSpacePrior` of D = ``dim`` latents and H =
     ``state_dim`` hidden states (A started at ``decay`` I, C at the first D coordinates of the
@@ -84,6 +89,10 @@ def build_sequence_model(encoder: nn.Module, dim: int, state_dim: int | None = N
     :param torch.nn.Module encoder: maps frames (M, ...) to ``(loc, scale)``, each (M, D).
     :param int dim: D.
     :param int state_dim: H (default D).
+    :param str prior: ``"stationary"``: :class:`~rpm.priors.StationaryStateSpacePrior`
+        (:math:`s_t \sim \mathcal{N}(0, I)` at every t, :math:`Q = I - A A^\top`, A started at
+        ``decay`` I; C, its offset and R learned), or ``"free"``:
+        :class:`~rpm.priors.StateSpacePrior` with every parameter free.
     :param float decay: the start of A, in (0, 1).
     :param bool pooled_marginal: pool the marginals over the N T frames of the batch (module
         docstring) rather than the N frames of each view.
@@ -92,6 +101,11 @@ def build_sequence_model(encoder: nn.Module, dim: int, state_dim: int | None = N
     state_dim = dim if state_dim is None else check_positive_int("state_dim", state_dim)
     if not 0.0 < decay < 1.0:
         raise ValueError(f"decay must lie in (0, 1), got {decay!r}")
+    check_choice("prior", prior, PRIORS)
+    if prior == "stationary":
+        chain = StationaryStateSpacePrior(dim, state_dim, decay=decay, observation_noise=0.1)
+        return rpm.SequenceRPM(rpm.GaussianRecognition(encoder), chain, guide="structured",
+                               pooled_marginal=pooled_marginal)
     prior = StateSpacePrior(dim, state_dim=state_dim, constant_velocity=False,
                             init_scale=1.0, process_noise=math.sqrt(1.0 - decay ** 2),
                             observation_noise=0.1)

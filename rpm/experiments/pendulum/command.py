@@ -101,6 +101,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="maps of the encoder's first convolution (default: 16)")
     model.add_argument("--hidden", type=positive_int, default=64,
                        help="units of the encoder's hidden layer (default: 64)")
+    model.add_argument("--prior", choices=("free", "stationary"), default="free",
+                       help="the state-space prior: free (rpm.priors.StateSpacePrior, every "
+                       "parameter learned) or stationary (rpm.priors.StationaryStateSpacePrior: "
+                       "s_t ~ N(0, I), Q = I - A A^T) (default: free)")
     model.add_argument("--marginal", choices=("per-view", "pooled"), default="pooled",
                        help="the marginals Q_t: the mixture over the t-th frames of the batch's "
                        "windows (per-view), or over all its frames (pooled; frames of one window "
@@ -181,7 +185,8 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
                                   args.recognition_noise)
     model = build_sequence_model(encoder, args.latent_dim,
                                  args.state_dim or args.latent_dim,
-                                 pooled_marginal=args.marginal == "pooled").to(device)
+                                 pooled_marginal=args.marginal == "pooled",
+                                 prior=args.prior).to(device)
     num_train = args.sequences
     untrained = _scores(model, frames, states, num_train)
 

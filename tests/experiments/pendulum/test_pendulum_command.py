@@ -45,7 +45,8 @@ def test_end_to_end_run_with_distractors_writes_results_and_resumes(tmp_path, ca
     argv = ["--distractors", "--steps", "4", "--sequences", "6", "--test-sequences", "3",
             "--length", "16", "--image-size", "16", "--batch-size", "3", "--window", "6",
             "--channels", "4", "--hidden", "8", "--eval-every", "2", "--checkpoint-every", "0",
-            "--latent-dim", "3", "--state-dim", "5", "--marginal", "per-view"]
+            "--latent-dim", "3", "--state-dim", "5", "--marginal", "per-view",
+            "--prior", "stationary"]
     assert _run(tmp_path, *argv) == 0
     out = tmp_path / "run"
     results = json.loads((out / "results.json").read_text())
