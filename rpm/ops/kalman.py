@@ -306,7 +306,7 @@ def _sequential_filter(z, mask, init_loc, init_scale_tril, transition_matrix, tr
         obs_scale_t = obs_scale[..., min(t, obs_scale.shape[-3] - 1), :, :]
         obs_scale_t = obs_scale_t.expand(*cov_batch, obs_dim, obs_dim)
         top = torch.cat([obs_scale_t, observation_matrix @ scale], dim=-1)  # (*cov, D, D + H)
-        bottom = torch.cat([torch.zeros_like(scale[..., :, :obs_dim]), scale], dim=-1)  # (*cov, H, D+H)
+        bottom = torch.cat([scale.new_zeros(*scale.shape[:-1], obs_dim), scale], dim=-1)  # (*cov, H, D+H)
         post = triangularize(torch.cat([top, bottom], dim=-2))  # (*cov, D + H, D + H)
         innovation_scale = post[..., :obs_dim, :obs_dim]  # (*cov, D, D)
         gain_bar = post[..., obs_dim:, :obs_dim]  # (*cov, H, D)

@@ -230,3 +230,22 @@ def test_bad_shapes_are_refused():
     with pytest.raises(ValueError, match="steps must be a positive integer"):
         kalman_forecast(kalman_filter(torch.randn(4, 2, dtype=torch.float64), **p), p["transition_matrix"],
                         p["transition_scale_tril"], p["observation_matrix"], p["observation_scale_tril"], 0)
+
+
+@pytest.mark.parametrize("method", ["sequential", "parallel"])
+def test_more_observed_than_hidden_dimensions_matches_the_dense_joint_gaussian(method):
+    """D = 5 observed dimensions of an H = 3 state (a tall emission, as in an LDS with more
+    observations than latents): log-likelihood and smoothed means against the dense Gaussian."""
+    torch.manual_seed(3)
+    T, H, D = 6, 3, 5
+    p = random_model(H=H, D=D, T=T)
+    mean_s, cov_s, mean_z, cov_z, cov_sz = dense_joint(p, T)
+    z = MultivariateNormal(mean_z, cov_z).sample((2,)).reshape(2, T, D)
+    result = kalman_filter(z, **p, method=method)
+    expected = MultivariateNormal(mean_z, cov_z).log_prob(z.reshape(2, T * D))
+    assert torch.allclose(result.log_prob, expected, rtol=0, atol=1e-8)
+    smoothed = rts_smoother(result, p["transition_matrix"], p["transition_scale_tril"],
+                            method=method)
+    for n in range(2):
+        mean, _ = condition(mean_s, mean_z, cov_s, cov_sz, cov_z, z[n].reshape(-1))
+        assert torch.allclose(smoothed.loc[n], mean.reshape(T, H), rtol=0, atol=1e-8)
