@@ -48,11 +48,15 @@ from rpm.experiments.common import (
     environment,
     nonnegative_int,
     open_run,
-    positive_float,
     positive_int,
     resolve_device,
     torch_threads,
     write_json_atomic,
+)
+from rpm.experiments.lds.arguments import (
+    add_state_space_model_arguments,
+    add_window_training_arguments,
+    at_least_two_frames,
 )
 
 __all__ = ["SIZES", "add_parser", "run"]
@@ -62,13 +66,6 @@ __all__ = ["SIZES", "add_parser", "run"]
 SIZES = ("small", "medium", "large")
 #: The name of the model's folder in the run folder.
 MODEL = "rpm"
-
-
-def _window(text: str) -> int:
-    value = positive_int(text)
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"a window needs at least 2 frames, got {text!r}")
-    return value
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -89,37 +86,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                       help="training sequences (default: 200)")
     data.add_argument("--test-sequences", type=positive_int, default=100,
                       help="held-out sequences of the same system (default: 100)")
-    data.add_argument("--length", type=_window, default=100,
+    data.add_argument("--length", type=at_least_two_frames, default=100,
                       help="steps per sequence (default: 100)")
     model = parser.add_argument_group("model")
     model.add_argument("--hidden", type=nonnegative_int, default=0,
                        help="tanh units of the encoder's MLP, added to its affine map; 0: an "
                        "affine encoder (default: 0)")
-    model.add_argument("--prior", choices=("free", "stationary"), default="free",
-                       help="the state-space prior: free (rpm.priors.StateSpacePrior, every "
-                       "parameter learned) or stationary (rpm.priors.StationaryStateSpacePrior: "
-                       "s_t ~ N(0, I), Q = I - A A^T) (default: free)")
-    model.add_argument("--marginal", choices=("per-view", "pooled"), default="pooled",
-                       help="the marginals Q_t: the mixture over the t-th frames of the batch's "
-                       "windows (per-view), or over all its frames (pooled; frames of one window "
-                       "are not independent draws) (default: pooled)")
-    model.add_argument("--recognition-noise", type=positive_float, default=0.1,
-                       help="the encoder's constant standard deviation sigma (default: 0.1)")
-    train = parser.add_argument_group("training")
-    train.add_argument("--steps", type=positive_int, default=600,
-                       help="optimiser steps; on --resume it may grow to extend a run "
-                       "(default: 600)")
-    train.add_argument("--batch-size", type=positive_int, default=64,
-                       help="windows per step (default: 64)")
-    train.add_argument("--window", type=_window, default=25,
-                       help="frames per window (default: 25)")
-    train.add_argument("--lr", type=positive_float, default=3e-3,
-                       help="peak learning rate of the encoder (default: 3e-3)")
-    train.add_argument("--prior-lr", type=positive_float, default=1e-2,
-                       help="peak learning rate of the prior (default: 1e-2)")
-    train.add_argument("--eval-every", type=nonnegative_int, default=100,
-                       help="score the held-out sequences every STEPS steps; 0: at the end only "
-                       "(default: 100)")
+    add_state_space_model_arguments(model)
+    add_window_training_arguments(parser, steps=600, batch_size=64, window=25, lr=3e-3,
+                                  eval_every=100, held_out="sequences")
     parser.set_defaults(func=run)
 
 
@@ -163,7 +138,7 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
 
     from rpm.data.lds import LDS_SIZES, generate_lds
     from rpm.experiments.common import derived_seed, seed_everything
-    from rpm.experiments.lds.evaluate import affine_fit, forecast_errors
+    from rpm.experiments.lds.evaluate import decoded_states, forecast_errors
     from rpm.experiments.lds.model import GaussianMLPEncoder, build_sequence_model
     from rpm.experiments.lds.plots import plot_dynamics
     from rpm.experiments.lds.train import train_sequence_model
@@ -197,9 +172,7 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
     forecasts = forecast_errors(inference, data.states, args.sequences)
     learned = torch.linalg.eigvals(inference.transition_matrix)
     true = data.eigenvalues
-    coef = affine_fit(inference.smoothed[:args.sequences].flatten(0, 1),
-                      data.states[:args.sequences].flatten(0, 1))
-    decoded = inference.smoothed[args.sequences] @ coef[:-1] + coef[-1]  # (T, H)
+    decoded = decoded_states(inference.smoothed, data.states, args.sequences)[args.sequences]  # (T, H)
     plot_dynamics(out / "dynamics.png", learned, true, data.states[args.sequences], decoded,
                   scores)
     evaluations = history["evaluations"]

@@ -38,7 +38,7 @@ from rpm.metrics import r2_per_dimension
 from rpm.ops.kalman import KalmanFilterResult, rts_smoother
 from rpm.priors import StateSpacePosterior
 
-__all__ = ["Inference", "affine_fit", "eigenvalue_error", "forecast_errors", "heldout_r2",
+__all__ = ["Inference", "affine_fit", "decoded_states", "eigenvalue_error", "forecast_errors", "heldout_r2",
            "infer_states"]
 
 
@@ -103,6 +103,18 @@ def affine_fit(features: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def _apply(coef: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
     return features.to(torch.float64) @ coef[:-1] + coef[-1]
+
+
+def decoded_states(latents: torch.Tensor, states: torch.Tensor, num_train: int) -> torch.Tensor:
+    r"""The states read out of ``latents`` by the affine map :math:`[z, 1] B` fitted (float64
+    least squares, :func:`affine_fit`) on the frames of the first ``num_train`` sequences.
+
+    :param torch.Tensor latents: (N, T, D).
+    :param torch.Tensor states: (N, T, K).
+    :return: (N, T, K), float64.
+    """
+    coef = affine_fit(latents[:num_train].flatten(0, 1), states[:num_train].flatten(0, 1))
+    return _apply(coef, latents)
 
 
 def heldout_r2(states: torch.Tensor, latents: torch.Tensor, num_train: int) -> torch.Tensor:

@@ -45,13 +45,16 @@ from rpm.experiments.common import (
     check_models_resumable,
     environment,
     nonnegative_float,
-    nonnegative_int,
     open_run,
-    positive_float,
     positive_int,
     resolve_device,
     torch_threads,
     write_json_atomic,
+)
+from rpm.experiments.lds.arguments import (
+    add_state_space_model_arguments,
+    add_window_training_arguments,
+    at_least_two_frames,
 )
 
 __all__ = ["add_parser", "run"]
@@ -60,13 +63,6 @@ __all__ = ["add_parser", "run"]
 MODEL = "rpm"
 #: Names of the coordinates of the state read out.
 STATE_NAMES = ("sin_theta", "cos_theta", "omega")
-
-
-def _at_least_2(text: str) -> int:
-    value = positive_int(text)
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 2, got {text!r}")
-    return value
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -86,7 +82,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                       help="training videos (default: 200)")
     data.add_argument("--test-sequences", type=positive_int, default=50,
                       help="held-out videos (default: 50)")
-    data.add_argument("--length", type=_at_least_2, default=100,
+    data.add_argument("--length", type=at_least_two_frames, default=100,
                       help="frames per video (default: 100)")
     data.add_argument("--image-size", type=positive_int, default=28,
                       help="side of the frames in pixels, >= 8 (default: 28)")
@@ -101,31 +97,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="maps of the encoder's first convolution (default: 16)")
     model.add_argument("--hidden", type=positive_int, default=64,
                        help="units of the encoder's hidden layer (default: 64)")
-    model.add_argument("--prior", choices=("free", "stationary"), default="free",
-                       help="the state-space prior: free (rpm.priors.StateSpacePrior, every "
-                       "parameter learned) or stationary (rpm.priors.StationaryStateSpacePrior: "
-                       "s_t ~ N(0, I), Q = I - A A^T) (default: free)")
-    model.add_argument("--marginal", choices=("per-view", "pooled"), default="pooled",
-                       help="the marginals Q_t: the mixture over the t-th frames of the batch's "
-                       "windows (per-view), or over all its frames (pooled; frames of one window "
-                       "are not independent draws) (default: pooled)")
-    model.add_argument("--recognition-noise", type=positive_float, default=0.1,
-                       help="the encoder's constant standard deviation (default: 0.1)")
-    train = parser.add_argument_group("training")
-    train.add_argument("--steps", type=positive_int, default=800,
-                       help="optimiser steps; on --resume it may grow to extend a run "
-                       "(default: 800)")
-    train.add_argument("--batch-size", type=positive_int, default=16,
-                       help="windows per step (default: 16)")
-    train.add_argument("--window", type=_at_least_2, default=20,
-                       help="frames per window (default: 20)")
-    train.add_argument("--lr", type=positive_float, default=1e-3,
-                       help="peak learning rate of the encoder (default: 1e-3)")
-    train.add_argument("--prior-lr", type=positive_float, default=1e-2,
-                       help="peak learning rate of the prior (default: 1e-2)")
-    train.add_argument("--eval-every", type=nonnegative_int, default=200,
-                       help="score the held-out videos every STEPS steps; 0: at the end only "
-                       "(default: 200)")
+    add_state_space_model_arguments(model)
+    add_window_training_arguments(parser, steps=800, batch_size=16, window=20, lr=1e-3,
+                                  eval_every=200, held_out="videos")
     parser.set_defaults(func=run)
 
 
@@ -166,7 +140,7 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
 
     from rpm.data.pendulum import generate_pendulum
     from rpm.experiments.common import derived_seed, seed_everything
-    from rpm.experiments.lds.evaluate import affine_fit, forecast_errors
+    from rpm.experiments.lds.evaluate import decoded_states, forecast_errors
     from rpm.experiments.lds.model import build_sequence_model
     from rpm.experiments.lds.train import train_sequence_model
     from rpm.experiments.pendulum.model import GaussianConvEncoder
@@ -205,9 +179,7 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
     forecasts = forecast_errors(inference, states, num_train)
     test_states = states[num_train:]
     baseline = float((test_states - states[:num_train].mean((0, 1))).square().mean().sqrt())
-    coef = affine_fit(inference.smoothed[:num_train].flatten(0, 1),
-                      states[:num_train].flatten(0, 1))
-    decoded = inference.smoothed[num_train] @ coef[:-1] + coef[-1]  # (T, 3)
+    decoded = decoded_states(inference.smoothed, states, num_train)[num_train]  # (T, 3)
     plot_pendulum(out / "pendulum.png", videos.frames[num_train].cpu(), states[num_train],
                   decoded, scores["r2"])
     learned = torch.linalg.eigvals(inference.transition_matrix)
