@@ -96,12 +96,26 @@ def check_inputs(names: list[str], views: list) -> int:
     return sizes[0]
 
 
+#: Fragments of torch's messages for an input whose trailing shape a layer cannot take.
+_SHAPE_ERRORS = ("shapes cannot be multiplied", "size mismatch", "Expected size",
+                 "expected input", "but got input of size", "Given groups=")
+
+
 def call_encoder(module, value: torch.Tensor, name: str):
     """``module(value)``; a dtype error of torch inside the encoder (integer or float64 data into
-    a float32 network) becomes one TypeError naming the input, its dtype and the fix."""
+    a float32 network) becomes one TypeError naming the input, its dtype and the fix, and a layer
+    refusing the input's trailing shape (a linear layer's feature size, a convolution's channels)
+    one ValueError naming the input's shape."""
     try:
         return module(value)
     except RuntimeError as error:
+        if any(word in str(error) for word in _SHAPE_ERRORS):
+            raise ValueError(
+                f"the recognition network refused {name} of shape {tuple(value.shape)} (torch: "
+                f"{str(error).splitlines()[0]}); {name} must have the shape the encoder takes "
+                "after the batch axis (its feature size or image shape): check the last axes of "
+                f"{name}, or the encoder's input size"
+            ) from error
         wanted = _first_parameter_dtype(module)
         if wanted is None or value.dtype == wanted or not any(
                 word in str(error) for word in ("dtype", "scalar type", "Input type", "type (")):

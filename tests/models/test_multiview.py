@@ -247,6 +247,24 @@ def test_inputs_of_another_dtype_than_the_encoder_name_the_conversion(dtype):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("encoder_calls", ["per_view", "concat"])
+def test_inputs_of_a_shape_the_encoder_refuses_name_the_input_and_its_shape(encoder_calls):
+    linear = rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(X_DIM, D)), ImplicitPrior(RBFEnergy()),
+                     encoder_calls=encoder_calls)
+    x = torch.randn(N, X_DIM - 1)
+    refused = r"refused (x|the views x, x2) of shape \(\d+, "
+    with pytest.raises(ValueError, match=refused + rf"{X_DIM - 1}\) \(torch: mat1 and mat2 shapes "
+                                                   r"cannot be multiplied") as info:
+        rpm.RPMELBO().loss(linear.model, linear.guide, x, x)
+    assert "\n" not in str(info.value)
+    convolution = rpm.RPM(rpm.DeltaRecognition(torch.nn.Sequential(
+        torch.nn.Conv2d(3, D, 3), torch.nn.Flatten())), ImplicitPrior(RBFEnergy()),
+        encoder_calls=encoder_calls)
+    images = torch.randn(N, 1, 5, 5)
+    with pytest.raises(ValueError, match=refused + r"1, 5, 5\).*3 channels"):
+        rpm.RPMELBO().loss(convolution.model, convolution.guide, images, images)
+
+
 def test_a_prior_without_to_event_names_the_fix():
     class Forgetful(rpm.priors.Prior):
         def forward(self, q, q2):
