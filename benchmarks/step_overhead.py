@@ -8,7 +8,10 @@ Both train the same MLP encoder on the same batch with Adam:
   for an RPM with Delta recognition and the implicit prior with a cosine energy (the same
   objective, Eq. 23-25 of Aitchison & Ganev);
 * **elbo+torch**: ``rpm.RPMELBO().differentiable_loss`` with a plain ``torch.optim.Adam``, the
-  path of :class:`rpm.training.Trainer`;
+  path of :class:`rpm.training.Trainer` (the specialised evaluation of
+  :mod:`rpm.inference.fast_step`);
+* **generic+torch** and **svi-generic** (with ``--generic``): the same with
+  ``RPMELBO(fast_path=False)``, the generic evaluation, measured in the same rounds;
 * **svi-floor** (with ``--svi-floor``): the bare loss as an ``SVI`` loss, a model that only
   registers the encoder (``pyro.module``), with ``pyro.optim.Adam``: what SVI costs whatever
   the model computes.
@@ -91,7 +94,7 @@ def round_robin(steps, device, warmup: int, repeats: int, clock: str = "wall") -
 
 def benchmark(batch_size: int, dim: int, hidden: int, kappa: float, device: torch.device,
               warmup: int, repeats: int, clock: str = "wall", profile: int = 0,
-              svi_floor: bool = False) -> dict[str, float]:
+              svi_floor: bool = False, generic: bool = False) -> dict[str, float]:
     x = torch.randn(batch_size, dim, device=device)
     x2 = x + 0.1 * torch.randn(batch_size, dim, device=device)
     labels = torch.arange(batch_size, device=device)
@@ -108,24 +111,33 @@ def benchmark(batch_size: int, dim: int, hidden: int, kappa: float, device: torc
         bare_optimizer.step()
         return loss.item()  # SVI.step returns a float too
 
-    model = rpm.RPM(rpm.DeltaRecognition(make_encoder(dim, hidden, 0)),
-                    ImplicitPrior(CosineEnergy(kappa))).to(device)
-    svi = SVI(model.model, model.guide, pyro.optim.Adam({"lr": 1e-4}), rpm.RPMELBO())
+    def make_svi_step(fast_path: bool):
+        model = rpm.RPM(rpm.DeltaRecognition(make_encoder(dim, hidden, 0)),
+                        ImplicitPrior(CosineEnergy(kappa))).to(device)
+        svi = SVI(model.model, model.guide, pyro.optim.Adam({"lr": 1e-4}),
+                  rpm.RPMELBO(fast_path=fast_path))
 
-    def svi_step():
-        return svi.step(x, x2)
+        def svi_step():
+            return svi.step(x, x2)
 
-    torch_model = rpm.RPM(rpm.DeltaRecognition(make_encoder(dim, hidden, 0)),
-                          ImplicitPrior(CosineEnergy(kappa))).to(device)
-    torch_optimizer = torch.optim.Adam(torch_model.parameters(), lr=1e-4)
-    elbo = rpm.RPMELBO()
+        return svi_step
 
-    def torch_step():
-        loss = elbo.differentiable_loss(torch_model.model, torch_model.guide, x, x2) / batch_size
-        torch_optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch_optimizer.step()
-        return loss.item()
+    def make_torch_step(fast_path: bool):
+        torch_model = rpm.RPM(rpm.DeltaRecognition(make_encoder(dim, hidden, 0)),
+                              ImplicitPrior(CosineEnergy(kappa))).to(device)
+        torch_optimizer = torch.optim.Adam(torch_model.parameters(), lr=1e-4)
+        elbo = rpm.RPMELBO(fast_path=fast_path)
+
+        def torch_step():
+            loss = elbo.differentiable_loss(torch_model.model, torch_model.guide, x, x2) / batch_size
+            torch_optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch_optimizer.step()
+            return loss.item()
+
+        return torch_step
+
+    svi_step, torch_step = make_svi_step(True), make_torch_step(True)
 
     floor_encoder = make_encoder(dim, hidden, 0).to(device)
 
@@ -138,6 +150,8 @@ def benchmark(batch_size: int, dim: int, hidden: int, kappa: float, device: torc
     floor_svi = SVI(lambda: pyro.module("svi_floor_encoder", floor_encoder), lambda: None,
                     pyro.optim.Adam({"lr": 1e-4}), loss=floor_loss)
     steps = [("bare", bare_step), ("svi", svi_step), ("elbo+torch", torch_step)]
+    if generic:
+        steps += [("svi-generic", make_svi_step(False)), ("generic+torch", make_torch_step(False))]
     if svi_floor:
         steps.append(("svi-floor", floor_svi.step))
     results = round_robin(steps, device, warmup, repeats, clock)
@@ -160,12 +174,14 @@ def main(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
     print(f"device={device} threads={torch.get_num_threads()} dim={args.dim} hidden={args.hidden} "
           f"clock={args.clock}")
-    names = ("svi", "elbo+torch") + (("svi-floor",) if args.svi_floor else ())
+    names = (("svi", "elbo+torch") + (("svi-generic", "generic+torch") if args.generic else ())
+             + (("svi-floor",) if args.svi_floor else ()))
     print(f"{'batch':>7} {'bare ms':>9} " + " ".join(f"{n + ' ms':>14}" for n in names)
           + " " + " ".join(f"{n + '/bare':>16}" for n in names))
     for index, batch_size in enumerate(args.batch_sizes):
         r = benchmark(batch_size, args.dim, args.hidden, args.kappa, device, args.warmup,
-                      args.repeats, args.clock, args.profile if index == 0 else 0, args.svi_floor)
+                      args.repeats, args.clock, args.profile if index == 0 else 0, args.svi_floor,
+                      args.generic)
         print(f"{batch_size:>7} {1e3 * r['bare']:>9.3f} "
               + " ".join(f"{1e3 * r[n]:>14.3f}" for n in names) + " "
               + " ".join(f"{r[n] / r['bare']:>16.2f}" for n in names))
@@ -188,6 +204,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="print the K functions with the most own time of each RPM step")
     parser.add_argument("--svi-floor", action="store_true",
                         help="also time the bare loss as an SVI loss with pyro.optim.Adam")
+    parser.add_argument("--generic", action="store_true",
+                        help="also time both RPM steps with RPMELBO(fast_path=False)")
     return parser.parse_args(argv)
 
 

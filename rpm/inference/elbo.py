@@ -46,6 +46,7 @@ from pyro.poutine.seed_messenger import SeedMessenger
 from pyro.poutine.trace_messenger import TraceMessenger
 
 from rpm._validation import check_bool, check_positive_int, check_positive_int_or_none
+from rpm.inference import fast_step
 from rpm.inference.objective import elbo as objective_elbo
 from rpm.models.base import RPMBase
 from rpm.models.checked_batches import full_checks
@@ -131,7 +132,7 @@ def _check_arguments(model, owner, args: tuple, kwargs: dict) -> None:
         if func is not None:
             if not kwargs and _takes_any_positional(func):  # e.g. RPM.model(self, *args)
                 return
-            _signature(func).bind(None, *args, **kwargs)
+            _bind(func, len(args), tuple(kwargs))
         else:
             _signature(fn).bind(*args, **kwargs)
     except TypeError:
@@ -147,6 +148,14 @@ def _check_arguments(model, owner, args: tuple, kwargs: dict) -> None:
 def _signature(fn) -> inspect.Signature:
     """The signature of a model's function, read once (binding the arguments is cheap)."""
     return inspect.signature(fn)
+
+
+@functools.lru_cache(maxsize=256)
+def _bind(func, num_args: int, keywords: tuple) -> None:
+    """Binds ``num_args`` positional arguments and the ``keywords`` to ``func(self, ...)``
+    (raises TypeError when they do not fit); whether they fit depends on their number and
+    names only, so a success is cached (a TypeError is not)."""
+    _signature(func).bind(None, *range(num_args), **dict.fromkeys(keywords))
 
 
 @functools.lru_cache(maxsize=64)
@@ -190,6 +199,13 @@ def _evaluate(module: RPMBase, elbo: RPMELBO, args: tuple, kwargs: dict) -> torc
     inputs = module.objective_inputs(*args, global_batch=elbo.global_batch,
                                      block_size=elbo.block_size, **kwargs)
     return objective_elbo(inputs, num_particles=elbo.num_particles, block_size=elbo.block_size)
+
+
+@pyro_method
+def _evaluate_fast(module: RPMBase, step: fast_step.Plan) -> torch.Tensor:
+    """The ELBO of one batch by :func:`rpm.inference.fast_step.evaluate`, in the model's Pyro
+    context."""
+    return fast_step.evaluate(module, step)
 
 
 def _tracing() -> bool:
@@ -240,16 +256,22 @@ class RPMELBO(ELBO):
     :param block_size: evaluate the mixture marginals and the InfoNCE normaliser in blocks of
         this many rows and columns (O(N D) memory, :mod:`rpm.ops`); ``None`` streams
         automatically for large batches.
+    :param bool fast_path: evaluate the steps of an unmodified :class:`~rpm.RPM` with an
+        implicit prior on a small batch by :mod:`rpm.inference.fast_step` (the same value and
+        gradients with the same kernels, without the module calls and distribution objects;
+        taken only where it provably computes what the model's code computes, the generic path
+        otherwise); False: always the generic path.
     """
 
     def __init__(self, num_particles: int = 1, global_batch: bool = False,
-                 block_size: int | None = None):
+                 block_size: int | None = None, fast_path: bool = True):
         num_particles = check_positive_int("num_particles", num_particles)
         global_batch = check_bool("global_batch", global_batch)
         block_size = check_positive_int_or_none("block_size", block_size)
         super().__init__(num_particles=num_particles)
         self.global_batch = global_batch
         self.block_size = block_size
+        self.fast_path = check_bool("fast_path", fast_path)
 
     def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
         """The negative ELBO as a differentiable scalar tensor; ``args`` are the model's data
@@ -257,13 +279,20 @@ class RPMELBO(ELBO):
         owner, scale = _owning_model(model, guide)
         _check_arguments(model, owner, args, kwargs)
         validating = is_validation_enabled() and not _tracing()
-        try:
-            elbo = _evaluate(owner, self, args, kwargs)  # in the model's Pyro context
+        step = fast_step.plan(owner, self, args, kwargs) if self.fast_path else None
+        try:  # in the model's Pyro context
+            if step is not None:
+                elbo = _evaluate_fast(owner, step)
+            else:
+                elbo = _evaluate(owner, self, args, kwargs)
         except ValueError:
             if not validating:
                 raise
             elbo = None  # a check downstream of a skipped one refused the batch
-        if validating and (elbo is None or not math.isfinite(elbo.detach().item())):
+        # On the fast path under validation the implicit prior's range check has read the sum
+        # of the terms, which is the ELBO: it returned only if that is finite
+        if validating and (elbo is None or (step is None
+                                            and not math.isfinite(elbo.detach().item()))):
             # The model checks the first batch of each shape only (rpm.models.checked_batches):
             # evaluate again with every check, so that the error names what is not finite
             with full_checks():

@@ -1,0 +1,320 @@
+r"""The specialised evaluation of an RPM step that :class:`~rpm.RPMELBO` takes when it provably
+computes what the model's own code computes (private).
+
+For the step that SSL training runs most, an :class:`~rpm.RPM` with deterministic encoders
+(:class:`~rpm.DeltaRecognition`) and an implicit prior on a small batch, the ELBO of Eq. 15 of
+Aitchison & Ganev is, per pair (Eq. 23-25),
+
+.. math::
+
+    \mathcal{L} = \sum_i \Big[f(z_i, z'_i) - \log \frac1N \sum_j e^{f(z_i, z'_j)}\Big],
+    \qquad z_i = \mu(x_i),\ z'_i = \mu(x'_i),
+
+and over J views under :class:`~rpm.priors.MarkovImplicitPrior` the sum of these terms over
+the consecutive views. The arithmetic is a handful of kernels; the generic evaluation
+(:func:`rpm.inference.objective.elbo` on :meth:`rpm.RPM.objective_inputs`) wraps it in module
+calls, distribution objects and the prior's dispatch, about as much Python time again for a
+small model (``benchmarks/README.md``, step overhead). :func:`evaluate` computes the same
+number with the same kernels, in the same order, directly: the encoder networks are called
+(through their own ``__call__``, so their hooks run), the energy's own ``forward`` is called
+without its module call, and the InfoNCE terms are :func:`~rpm.ops.diagonal_log_softmax` of
+the energy matrix, as the implicit priors' dense path does.
+
+**When.** :func:`plan` returns a plan only when every piece of code the generic path would run
+is the library's own, so that skipping it changes nothing:
+
+* the model's class is :class:`~rpm.RPM` or a subclass that overrides none of its methods
+  (its ``model``, ``guide``, ``objective_inputs``, the encoding: every attribute defined by
+  ``RPM`` and its bases in this package, compared by the class that defines it; ``__init__``
+  may differ); the prior is an unmodified :class:`~rpm.priors.ImplicitPrior` (pairs) or
+  :class:`~rpm.priors.MarkovImplicitPrior` (J views) without a queue, on the batch's own
+  candidates (``RPMELBO(global_batch=False)``), dense (no ``block_size``, a matrix below the
+  streaming threshold of :func:`~rpm.ops.dispatch.use_streaming`), one particle;
+* the energy is a built-in energy or a subclass whose ``forward`` is a built-in one (as
+  :mod:`rpm.priors.energy_paths` decides for its hooks; a subclass that overrides ``forward``
+  takes the generic path), and the recognition models are unmodified
+  :class:`~rpm.DeltaRecognition` or :class:`~rpm.GaussianRecognition` (only deterministic
+  Delta encoders are evaluated inline; the others are called as the generic path calls them);
+* the modules whose call is skipped (the energy, the recognition models) have no forward or
+  backward hooks, global ones included, are not compiled, and share the model's Pyro context;
+* the batch's signature passed the model's checks before (:mod:`rpm.models.checked_batches`):
+  the first batch of each shape, dtype, device and validation state, and every step that
+  :class:`~rpm.RPMELBO` evaluates again with all checks, take the generic path, so every check
+  fires where it fired before; the implicit priors' range check
+  (:func:`~rpm.priors.energy_range.check_implicit_log_ratio`) runs on every step, as in the
+  generic path;
+* no call arguments beyond the views (no ``mask``), not while tracing or compiling.
+
+Anything else is the generic path, unchanged. Pyro's messages are the same on both paths (the
+recognition networks' registration, the energy's parameters), so ``SVI``'s parameter capture
+and the handlers :class:`~rpm.RPMELBO` honours see the same parameters. ``RPMELBO(fast_path=
+False)`` always takes the generic path.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import NamedTuple
+
+import torch
+import torch.nn.modules.module as torch_module
+from pyro.infer.util import is_validation_enabled
+from pyro.nn import PyroModule
+
+from rpm.inference.objective import _rsample
+from rpm.models.checked_batches import passed, signature, skipped_checks
+from rpm.models.recognition import (
+    DeltaRecognition,
+    GaussianRecognition,
+    _check_batch,
+    _check_finite,
+    _network,
+)
+from rpm.models.rpm import RPM
+from rpm.models.views import call_encoder, encode_views
+from rpm.nn import NamedModule
+from rpm.ops.dispatch import use_streaming
+from rpm.ops.logsumexp import diagonal_log_softmax
+from rpm.priors.energies import (
+    AnisotropicEnergy,
+    BilinearEnergy,
+    CosineEnergy,
+    LpEnergy,
+    NeuralEnergy,
+    RBFEnergy,
+)
+from rpm.priors.energy_range import check_implicit_log_ratio
+from rpm.priors.implicit import ImplicitPrior
+from rpm.priors.sequence import _STACKED_LIMIT, MarkovImplicitPrior
+
+__all__ = ["Plan", "evaluate", "plan"]
+
+#: The energies whose ``forward`` the fast path calls directly.
+_BUILTIN_ENERGIES = (AnisotropicEnergy, BilinearEnergy, CosineEnergy, LpEnergy, NeuralEnergy,
+                     RBFEnergy)
+#: Attributes a subclass may redefine without changing what a step computes.
+_FREE = frozenset({"__init__", "__doc__", "__module__", "__qualname__", "__dict__", "__weakref__",
+                   "__annotations__", "__firstlineno__", "__static_attributes__", "default_name"})
+#: (class, library class) -> whether the class overrides nothing of the library class.
+_UNMODIFIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: energy class -> whether its forward is a built-in energy's and its call is the module call.
+_ENERGIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# torch's global module hooks: any of them makes every module call run code the fast path skips.
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks")
+
+
+class Plan(NamedTuple):
+    """What :func:`evaluate` needs of one step (built by :func:`plan`)."""
+
+    #: The prior (:class:`~rpm.priors.ImplicitPrior` or :class:`~rpm.priors.MarkovImplicitPrior`).
+    prior: object
+    #: The energy f.
+    energy: object
+    #: The recognition models, in the order ``groups`` indexes them.
+    modules: list
+    #: ``groups[j]``, the index of view j's recognition model.
+    groups: list
+    #: The views' names (for the encoder's dtype error).
+    names: list
+    #: The J views, each (N, ...).
+    views: list
+    #: The stacked input (N, J, ...) when the call gave one tensor, else None.
+    stacked: torch.Tensor | None
+    #: True when every recognition model is a deterministic Delta (evaluated inline).
+    deltas: bool
+    #: True for a prior over J views (MarkovImplicitPrior), False for a pair prior.
+    joint: bool
+
+
+def _owner(cls: type, name: str) -> type | None:
+    """The class of ``cls``'s MRO whose body defines ``name`` (None if none does)."""
+    return next((klass for klass in cls.__mro__ if name in vars(klass)), None)
+
+
+def unmodified(cls: type, library: type) -> bool:
+    """True when ``cls`` is ``library`` or a subclass that redefines none of the attributes of
+    ``library`` and its bases (methods, properties, class attributes; ``__init__`` and
+    ``default_name`` aside): every call of the library's methods then runs the library's
+    code. Cached per class."""
+    cached = _UNMODIFIED.get(cls)
+    if cached is not None and library in cached:
+        return cached[library]
+    result = cls is library
+    if not result and issubclass(cls, library):
+        names = {name for klass in library.__mro__ if klass is not object for name in vars(klass)}
+        result = all(_owner(cls, name) is _owner(library, name) for name in names - _FREE)
+    _UNMODIFIED.setdefault(cls, {})[library] = result
+    return result
+
+
+def _builtin_energy(cls: type) -> bool:
+    """True when ``cls.forward`` is a built-in energy's and a call of it is the module call (no
+    override of ``__call__`` or torch's call machinery). Cached per class."""
+    cached = _ENERGIES.get(cls)
+    if cached is None:
+        cached = (_owner(cls, "forward") in _BUILTIN_ENERGIES
+                  and _owner(cls, "__call__") is NamedModule
+                  and _owner(cls, "_call_impl") is torch.nn.Module
+                  and _owner(cls, "_wrapped_call_impl") is torch.nn.Module)
+        _ENERGIES[cls] = cached
+    return cached
+
+
+def _called_plainly(module, context) -> bool:
+    """True when calling ``module`` would run its ``forward`` and nothing else: no hooks of its
+    own, not compiled, in the model's Pyro context."""
+    return (isinstance(module, PyroModule) and module._pyro_context is context
+            and not (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                     or module._backward_pre_hooks)
+            and module.__dict__.get("_compiled_call_impl") is None)
+
+
+def plan(model, elbo, args: tuple, kwargs: dict) -> Plan | None:
+    """The plan of the fast evaluation of ``elbo`` on ``model`` for the data ``args``, or None
+    when the step takes the generic path (module docstring). Never raises: a batch the generic
+    path would refuse gets None, and the generic path names what is wrong.
+
+    :param model: the model behind ``(model.model, model.guide)``.
+    :param elbo: the :class:`~rpm.RPMELBO`.
+    :param tuple args: the model's data arguments.
+    :param dict kwargs: the keyword arguments of the call.
+    """
+    if (kwargs or elbo.num_particles != 1 or elbo.block_size is not None or elbo.global_batch
+            or not unmodified(type(model), RPM) or model.queue is not None
+            or torch.jit.is_tracing() or torch.compiler.is_compiling()
+            or any(getattr(torch_module, name) for name in _GLOBAL_HOOKS)):
+        return None
+    prior = model._modules.get("prior")
+    pair = prior._modules.get("pair") if isinstance(prior, MarkovImplicitPrior) else prior
+    if not (isinstance(pair, ImplicitPrior) and unmodified(type(pair), ImplicitPrior)):
+        return None
+    if pair is not prior and not unmodified(type(prior), MarkovImplicitPrior):
+        return None
+    energy = pair._modules.get("energy")
+    context = model._pyro_context
+    if not (_builtin_energy(type(energy)) and _called_plainly(energy, context)):
+        return None
+    try:
+        names, views, stacked = model._views(args)
+        modules = model.modules_list
+        groups = model._groups(len(views), modules)
+    except (TypeError, ValueError):
+        return None
+    if (pair is prior) != (len(args) == 2):
+        return None  # a pair prior takes (x, x2), a prior over J views a list or a stack
+    deltas = True
+    for module in modules:
+        if not _called_plainly(module, context):
+            return None
+        if unmodified(type(module), DeltaRecognition):
+            deltas = deltas and module.noise_scale == 0.0
+        elif unmodified(type(module), GaussianRecognition):
+            deltas = False
+        else:
+            return None
+    key = signature(views, is_validation_enabled(), id(prior), *map(id, modules),
+                    model.encoder_calls)
+    if not passed(model, key):
+        return None  # the first batch of a signature runs every check, on the generic path
+    num, frames = views[0].shape[0], len(views) - 1
+    if pair is prior:
+        if use_streaming(num, num, views[0].device, None):
+            return None
+    elif frames > 1 and (num * frames) ** 2 > _STACKED_LIMIT:
+        return None
+    if frames == 1 and use_streaming(num, num, views[0].device, None):
+        return None
+    return Plan(prior, energy, modules, groups, names, views, stacked, deltas,
+                pair is not prior)
+
+
+def _delta_latents(step: Plan, encoder_calls: str, batch_size: int) -> list[torch.Tensor]:
+    """The latents of the J views under deterministic Delta encoders: what
+    :func:`~rpm.models.views.encode_views` and ``DeltaRecognition.forward`` give, each (N, D),
+    with the latent checks a recognition model keeps when asked to (``validate=True``)."""
+    modules, views, names, groups = step.modules, step.views, step.names, step.groups
+    if encoder_calls == "per_view" or len(views) == 1:
+        return [_delta(modules[g], view, name) for name, view, g in zip(names, views, groups,
+                                                                          strict=True)]
+    latents = [None] * len(views)
+    for g in sorted(set(groups)):
+        members = [j for j in range(len(views)) if groups[j] == g]
+        if len(members) == 1:
+            latents[members[0]] = _delta(modules[g], views[members[0]], names[members[0]])
+            continue
+        joint = _delta(modules[g], torch.cat([views[j] for j in members]),
+                       "the views " + ", ".join(names[j] for j in members))
+        for j, part in zip(members, joint.chunk(len(members)), strict=True):
+            latents[j] = part
+    return latents
+
+
+def _delta(module: DeltaRecognition, value: torch.Tensor, name: str) -> torch.Tensor:
+    """``module(value).v``: the latents of a deterministic :class:`~rpm.DeltaRecognition` as its
+    ``forward`` computes them on a batch whose signature passed the checks."""
+    loc = call_encoder(_network(module), value, name)
+    if module.validate:  # None: the model's checks, passed for this signature; False: none
+        _check_batch("latents", loc, value.shape[0])
+        _check_finite("latents", loc)
+    return loc
+
+
+def _views_latents(model, step: Plan, batch_size: int) -> torch.Tensor:
+    """The J views' latents in step-major order, ``(J N, D)``: rows ``t N ... (t + 1) N - 1``
+    hold view t (the order of ``MarkovImplicitPrior``'s stacked matrix)."""
+    encoder_calls = model.encoder_calls
+    if step.deltas:
+        if step.stacked is not None and encoder_calls == "concat" and len(step.modules) == 1:
+            flat = step.stacked.reshape(batch_size * len(step.views), *step.stacked.shape[2:])
+            loc = call_encoder(_network(step.modules[0]), flat, "x")               # (N J, D)
+            if step.modules[0].validate:
+                _check_batch("latents", loc, flat.shape[0])
+                _check_finite("latents", loc)
+            return loc.reshape(batch_size, len(step.views), -1).transpose(0, 1).reshape(
+                batch_size * len(step.views), -1)
+        return torch.cat(_delta_latents(step, encoder_calls, batch_size))
+    # stochastic recognition: the generic path's distributions and one draw of "z" (N, J, D)
+    _, q = model._encode_views(step.names, step.views, step.stacked, step.modules, step.groups,
+                               batch_size, True, check=False)
+    z = q.to_event(1).rsample()
+    return z.transpose(0, 1).reshape(z.shape[0] * z.shape[1], z.shape[2])
+
+
+def evaluate(model, step: Plan) -> torch.Tensor:
+    """The ELBO of the step (the number :func:`rpm.inference.objective.elbo` gives on
+    ``model.objective_inputs(*args)``), to be called in the model's Pyro context.
+
+    :param model: the :class:`~rpm.RPM`.
+    :param Plan step: :func:`plan`'s result for this step.
+    :return: a scalar tensor.
+    """
+    energy, batch_size = step.energy, step.views[0].shape[0]
+    with skipped_checks():
+        if not step.joint:
+            if step.deltas:
+                z, z2 = _delta_latents(step, model.encoder_calls, batch_size)
+            else:
+                q, q2 = encode_views(step.names, step.views, step.modules, step.groups,
+                                     model.encoder_calls, batch_size, check=False)
+                z, z2 = _rsample(q), _rsample(q2)
+            # ImplicitPrior.log_ratio, dense, the batch's own candidates
+            ratio = diagonal_log_softmax(energy.forward(z, z2), math.log(batch_size))
+            check_implicit_log_ratio(type(step.prior).__name__, energy, [z, z2], ratio)
+            return ratio.sum()
+        frames = _views_latents(model, step, batch_size)                   # (J N, D)
+    steps = len(step.views) - 1
+    anchors, partners = frames[:-batch_size], frames[batch_size:]
+    if steps == 1:  # MarkovImplicitPrior.log_ratio through the pair prior's dense path
+        ratio = diagonal_log_softmax(energy.forward(anchors, partners), math.log(batch_size))
+        check_implicit_log_ratio(type(step.prior.pair).__name__, energy, [anchors, partners],
+                                 ratio)
+        return (torch.zeros_like(ratio) + ratio).sum()
+    # MarkovImplicitPrior._stacked_log_ratio: step t's (N, N) block of one energy matrix
+    full = energy.forward(anchors, partners).reshape(steps, batch_size, steps, batch_size)
+    blocks = full.diagonal(dim1=0, dim2=2).permute(2, 0, 1)                    # (T - 1, N, N)
+    ratio = diagonal_log_softmax(blocks, math.log(batch_size)).sum(0)          # (N,)
+    check_implicit_log_ratio(type(step.prior).__name__, energy, [frames], ratio)
+    return ratio.sum()
+
