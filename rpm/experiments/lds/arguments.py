@@ -22,16 +22,19 @@ def at_least_two_frames(text: str) -> int:
     return value
 
 
-def add_state_space_model_arguments(group) -> None:
-    """Adds ``--prior``, ``--marginal`` and ``--recognition-noise`` to an argument group."""
+def add_state_space_model_arguments(group, *, marginal: str = "pooled") -> None:
+    """Adds ``--prior``, ``--marginal`` (default ``marginal``) and ``--recognition-noise`` to an
+    argument group."""
     group.add_argument("--prior", choices=("free", "stationary"), default="free",
                        help="the state-space prior: free (rpm.priors.StateSpacePrior, every "
                        "parameter learned) or stationary (rpm.priors.StationaryStateSpacePrior: "
                        "s_t ~ N(0, I), Q = I - A A^T) (default: free)")
-    group.add_argument("--marginal", choices=("per-view", "pooled"), default="pooled",
+    group.add_argument("--marginal", choices=("per-view", "pooled", "gaussian"), default=marginal,
                        help="the marginals Q_t: the mixture over the t-th frames of the batch's "
-                       "windows (per-view), or over all its frames (pooled; frames of one window "
-                       "are not independent draws) (default: pooled)")
+                       "windows (per-view), over all its frames (pooled; frames of one window "
+                       "are not independent draws), or the Gaussian with that mixture's mean and "
+                       "covariance (gaussian; exact for an affine encoder of linear-Gaussian "
+                       f"data, no log M ceiling) (default: {marginal})")
     group.add_argument("--recognition-noise", type=positive_float, default=0.1,
                        help="the encoder's constant standard deviation sigma (default: 0.1)")
 

@@ -34,13 +34,17 @@ from torch import nn
 
 import rpm
 from rpm._validation import check_choice, check_int, check_positive, check_positive_int
+from rpm.marginals.moment_matched import MomentMatchedMarginal
 from rpm.priors import StateSpacePrior, StationaryStateSpacePrior
 
-__all__ = ["PRIORS", "GaussianMLPEncoder", "build_sequence_model"]
+__all__ = ["MARGINALS", "PRIORS", "GaussianMLPEncoder", "MomentMatchedSequenceRPM",
+           "build_sequence_model"]
 
 #: The state-space priors of ``--prior``: the free chain (the default) and the stationary,
 #: scale-pinned one.
 PRIORS = ("free", "stationary")
+#: The estimates of the marginals of ``--marginal`` (module docstring).
+MARGINALS = ("per-view", "pooled", "gaussian")
 
 
 class GaussianMLPEncoder(nn.Module):
@@ -76,8 +80,24 @@ class GaussianMLPEncoder(nn.Module):
         return loc, self.log_scale.exp().expand_as(loc)
 
 
+class MomentMatchedSequenceRPM(rpm.SequenceRPM):
+    r"""A :class:`~rpm.SequenceRPM` whose marginals :math:`Q_t` are the moment-matched Gaussian
+    of the pooled minibatch mixture (:class:`~rpm.marginals.moment_matched.MomentMatchedMarginal`)
+    in the likelihood factor :math:`\sum_t [\log Q(z_t|x_t) - \log Q_t(z_t)]` (Eq. 10 per
+    view) and in :class:`~rpm.RPMELBO`; everything else is :class:`~rpm.SequenceRPM`'s.
+    Gaussian recognition only; no global batch or queue (the moments are this batch's)."""
+
+    def marginal(self, q, block_size: int | None = None, candidates=None) -> MomentMatchedMarginal:
+        r""":math:`\prod_t \mathcal{N}(z_t; m, S)` of the batch's recognition distributions
+        ``q`` (batch_shape (N, T), event_shape (D,)); ``block_size`` is not used."""
+        if candidates is not None and not candidates.is_local:
+            raise ValueError("the moment-matched marginal is estimated from this batch alone: "
+                             "train without global_batch and without a queue")
+        return MomentMatchedMarginal(q)
+
+
 def build_sequence_model(encoder: nn.Module, dim: int, state_dim: int | None = None,
-                         decay: float = 0.9, pooled_marginal: bool = True,
+                         decay: float = 0.9, marginal: str = "pooled",
                          prior: str = "free") -> rpm.SequenceRPM:
     r"""The :class:`~rpm.SequenceRPM` of ``encoder`` (returning ``(loc, scale)`` of dimension
     ``dim``) with a :class:`~rpm.priors.StateSpacePrior` of D = ``dim`` latents and H =
@@ -94,22 +114,26 @@ def build_sequence_model(encoder: nn.Module, dim: int, state_dim: int | None = N
         ``decay`` I; C, its offset and R learned), or ``"free"``:
         :class:`~rpm.priors.StateSpacePrior` with every parameter free.
     :param float decay: the start of A, in (0, 1).
-    :param bool pooled_marginal: pool the marginals over the N T frames of the batch (module
-        docstring) rather than the N frames of each view.
+    :param str marginal: the estimate of the marginals :math:`Q_t`: ``"pooled"``,
+        ``"per-view"`` or ``"gaussian"`` (module docstring).
     """
     check_positive_int("dim", dim)
     state_dim = dim if state_dim is None else check_positive_int("state_dim", state_dim)
     if not 0.0 < decay < 1.0:
         raise ValueError(f"decay must lie in (0, 1), got {decay!r}")
     check_choice("prior", prior, PRIORS)
+    check_choice("marginal", marginal, MARGINALS)
     if prior == "stationary":
         chain = StationaryStateSpacePrior(dim, state_dim, decay=decay, observation_noise=0.1)
-        return rpm.SequenceRPM(rpm.GaussianRecognition(encoder), chain, guide="structured",
-                               pooled_marginal=pooled_marginal)
-    prior = StateSpacePrior(dim, state_dim=state_dim, constant_velocity=False,
-                            init_scale=1.0, process_noise=math.sqrt(1.0 - decay ** 2),
-                            observation_noise=0.1)
-    with torch.no_grad():
-        prior.transition_matrix.mul_(decay)
-    return rpm.SequenceRPM(rpm.GaussianRecognition(encoder), prior, guide="structured",
-                           pooled_marginal=pooled_marginal)
+    else:
+        chain = StateSpacePrior(dim, state_dim=state_dim, constant_velocity=False,
+                                init_scale=1.0, process_noise=math.sqrt(1.0 - decay ** 2),
+                                observation_noise=0.1)
+        with torch.no_grad():
+            chain.transition_matrix.mul_(decay)
+    recognition = rpm.GaussianRecognition(encoder)
+    if marginal == "gaussian":
+        return MomentMatchedSequenceRPM(recognition, chain, pooled_marginal=True,
+                                        guide="structured")
+    return rpm.SequenceRPM(recognition, chain, guide="structured",
+                           pooled_marginal=marginal == "pooled")

@@ -159,7 +159,7 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
                                   args.recognition_noise)
     model = build_sequence_model(encoder, args.latent_dim,
                                  args.state_dim or args.latent_dim,
-                                 pooled_marginal=args.marginal == "pooled",
+                                 marginal=args.marginal,
                                  prior=args.prior).to(device)
     num_train = args.sequences
     untrained = _scores(model, frames, states, num_train)

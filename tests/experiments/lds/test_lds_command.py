@@ -150,3 +150,28 @@ def test_end_to_end_run_writes_results_and_resumes(tmp_path, capsys):
     assert again["r2"] == results["r2"] and again["eigenvalue_error"] == results["eigenvalue_error"]
     assert main(["lds", "--resume", "--out", str(out), "--no-progress", "--steps", "8"]) == 0
     assert "resuming at step 6/8" in capsys.readouterr().out
+
+
+def test_marginal_flag_builds_its_estimate():
+    """``rpm lds`` defaults to the moment-matched Gaussian marginal, ``rpm pendulum`` to the
+    pooled mixture; each choice of ``--marginal`` builds the model with that estimate."""
+    from rpm.cli import build_parser
+    from rpm.experiments.lds.model import MomentMatchedSequenceRPM
+    from rpm.marginals import SequenceMixtureMarginal
+    from rpm.marginals.moment_matched import MomentMatchedMarginal
+
+    parser = build_parser()
+    assert parser.parse_args(["lds"]).marginal == "gaussian"
+    assert parser.parse_args(["pendulum"]).marginal == "pooled"
+    x = torch.randn(3, 4, 5)
+    expected = {"gaussian": (MomentMatchedMarginal, True), "pooled": (SequenceMixtureMarginal, True),
+                "per-view": (SequenceMixtureMarginal, False)}
+    for name, (kind, pooled) in expected.items():
+        model = build_sequence_model(GaussianMLPEncoder(5, 2, hidden=0), 2, marginal=name)
+        assert isinstance(model, MomentMatchedSequenceRPM) == (name == "gaussian")
+        marginal = model.marginal(model.recognise(x))
+        assert type(marginal) is kind
+        if kind is SequenceMixtureMarginal:
+            assert marginal.pooled == pooled
+    with pytest.raises(ValueError, match="marginal"):
+        build_sequence_model(GaussianMLPEncoder(5, 2, hidden=0), 2, marginal="mixture")
