@@ -41,7 +41,7 @@ def add_state_space_model_arguments(group, *, marginal: str = "pooled") -> None:
 
 def add_window_training_arguments(parser: argparse.ArgumentParser, *, steps: int,
                                   batch_size: int, window: int, lr: float, eval_every: int,
-                                  held_out: str) -> None:
+                                  held_out: str, prior_lr: float = 1e-2) -> None:
     """Adds the ``training`` group (``--steps``, ``--batch-size``, ``--window``, ``--lr``,
     ``--prior-lr``, ``--eval-every``) with a command's defaults; ``held_out`` names what is
     scored (e.g. "sequences", "videos")."""
@@ -55,8 +55,8 @@ def add_window_training_arguments(parser: argparse.ArgumentParser, *, steps: int
                        help=f"frames per window (default: {window})")
     train.add_argument("--lr", type=positive_float, default=lr,
                        help=f"peak learning rate of the encoder (default: {lr:g})")
-    train.add_argument("--prior-lr", type=positive_float, default=1e-2,
-                       help="peak learning rate of the prior (default: 1e-2)")
+    train.add_argument("--prior-lr", type=positive_float, default=prior_lr,
+                       help=f"peak learning rate of the prior (default: {prior_lr:g})")
     train.add_argument("--eval-every", type=nonnegative_int, default=eval_every,
                        help=f"score the held-out {held_out} every STEPS steps; 0: at the end only "
                        f"(default: {eval_every})")

@@ -163,6 +163,8 @@ def test_marginal_flag_builds_its_estimate():
     parser = build_parser()
     assert parser.parse_args(["lds"]).marginal == "gaussian"
     assert parser.parse_args(["pendulum"]).marginal == "pooled"
+    assert parser.parse_args(["lds"]).prior_lr == 3e-2
+    assert parser.parse_args(["pendulum"]).prior_lr == 1e-2
     x = torch.randn(3, 4, 5)
     expected = {"gaussian": (MomentMatchedMarginal, True), "pooled": (SequenceMixtureMarginal, True),
                 "per-view": (SequenceMixtureMarginal, False)}
