@@ -3,8 +3,9 @@ r"""Numerical kernels of the package, apart from the distributions that use them
 other family of recognition distributions, in row blocks over its ``log_prob``), the streamed
 log-sum-exp of a matrix product and the underflow-safe dense one, weighted squared distances,
 powers of Lp distances in blocks, and the Kalman filter, smoother and backward sampler of
-linear-Gaussian state-space models (square-root recursions, or associative scans over time for
-long sequences: :mod:`rpm.ops.kalman_scan`), with masks over frames."""
+linear-Gaussian state-space models (square-root recursions, associative scans over time for
+long sequences: :mod:`rpm.ops.kalman_scan`, or the window's dense joint Gaussian for short
+ones: :mod:`rpm.ops.kalman_dense`), with masks over frames."""
 
 from rpm.ops.dispatch import default_block_size, ieee_float32_matmul, use_streaming
 from rpm.ops.distances import (
@@ -17,7 +18,13 @@ from rpm.ops.distribution_mixture import (
     distribution_mixture_log_prob,
 )
 from rpm.ops.gaussian_mixture import dense_gaussian_mixture_log_prob, gaussian_mixture_log_prob
-from rpm.ops.kalman import backward_sample, kalman_filter, kalman_forecast, rts_smoother
+from rpm.ops.kalman import (
+    backward_sample,
+    kalman_filter,
+    kalman_forecast,
+    kalman_log_prob,
+    rts_smoother,
+)
 from rpm.ops.logsumexp import (
     diagonal_log_softmax,
     exp_floor,
@@ -42,6 +49,7 @@ __all__ = [
     "ieee_float32_matmul",
     "kalman_filter",
     "kalman_forecast",
+    "kalman_log_prob",
     "lp_distances",
     "lp_paired_distances",
     "rts_smoother",

@@ -14,8 +14,13 @@ Every covariance is carried by a lower-triangular square root (:math:`S = L L^\t
 update is a QR decomposition of a stacked square-root array (the square-root covariance filter
 of Kaminski, Bryson & Schmidt 1971; Grewal & Andrews, "Kalman Filtering", ch. 6), so the
 covariances stay symmetric positive semi-definite by construction: no ``P - K S K^T``
-subtraction can lose definiteness. The arithmetic runs in float64 (``compute_dtype``) and the
-results are returned in the dtype of the observations.
+subtraction can lose definiteness. Long windows take the associative scans of
+:mod:`rpm.ops.kalman_scan` (O(log T) depth) and short ones the window's dense joint Gaussian,
+:mod:`rpm.ops.kalman_dense` (a few dozen tensor operations whatever T), both in covariance form
+and each falling back to the square-root recursions where its covariances are not numerically
+positive definite (``method``, :data:`PARALLEL_THRESHOLD`, :data:`DENSE_THRESHOLD`). The
+arithmetic runs in float64 (``compute_dtype``) and the results are returned in the dtype of the
+observations.
 
 Shapes: observations ``z`` are ``(*batch, T, D)``; ``init_loc`` ``(*batch, H)``; the square
 roots and matrices broadcast against the batch: ``init_scale_tril`` and ``transition_matrix`` A
@@ -41,6 +46,7 @@ from typing import NamedTuple
 import torch
 
 from rpm._validation import check_positive_int
+from rpm.ops.kalman_dense import dense_backward_sample, dense_filter, dense_log_prob
 from rpm.ops.kalman_scan import (
     NotPositiveDefiniteError,
     parallel_backward_sample,
@@ -50,6 +56,7 @@ from rpm.ops.kalman_scan import (
 from rpm.ops.square_root import triangularize
 
 __all__ = [
+    "DENSE_THRESHOLD",
     "PARALLEL_THRESHOLD",
     "KalmanFilterResult",
     "KalmanForecast",
@@ -57,6 +64,7 @@ __all__ = [
     "backward_sample",
     "kalman_filter",
     "kalman_forecast",
+    "kalman_log_prob",
     "rts_smoother",
     "triangularize",
 ]
@@ -122,15 +130,32 @@ def _matvec(matrix: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
 #: ``benchmarks/kalman.py``, see ``benchmarks/README.md``).
 PARALLEL_THRESHOLD = 10
 
-METHODS = ("auto", "sequential", "parallel")
+#: Under ``method="auto"``, a filter without a mask whose window has T max(D, H) at most this
+#: many entries is computed from the dense joint Gaussian of the window
+#: (:mod:`rpm.ops.kalman_dense`: a few dozen tensor operations, whatever T; measured in
+#: ``benchmarks/kalman.py``, see ``benchmarks/README.md``).
+DENSE_THRESHOLD = 128
+
+METHODS = ("auto", "sequential", "parallel", "dense")
+
+
+def use_dense(method: str, num_steps: int, obs_dim: int, hidden_dim: int, mask) -> bool:
+    """Whether ``method`` filters a window of ``num_steps`` frames from its dense joint Gaussian
+    (``"dense"``; ``"auto"``: without a mask, up to :data:`DENSE_THRESHOLD` entries)."""
+    if method == "dense" and mask is not None:
+        raise ValueError("method='dense' takes no mask (the observed frames differ between "
+                         "sequences); use method='auto', 'sequential' or 'parallel'")
+    return method == "dense" or (method == "auto" and mask is None
+                                 and num_steps * max(obs_dim, hidden_dim) <= DENSE_THRESHOLD)
 
 
 def use_parallel(method: str, num_steps: int) -> bool:
-    """Whether ``method`` (``"auto"``, ``"sequential"`` or ``"parallel"``) runs the scans for
-    a sequence of ``num_steps`` frames (``"auto"``: from :data:`PARALLEL_THRESHOLD` frames)."""
+    """Whether ``method`` (``"auto"``, ``"sequential"`` or ``"parallel"``; ``"dense"``, the
+    filter's, reads as ``"auto"`` for the smoother and the sampler) runs the scans for a
+    sequence of ``num_steps`` frames (``"auto"``: from :data:`PARALLEL_THRESHOLD` frames)."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    return method == "parallel" or (method == "auto" and num_steps >= PARALLEL_THRESHOLD)
+    return method == "parallel" or (method in ("auto", "dense") and num_steps >= PARALLEL_THRESHOLD)
 
 
 def _time_first(tensor: torch.Tensor, event_dims: int, batch_dims: int) -> torch.Tensor:
@@ -208,9 +233,15 @@ def kalman_filter(
     root; each time update triangularizes :math:`(A L_{t|t},\ L_Q)`. In parallel
     (``method="parallel"``), the filtered distributions are the prefix products of the
     associative elements of Särkkä & García-Fernández (2021) (:mod:`rpm.ops.kalman_scan`),
-    O(log T) depth; ``"auto"`` takes the scan from :data:`PARALLEL_THRESHOLD` frames, and the
-    square-root recursions where a covariance of the scan is not numerically positive
-    definite (a singular noise; ``"parallel"`` raises instead).
+    O(log T) depth. From the dense joint Gaussian (``method="dense"``), the log-likelihood and
+    the states are regressions on the whitened innovations :math:`L^{-1}(z - \bar z)`, L the
+    Cholesky factor of the covariance of :math:`z_{1:T}` (:mod:`rpm.ops.kalman_dense`): a few
+    dozen tensor operations whatever T, at a cost that grows as :math:`(T \max(D, H))^3`.
+    ``"auto"`` takes the dense form for windows without a mask of up to
+    :data:`DENSE_THRESHOLD` entries T max(D, H), the scan from :data:`PARALLEL_THRESHOLD`
+    frames, and the square-root recursions otherwise and wherever a covariance of the dense
+    form or of the scan is not numerically positive definite (a singular noise) or the window
+    is ill-conditioned (``"dense"`` and ``"parallel"`` raise instead).
 
     **Missing frames.** Where ``mask`` is False the frame is not observed: it has no
     measurement update and no likelihood factor (its filtered state is its prediction), which
@@ -228,14 +259,75 @@ def kalman_filter(
         1) or (D, D).
     :param torch.dtype compute_dtype: dtype of the arithmetic (float64 by default).
     :param mask: None (every frame observed) or a bool tensor (*batch, T), True = observed.
-    :param str method: ``"auto"``, ``"sequential"`` or ``"parallel"``.
+    :param str method: ``"auto"``, ``"sequential"``, ``"parallel"`` or ``"dense"`` (no mask).
     :return: a :class:`KalmanFilterResult` in the dtype of ``z``.
     """
+    args = _prepare(z, init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
+                    observation_matrix, observation_scale_tril, compute_dtype, mask)
+    if _use_dense(method, args):
+        try:
+            return _dense_filter(*args)
+        except NotPositiveDefiniteError:
+            if method == "dense":
+                raise
+    return _recursive_filter(method, args)
+
+
+def _use_dense(method: str, args: tuple) -> bool:
+    num_steps, obs_dim = args[0].shape[-2:]
+    return use_dense(method, num_steps, obs_dim, args[2].shape[-1], args[1])
+
+
+def _recursive_filter(method: str, args: tuple) -> KalmanFilterResult:
+    """The scans or the square-root recursions (``method`` as for :func:`kalman_filter`)."""
+    if use_parallel(method, args[0].shape[-2]):
+        try:
+            return _parallel_filter(*args)
+        except NotPositiveDefiniteError:
+            if method == "parallel":
+                raise
+    return _sequential_filter(*args)
+
+
+def kalman_log_prob(
+    z: torch.Tensor,
+    init_loc: torch.Tensor,
+    init_scale_tril: torch.Tensor,
+    transition_matrix: torch.Tensor,
+    transition_scale_tril: torch.Tensor,
+    observation_matrix: torch.Tensor,
+    observation_scale_tril: torch.Tensor,
+    compute_dtype: torch.dtype = torch.float64,
+    mask: torch.Tensor | None = None,
+    method: str = "auto",
+) -> torch.Tensor:
+    r""":math:`\log P(z_{1:T})` alone: :func:`kalman_filter`'s ``log_prob`` (same arguments and
+    methods), without the filtered states where the dense form computes it (``"dense"``, or
+    ``"auto"`` up to :data:`DENSE_THRESHOLD`): :math:`-\tfrac12 \lVert L^{-1}(z - \bar z)
+    \rVert^2 - \log \lvert L \rvert - \tfrac{TD}{2} \log 2\pi` with :math:`L L^\top` the
+    covariance of the window (:mod:`rpm.ops.kalman_dense`).
+
+    :return: shape (*batch,), in the dtype of ``z``.
+    """
+    args = _prepare(z, init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
+                    observation_matrix, observation_scale_tril, compute_dtype, mask)
+    if _use_dense(method, args):
+        z, _, init_loc, *params, batch_shape, _, out_dtype = args
+        try:
+            return dense_log_prob(z, init_loc, *params).expand(batch_shape).to(out_dtype)
+        except NotPositiveDefiniteError:
+            if method == "dense":
+                raise
+    return _recursive_filter(method, args).log_prob
+
+
+def _prepare(z, init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
+             observation_matrix, observation_scale_tril, compute_dtype, mask):
+    """Checks the shapes and the mask; the arguments of the filters in ``compute_dtype``."""
     num_steps, obs_dim, hidden_dim = _check_shapes(
         z, init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
         observation_matrix, observation_scale_tril)
     mask = check_mask(mask, num_steps)
-    parallel = use_parallel(method, num_steps)
     out_dtype = z.dtype
     z, init_loc, init_scale_tril, transition_matrix, transition_scale_tril = (
         t.to(compute_dtype) for t in (z, init_loc, init_scale_tril, transition_matrix,
@@ -257,15 +349,24 @@ def kalman_filter(
     batch_shape = torch.broadcast_shapes(cov_batch, z.shape[:-2], init_loc.shape[:-1])
     if mask is not None:  # a missing frame's value is never read, not even as 0 * NaN
         z = torch.where(mask.unsqueeze(-1), z, torch.zeros((), dtype=z.dtype, device=z.device))
-    args = (z, mask, init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
+    return (z, mask, init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
             observation_matrix, obs_scale, batch_shape, cov_batch, out_dtype)
-    if parallel:
-        try:
-            return _parallel_filter(*args)
-        except NotPositiveDefiniteError:
-            if method == "parallel":
-                raise
-    return _sequential_filter(*args)
+
+
+def _dense_filter(z, mask, init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
+                  observation_matrix, obs_scale, batch_shape, cov_batch, out_dtype):
+    num_steps, obs_dim = z.shape[-2:]
+    hidden_dim = init_loc.shape[-1]
+    log_prob, loc_f, scale_f, loc_p, scale_p = dense_filter(
+        z, init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
+        observation_matrix, obs_scale)
+    cov_shape = (*cov_batch, num_steps, hidden_dim, hidden_dim)
+    loc_shape = (*batch_shape, num_steps, hidden_dim)
+    return KalmanFilterResult(log_prob.expand(batch_shape).to(out_dtype),
+                              loc_f.expand(loc_shape).to(out_dtype),
+                              scale_f.expand(cov_shape).to(out_dtype),
+                              loc_p.expand(loc_shape).to(out_dtype),
+                              scale_p.expand(cov_shape).to(out_dtype))
 
 
 def _parallel_filter(z, mask, init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
@@ -455,14 +556,17 @@ def backward_sample(
     The draw is an affine function of the standard normal ``noise`` and differentiable in every
     parameter. The recursion is affine in :math:`s_{t+1}`, so in parallel (``method``, as for
     :func:`rts_smoother`) it is a suffix scan of the pairs :math:`(G_t,\ \hat s_{t|t} - G_t
-    \hat s_{t+1|t} + L^c_t \epsilon_t)` (:mod:`rpm.ops.kalman_scan`).
+    \hat s_{t+1|t} + L^c_t \epsilon_t)` (:mod:`rpm.ops.kalman_scan`); densely (``"dense"``, or
+    ``"auto"`` for windows of T H <= :data:`DENSE_THRESHOLD` entries) the recursion is the back
+    substitution of one block bidiagonal triangular system, solved in one call
+    (:func:`rpm.ops.kalman_dense.dense_backward_sample`).
 
     :param KalmanFilterResult filtered: the output of :func:`kalman_filter`.
     :param torch.Tensor transition_matrix: A, (*batch, H, H).
     :param torch.Tensor transition_scale_tril: square root of Q, (*batch, H, H).
     :param torch.Tensor noise: :math:`\epsilon`, standard normal, shape (*sample, *batch, T, H).
     :param torch.dtype compute_dtype: dtype of the arithmetic (float64 by default).
-    :param str method: ``"auto"``, ``"sequential"`` or ``"parallel"``.
+    :param str method: ``"auto"``, ``"sequential"``, ``"parallel"`` or ``"dense"``.
     :return: :math:`s_{1:T}`, shape (*sample, *batch, T, H).
     """
     out_dtype = filtered.filtered_loc.dtype
@@ -472,10 +576,14 @@ def backward_sample(
         raise ValueError(f"noise must end in shape (T, H) = {tuple(loc_f.shape[-2:])}, got "
                          f"{tuple(noise.shape)}")
     noise = noise.to(compute_dtype)
-    if use_parallel(method, loc_f.shape[-2]):
+    num_steps, hidden_dim = loc_f.shape[-2:]
+    dense = method == "dense" or (method == "auto"
+                                  and num_steps * hidden_dim <= DENSE_THRESHOLD)
+    if dense or use_parallel(method, num_steps):
         args, _ = _scan_inputs(filtered, transition_matrix, transition_scale_tril, compute_dtype,
                                noise.dim() - 2)
-        states = parallel_backward_sample(*args, _time_first(noise, 1, noise.dim() - 2))
+        sampler = dense_backward_sample if dense else parallel_backward_sample
+        states = sampler(*args, _time_first(noise, 1, noise.dim() - 2))
         return states.movedim(0, -2).to(out_dtype)
     state = loc_f[..., -1, :] + _matvec(filtered.filtered_scale_tril[..., -1, :, :].to(compute_dtype),
                                         noise[..., -1, :])

@@ -202,8 +202,9 @@ def parallel_filter(z, mask, init_loc, init_scale_tril, transition_matrix, trans
             _cholesky(cov_p, "predicted"))
 
 
-def _smoother_elements(loc_f, scale_f, loc_p, scale_p, transition_matrix, transition_scale_tril):
-    """The gains E_t, offsets g_t and square roots of L_t (t < T), time first."""
+def smoother_elements(loc_f, scale_f, loc_p, scale_p, transition_matrix, transition_scale_tril):
+    """The smoother's gains E_t, offsets g_t and square roots of L_t (t < T), time first (also
+    the elements of :func:`rpm.ops.kalman_dense.dense_backward_sample`)."""
     cov_f = scale_f[:-1] @ _t(scale_f[:-1])
     # E_t^T = P_{t+1|t}^{-1} A P_{t|t}
     gain = _t(torch.cholesky_solve(transition_matrix @ cov_f, scale_p[1:]))  # (T-1, *cov, H, H)
@@ -219,7 +220,7 @@ def _smoother_elements(loc_f, scale_f, loc_p, scale_p, transition_matrix, transi
 def parallel_smoother(loc_f, scale_f, loc_p, scale_p, transition_matrix, transition_scale_tril):
     r"""The RTS smoother as a suffix scan (module docstring); inputs time first, as returned by
     :func:`parallel_filter`. Returns the smoothed loc (T, *batch, H) and scale_tril."""
-    gain, offset, conditional_scale = _smoother_elements(
+    gain, offset, conditional_scale = smoother_elements(
         loc_f, scale_f, loc_p, scale_p, transition_matrix, transition_scale_tril)
     last_cov = scale_f[-1:] @ _t(scale_f[-1:])
     shape = torch.broadcast_shapes(gain.shape[1:], last_cov.shape[1:])
@@ -236,7 +237,7 @@ def parallel_backward_sample(loc_f, scale_f, loc_p, scale_p, transition_matrix,
     r"""Forward filtering, backward sampling as a suffix scan: the affine recursion
     :math:`s_t = E_t s_{t+1} + g_t + \operatorname{chol}(L_t) \epsilon_t`; ``noise`` time first,
     (T, *sample, *batch, H). Returns the draws, (T, *sample, *batch, H)."""
-    gain, offset, conditional_scale = _smoother_elements(
+    gain, offset, conditional_scale = smoother_elements(
         loc_f, scale_f, loc_p, scale_p, transition_matrix, transition_scale_tril)
     last = loc_f[-1] + _matvec(scale_f[-1], noise[-1])
     shifts = offset + _matvec(conditional_scale, noise[:-1])  # (T-1, *sample, *batch, H)

@@ -10,7 +10,8 @@ with T views):
     z_t = C s_t + v_t,\ v_t \sim \mathcal{N}(0, R).
 
 :math:`\log P(z_{1:T})` is the Kalman filter's marginal likelihood
-(:func:`rpm.ops.kalman.kalman_filter`, square-root form in float64). With H = 2D and A
+(:func:`rpm.ops.kalman.kalman_log_prob`, in float64: the window's dense Gaussian for short
+windows, the square-root recursions or the associative scans otherwise). With H = 2D and A
 initialised as constant velocity, :math:`A = \begin{pmatrix} I & I \\ 0 & I\end{pmatrix}`,
 :math:`C = (I\ 0)`, the prior knows that objects keep moving, which no prior over a pair can
 express: two frames carry no velocity.
@@ -48,6 +49,7 @@ from rpm.ops.kalman import (
     check_mask,
     kalman_filter,
     kalman_forecast,
+    kalman_log_prob,
     rts_smoother,
     triangularize,
 )
@@ -190,7 +192,9 @@ class GaussianStateSpace(TorchDistribution):
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         if self._validate_args:
             self._validate_sample(value)
-        log_prob = self.filter(value).log_prob
+        log_prob = kalman_log_prob(value - self.observation_offset.unsqueeze(-2), **dict(
+            self._params, observation_scale_tril=self.observation_scale_tril.unsqueeze(-3)),
+            mask=self.mask)
         return log_prob.expand(torch.broadcast_shapes(log_prob.shape, self.batch_shape))
 
     def smooth(self, value: torch.Tensor) -> KalmanSmootherResult:

@@ -30,3 +30,57 @@ def test_a_fixed_noise_level_shares_one_covariance_recursion():
     varying = fixed.clone()
     varying[3, 5] = 0.4
     assert StateSpacePosterior(prior, loc, varying).filtered.filtered_scale_tril.shape[0] == N
+
+
+@pytest.mark.parametrize("scale", ["fixed", "learned"])
+def test_shared_recursion_gradients_equal_per_sequence_ones(scale):
+    """Values and gradients (prior parameters and pseudo-observations) of the structured guide's
+    log-normaliser and draw, the recursion shared or run per sequence, to 1e-10."""
+    torch.set_default_dtype(torch.float64)
+    N, T, D = 5, 10, 2
+    module = StateSpacePrior(D)
+    loc = torch.randn(N, T, D, requires_grad=True)
+    noise = torch.randn(N, T, 3 * D)
+    weights = torch.randn(N, T, D)
+    results = []
+    for shared in (True, False):
+        sigma = torch.full((N, T, D), 0.3)
+        if not shared or scale == "learned":
+            sigma = sigma.clone().requires_grad_()  # not compacted: one recursion per sequence
+        post = StateSpacePosterior(module.distribution(T), loc, sigma)
+        assert post.filtered.filtered_scale_tril.shape[0] == (1 if shared and scale == "fixed" else N)
+        total = post.filtered.log_prob.sum() + (weights * post._rsample_from_noise(noise)).sum()
+        params = [loc, *module.parameters()]
+        results.append((total, torch.autograd.grad(total, params)))
+    (value, grads), (expected, expected_grads) = results
+    assert torch.allclose(value, expected, rtol=1e-12, atol=1e-10)
+    for g, e in zip(grads, expected_grads, strict=True):
+        assert torch.allclose(g, e, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("guide", ["structured", "recognition"])
+@pytest.mark.parametrize("elbo", ["RPMELBO", "Trace_ELBO"])
+def test_the_dense_kalman_forms_leave_the_sequence_toys_step_unchanged(monkeypatch, guide, elbo):
+    """The sequence toy of benchmarks/multiview.py in float64: its loss and every gradient with
+    the dense Kalman forms (the default for its 10-frame windows) equal those of the recursions
+    (``DENSE_THRESHOLD = 0``: the scans and square-root recursions), to 1e-10."""
+    import pyro
+
+    import rpm
+    from rpm.ops import kalman
+
+    torch.set_default_dtype(torch.float64)
+    x = torch.randn(16, 10, 4)
+    model = rpm.SequenceRPM(rpm.DeltaRecognition(torch.nn.Linear(4, 2), noise_scale=0.1),
+                            StateSpacePrior(2), guide=guide)
+    loss_fn = rpm.RPMELBO() if elbo == "RPMELBO" else pyro.infer.Trace_ELBO()
+    results = []
+    for threshold in (kalman.DENSE_THRESHOLD, 0):
+        monkeypatch.setattr(kalman, "DENSE_THRESHOLD", threshold)
+        pyro.set_rng_seed(3)
+        loss = loss_fn.differentiable_loss(model.model, model.guide, x)
+        results.append((loss, torch.autograd.grad(loss, list(model.parameters()))))
+    (loss, grads), (expected, expected_grads) = results
+    assert torch.allclose(loss, expected, rtol=1e-12, atol=1e-10)
+    for g, e in zip(grads, expected_grads, strict=True):
+        assert torch.allclose(g, e, rtol=1e-10, atol=1e-10)
