@@ -4,9 +4,13 @@ Two measurements, each a ratio against a baseline measured in the same run:
 
 * **sequence toy** (issue 22, "What is wrong" 5): ``rpm.SequenceRPM`` with N = 64 sequences of
   T = 10 frames, D = 2, one ``torch.nn.Linear(4, 2)`` under ``DeltaRecognition(noise_scale=0.1)``
-  and the ``StateSpacePrior``, one ``RPMELBO`` + ``torch.optim.Adam`` step with the
-  recognition guide and with the structured guide (target: at most 20 ms each); the baseline is
-  the same step of a pair ``rpm.RPM`` with the implicit prior on the same N T frames.
+  and the ``StateSpacePrior``, one ``RPMELBO`` + ``torch.optim.Adam`` step (and, with
+  ``--svi``, one ``SVI`` + ``Trace_ELBO`` step) with the recognition guide and with the
+  structured guide (target: at most 20 ms each); the baseline is the same step of a pair
+  ``rpm.RPM`` with the implicit prior on the same N T frames. ``--kalman-recursions`` also times
+  every sequence step with ``rpm.ops.kalman.DENSE_THRESHOLD = 0``: the scans and square-root
+  recursions that the 10-frame windows took before the dense form (the code before it, in the
+  same run).
 * **J views against pairs over the same frames**: ``rpm.RPM`` with ``MarkovImplicitPrior``
   (an RBF energy) on N / (J / 2) instances of J views, against the pair ``rpm.RPM`` with
   ``ImplicitPrior`` on N pairs: both encode 2N frames with the same MLP and evaluate the same
@@ -18,6 +22,7 @@ Usage: ``python benchmarks/multiview.py --threads 1 --clock cpu``.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -25,6 +30,7 @@ import pyro
 import torch
 
 import rpm
+from rpm.ops import kalman
 from rpm.priors import ImplicitPrior, MarkovImplicitPrior, RBFEnergy, StateSpacePrior
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -45,15 +51,42 @@ def torch_step(model, args: tuple):
     return step
 
 
-def sequence_toy(warmup: int, repeats: int, clock: str) -> dict[str, float]:
+def svi_step(model, args: tuple):
+    """One ``SVI`` + ``Trace_ELBO`` + ``pyro.optim.Adam`` step of ``model`` on ``args``."""
+    svi = pyro.infer.SVI(model.model, model.guide, pyro.optim.Adam({"lr": 1e-3}),
+                         pyro.infer.Trace_ELBO())
+    return lambda: svi.step(*args)
+
+
+def with_dense_threshold(step, threshold: int):
+    """``step`` run with ``rpm.ops.kalman.DENSE_THRESHOLD = threshold`` (restored after)."""
+    def run():
+        saved, kalman.DENSE_THRESHOLD = kalman.DENSE_THRESHOLD, threshold
+        try:
+            return step()
+        finally:
+            kalman.DENSE_THRESHOLD = saved
+    return run
+
+
+def sequence_toy(warmup: int, repeats: int, clock: str, svi: bool = False,
+                 recursions: bool = False) -> dict[str, float]:
     num, frames, dim = 64, 10, 2
     x = torch.randn(num, frames, 4)
     steps = {}
+    routes = {"RPMELBO": torch_step, **({"SVI+Trace_ELBO": svi_step} if svi else {})}
+    variants = {"": None, **({" (recursions)": 0} if recursions else {})}
     for guide in ("recognition", "structured"):
-        torch.manual_seed(0)
-        model = rpm.SequenceRPM(rpm.DeltaRecognition(torch.nn.Linear(4, dim), noise_scale=0.1),
-                                StateSpacePrior(dim), guide=guide)
-        steps[guide] = torch_step(model, (x,))
+        for route, make_step in routes.items():
+            for suffix, threshold in variants.items():
+                torch.manual_seed(0)
+                model = rpm.SequenceRPM(
+                    rpm.DeltaRecognition(torch.nn.Linear(4, dim), noise_scale=0.1),
+                    StateSpacePrior(dim), guide=guide)
+                step = make_step(model, (x,))
+                if threshold is not None:
+                    step = with_dense_threshold(step, threshold)
+                steps[f"{guide}, {route}{suffix}"] = step
     torch.manual_seed(0)
     pair = rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(4, dim)), ImplicitPrior(RBFEnergy()))
     flat = x.reshape(num * frames // 2, 2, 4)
@@ -106,12 +139,16 @@ def main(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     pyro.enable_validation(args.validation)
-    print(f"threads={torch.get_num_threads()} clock={args.clock} validation={args.validation}")
-    toy = sequence_toy(args.warmup, args.repeats, args.clock)
+    load = os.getloadavg()
+    print(f"threads={torch.get_num_threads()} clock={args.clock} validation={args.validation} "
+          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    toy = sequence_toy(args.warmup, args.repeats, args.clock, args.svi, args.kalman_recursions)
     base = toy["pair, same frames"]
     print("sequence toy (N=64, T=10, D=2, one Linear):")
     for name, seconds in toy.items():
-        print(f"  {name:>20}: {1e3 * seconds:8.2f} ms   {seconds / base:5.2f}x the pair step")
+        print(f"  {name:>46}: {1e3 * seconds:8.2f} ms   {seconds / base:5.2f}x the pair step")
+    if args.skip_views:
+        return
     for pairs in args.pairs:
         r = views_against_pairs(pairs, args.views, args.hidden, args.warmup, args.repeats,
                                 args.clock)
@@ -134,6 +171,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="this process's CPU time (for a shared CPU) or wall time")
     parser.add_argument("--validation", action=argparse.BooleanOptionalAction, default=False,
                         help="Pyro's validation (off: as in training)")
+    parser.add_argument("--svi", action="store_true",
+                        help="also time the sequence toy under SVI + Trace_ELBO")
+    parser.add_argument("--kalman-recursions", action="store_true",
+                        help="also time each sequence step with the Kalman recursions "
+                             "(rpm.ops.kalman.DENSE_THRESHOLD = 0)")
+    parser.add_argument("--skip-views", action="store_true",
+                        help="the sequence toy only (no J-view comparison)")
     return parser.parse_args(argv)
 
 

@@ -47,3 +47,11 @@ def test_dense_infonce_runs_and_agrees(capsys, restore_threads):
     bench.main(bench.parse_args(["--sizes", "4", "--spreads", "1", "500", "--repeats", "1"]))
     rows = capsys.readouterr().out.splitlines()[2:]
     assert [row.split()[:2] for row in rows] == [["4", "1"], ["4", "500"]]
+
+
+def test_multiview_sequence_toy_routes_and_recursions(capsys, restore_threads):
+    bench = load("multiview")
+    bench.main(bench.parse_args(["--warmup", "1", "--repeats", "1", "--svi", "--kalman-recursions",
+                                 "--skip-views"]))
+    out = capsys.readouterr().out
+    assert "structured, SVI+Trace_ELBO (recursions)" in out and "J=4" not in out
