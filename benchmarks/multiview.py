@@ -16,6 +16,9 @@ Two measurements, each a ratio against a baseline measured in the same run:
   ``ImplicitPrior`` on N pairs: both encode 2N frames with the same MLP and evaluate the same
   InfoNCE terms in total size (target: J-view step at most 1.2x the pair step).
 
+With ``--generic`` the J-view and pair steps are also timed with ``RPMELBO(fast_path=False)``
+(the generic evaluation; :mod:`rpm.inference.fast_step` is the default), in the same rounds.
+
 Usage: ``python benchmarks/multiview.py --threads 1 --clock cpu``.
 """
 
@@ -36,10 +39,11 @@ from rpm.priors import ImplicitPrior, MarkovImplicitPrior, RBFEnergy, StateSpace
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
-def torch_step(model, args: tuple):
-    """One RPMELBO + torch.optim.Adam step of ``model`` on ``args``."""
+def torch_step(model, args: tuple, fast_path: bool = True):
+    """One RPMELBO + torch.optim.Adam step of ``model`` on ``args`` (``fast_path=False``: the
+    generic evaluation, ``RPMELBO(fast_path=False)``)."""
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    elbo = rpm.RPMELBO()
+    elbo = rpm.RPMELBO(fast_path=fast_path)
 
     def step():
         loss = elbo.differentiable_loss(model.model, model.guide, *args)
@@ -95,7 +99,7 @@ def sequence_toy(warmup: int, repeats: int, clock: str, svi: bool = False,
 
 
 def views_against_pairs(pairs: int, num_views: int, hidden: int, warmup: int, repeats: int,
-                        clock: str) -> dict[str, float]:
+                        clock: str, generic: bool = False) -> dict[str, float]:
     in_dim, dim = 10, 8
     instances = 2 * pairs // num_views
 
@@ -106,15 +110,20 @@ def views_against_pairs(pairs: int, num_views: int, hidden: int, warmup: int, re
 
     x, x2 = torch.randn(pairs, in_dim), torch.randn(pairs, in_dim)
     views = list(torch.randn(num_views, instances, in_dim).unbind(0))
-    steps = {
-        "pair": torch_step(rpm.RPM(rpm.DeltaRecognition(encoder()), ImplicitPrior(RBFEnergy())),
-                           (x, x2)),
-        f"J={num_views} per_view": torch_step(
-            rpm.RPM(rpm.DeltaRecognition(encoder()), MarkovImplicitPrior(RBFEnergy())), (views,)),
-        f"J={num_views} concat": torch_step(
-            rpm.RPM(rpm.DeltaRecognition(encoder()), MarkovImplicitPrior(RBFEnergy()),
-                    encoder_calls="concat"), (views,)),
-    }
+    steps = {}
+    for fast_path in (True, False) if generic else (True,):
+        suffix = "" if fast_path else ", generic"
+        steps.update({
+            "pair" + suffix: torch_step(
+                rpm.RPM(rpm.DeltaRecognition(encoder()), ImplicitPrior(RBFEnergy())), (x, x2),
+                fast_path),
+            f"J={num_views} per_view" + suffix: torch_step(
+                rpm.RPM(rpm.DeltaRecognition(encoder()), MarkovImplicitPrior(RBFEnergy())),
+                (views,), fast_path),
+            f"J={num_views} concat" + suffix: torch_step(
+                rpm.RPM(rpm.DeltaRecognition(encoder()), MarkovImplicitPrior(RBFEnergy()),
+                        encoder_calls="concat"), (views,), fast_path),
+        })
     return _interleaved(steps, warmup, repeats, clock)
 
 
@@ -142,20 +151,22 @@ def main(args: argparse.Namespace) -> None:
     load = os.getloadavg()
     print(f"threads={torch.get_num_threads()} clock={args.clock} validation={args.validation} "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    toy = sequence_toy(args.warmup, args.repeats, args.clock, args.svi, args.kalman_recursions)
-    base = toy["pair, same frames"]
-    print("sequence toy (N=64, T=10, D=2, one Linear):")
-    for name, seconds in toy.items():
-        print(f"  {name:>46}: {1e3 * seconds:8.2f} ms   {seconds / base:5.2f}x the pair step")
+    if not args.skip_sequence_toy:
+        toy = sequence_toy(args.warmup, args.repeats, args.clock, args.svi, args.kalman_recursions)
+        base = toy["pair, same frames"]
+        print("sequence toy (N=64, T=10, D=2, one Linear):")
+        for name, seconds in toy.items():
+            print(f"  {name:>46}: {1e3 * seconds:8.2f} ms   {seconds / base:5.2f}x the pair step")
     if args.skip_views:
         return
     for pairs in args.pairs:
         r = views_against_pairs(pairs, args.views, args.hidden, args.warmup, args.repeats,
-                                args.clock)
+                                args.clock, args.generic)
         print(f"{2 * pairs} frames: {pairs} pairs against {2 * pairs // args.views} instances of "
               f"J = {args.views} views (hidden {args.hidden}):")
         for name, seconds in r.items():
-            print(f"  {name:>20}: {1e3 * seconds:8.2f} ms   {seconds / r['pair']:5.2f}x the pair step")
+            pair = r["pair, generic"] if name.endswith("generic") else r["pair"]
+            print(f"  {name:>28}: {1e3 * seconds:8.2f} ms   {seconds / pair:5.2f}x the pair step")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -178,6 +189,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(rpm.ops.kalman.DENSE_THRESHOLD = 0)")
     parser.add_argument("--skip-views", action="store_true",
                         help="the sequence toy only (no J-view comparison)")
+    parser.add_argument("--generic", action="store_true",
+                        help="also time the J-view and pair steps with RPMELBO(fast_path=False)")
+    parser.add_argument("--skip-sequence-toy", action="store_true",
+                        help="the J views against pairs only (no sequence toy)")
     return parser.parse_args(argv)
 
 

@@ -203,8 +203,8 @@ def _evaluate(module: RPMBase, elbo: RPMELBO, args: tuple, kwargs: dict) -> torc
 
 @pyro_method
 def _evaluate_fast(module: RPMBase, step: fast_step.Plan) -> torch.Tensor:
-    """The ELBO of one batch by :func:`rpm.inference.fast_step.evaluate`, in the model's Pyro
-    context."""
+    """Minus the ELBO of one batch by :func:`rpm.inference.fast_step.evaluate`, in the model's
+    Pyro context."""
     return fast_step.evaluate(module, step)
 
 
@@ -282,22 +282,22 @@ class RPMELBO(ELBO):
         step = fast_step.plan(owner, self, args, kwargs) if self.fast_path else None
         try:  # in the model's Pyro context
             if step is not None:
-                elbo = _evaluate_fast(owner, step)
+                loss = _evaluate_fast(owner, step)   # minus the ELBO
             else:
-                elbo = _evaluate(owner, self, args, kwargs)
+                loss = -_evaluate(owner, self, args, kwargs)
         except ValueError:
             if not validating:
                 raise
-            elbo = None  # a check downstream of a skipped one refused the batch
+            loss = None  # a check downstream of a skipped one refused the batch
         # On the fast path under validation the implicit prior's range check has read the sum
-        # of the terms, which is the ELBO: it returned only if that is finite
-        if validating and (elbo is None or (step is None
-                                            and not math.isfinite(elbo.detach().item()))):
+        # of the terms, which is minus the loss: it returned only if that is finite
+        if validating and (loss is None or (step is None
+                                            and not math.isfinite(loss.detach().item()))):
             # The model checks the first batch of each shape only (rpm.models.checked_batches):
             # evaluate again with every check, so that the error names what is not finite
             with full_checks():
-                elbo = _evaluate(owner, self, args, kwargs)
-        return -elbo if scale == 1.0 else -scale * elbo
+                loss = -_evaluate(owner, self, args, kwargs)
+        return loss if scale == 1.0 else scale * loss
 
     def _get_trace(self, model, guide, args, kwargs):
         """Pyro's ELBO hook; RPMELBO evaluates the RPM directly, so there is no trace to get."""

@@ -75,7 +75,6 @@ from rpm.models.rpm import RPM
 from rpm.models.views import call_encoder, encode_views
 from rpm.nn import NamedModule
 from rpm.ops.dispatch import use_streaming
-from rpm.ops.logsumexp import diagonal_log_softmax
 from rpm.priors.energies import (
     AnisotropicEnergy,
     BilinearEnergy,
@@ -100,9 +99,10 @@ _FREE = frozenset({"__init__", "__doc__", "__module__", "__qualname__", "__dict_
 _UNMODIFIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: energy class -> whether its forward is a built-in energy's and its call is the module call.
 _ENERGIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# torch's global module hooks: any of them makes every module call run code the fast path skips.
-_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-                 "_global_backward_pre_hooks")
+# torch's global module hooks (dictionaries changed in place by the register functions): any of
+# them makes every module call run code the fast path would skip.
+_GLOBAL_HOOKS = (torch_module._global_forward_hooks, torch_module._global_forward_pre_hooks,
+                 torch_module._global_backward_hooks, torch_module._global_backward_pre_hooks)
 
 
 class Plan(NamedTuple):
@@ -184,7 +184,7 @@ def plan(model, elbo, args: tuple, kwargs: dict) -> Plan | None:
     if (kwargs or elbo.num_particles != 1 or elbo.block_size is not None or elbo.global_batch
             or not unmodified(type(model), RPM) or model.queue is not None
             or torch.jit.is_tracing() or torch.compiler.is_compiling()
-            or any(getattr(torch_module, name) for name in _GLOBAL_HOOKS)):
+            or any(_GLOBAL_HOOKS)):
         return None
     prior = model._modules.get("prior")
     pair = prior._modules.get("pair") if isinstance(prior, MarkovImplicitPrior) else prior
@@ -283,8 +283,8 @@ def _views_latents(model, step: Plan, batch_size: int) -> torch.Tensor:
 
 
 def evaluate(model, step: Plan) -> torch.Tensor:
-    """The ELBO of the step (the number :func:`rpm.inference.objective.elbo` gives on
-    ``model.objective_inputs(*args)``), to be called in the model's Pyro context.
+    """Minus the ELBO of the step (minus the number :func:`rpm.inference.objective.elbo` gives on
+    ``model.objective_inputs(*args)``: the loss), to be called in the model's Pyro context.
 
     :param model: the :class:`~rpm.RPM`.
     :param Plan step: :func:`plan`'s result for this step.
@@ -300,21 +300,29 @@ def evaluate(model, step: Plan) -> torch.Tensor:
                                      model.encoder_calls, batch_size, check=False)
                 z, z2 = _rsample(q), _rsample(q2)
             # ImplicitPrior.log_ratio, dense, the batch's own candidates
-            ratio = diagonal_log_softmax(energy.forward(z, z2), math.log(batch_size))
-            check_implicit_log_ratio(type(step.prior).__name__, energy, [z, z2], ratio)
-            return ratio.sum()
+            negative = _negative_terms(energy.forward(z, z2))                          # (N,)
+            check_implicit_log_ratio(type(step.prior).__name__, energy, [z, z2], negative)
+            return negative.sum()
         frames = _views_latents(model, step, batch_size)                   # (J N, D)
     steps = len(step.views) - 1
     anchors, partners = frames[:-batch_size], frames[batch_size:]
     if steps == 1:  # MarkovImplicitPrior.log_ratio through the pair prior's dense path
-        ratio = diagonal_log_softmax(energy.forward(anchors, partners), math.log(batch_size))
+        negative = _negative_terms(energy.forward(anchors, partners))
         check_implicit_log_ratio(type(step.prior.pair).__name__, energy, [anchors, partners],
-                                 ratio)
-        return (torch.zeros_like(ratio) + ratio).sum()
+                                 negative)
+        return negative.sum()
     # MarkovImplicitPrior._stacked_log_ratio: step t's (N, N) block of one energy matrix
     full = energy.forward(anchors, partners).reshape(steps, batch_size, steps, batch_size)
     blocks = full.diagonal(dim1=0, dim2=2).permute(2, 0, 1)                    # (T - 1, N, N)
-    ratio = diagonal_log_softmax(blocks, math.log(batch_size)).sum(0)          # (N,)
-    check_implicit_log_ratio(type(step.prior).__name__, energy, [frames], ratio)
-    return ratio.sum()
+    negative = _negative_terms(blocks).sum(0)                                  # (N,)
+    check_implicit_log_ratio(type(step.prior).__name__, energy, [frames], negative)
+    return negative.sum()
 
+
+def _negative_terms(logits: torch.Tensor) -> torch.Tensor:
+    r"""Minus :func:`~rpm.ops.diagonal_log_softmax` of the (..., N, N) logits with the offset
+    :math:`\log N`: :math:`-\log N - \log\operatorname{softmax}(F)_{ii}`, one autograd node
+    (``rsub``) where the terms and their negation are two. Bit for bit the negated terms: IEEE
+    rounding is symmetric, :math:`\mathrm{fl}(-a - b) = -\mathrm{fl}(a + b)`."""
+    diagonal = torch.log_softmax(logits, dim=-1).diagonal(dim1=-2, dim2=-1)        # (..., N)
+    return torch.rsub(diagonal, -math.log(logits.shape[-1]))

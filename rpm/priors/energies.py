@@ -145,7 +145,8 @@ class CosineEnergy(Energy):
 
     def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         self.check_latents(z, z2)
-        return self.kappa.to(z.dtype) * (_unit(z) @ _unit(z2).T)
+        # kappa scales the N rows before the product rather than the N x M matrix after it
+        return (self.kappa.to(z.dtype) * _unit(z)) @ _unit(z2).T
 
     def paired(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         self.check_latents(z, z2)

