@@ -57,6 +57,7 @@ from rpm.ops.square_root import triangularize
 
 __all__ = [
     "DENSE_THRESHOLD",
+    "DENSE_WORK_THRESHOLD",
     "PARALLEL_THRESHOLD",
     "KalmanFilterResult",
     "KalmanForecast",
@@ -132,21 +133,31 @@ PARALLEL_THRESHOLD = 10
 
 #: Under ``method="auto"``, a filter without a mask whose window has T max(D, H) at most this
 #: many entries is computed from the dense joint Gaussian of the window
-#: (:mod:`rpm.ops.kalman_dense`: a few dozen tensor operations, whatever T; measured in
-#: ``benchmarks/kalman.py``, see ``benchmarks/README.md``).
+#: (:mod:`rpm.ops.kalman_dense`: a few dozen tensor operations, whatever T), provided its
+#: covariances are shared by the sequences or few enough (:data:`DENSE_WORK_THRESHOLD`);
+#: measured in ``benchmarks/kalman.py``, see ``benchmarks/README.md``.
 DENSE_THRESHOLD = 128
+
+#: Under ``method="auto"``, the dense form also needs (number of distinct covariance
+#: recursions) x (T max(D, H))^3 at most this: with a covariance per sequence (a learned
+#: recognition noise) its cubic cost is paid per sequence, where the recursions' is linear in T.
+DENSE_WORK_THRESHOLD = 2 ** 23
 
 METHODS = ("auto", "sequential", "parallel", "dense")
 
 
-def use_dense(method: str, num_steps: int, obs_dim: int, hidden_dim: int, mask) -> bool:
-    """Whether ``method`` filters a window of ``num_steps`` frames from its dense joint Gaussian
-    (``"dense"``; ``"auto"``: without a mask, up to :data:`DENSE_THRESHOLD` entries)."""
+def use_dense(method: str, num_steps: int, obs_dim: int, hidden_dim: int, mask,
+              covariances: int = 1) -> bool:
+    """Whether ``method`` filters (or samples) a window of ``num_steps`` frames from its dense
+    joint Gaussian: ``"dense"``; ``"auto"``: without a mask, up to :data:`DENSE_THRESHOLD`
+    entries T max(D, H) and :data:`DENSE_WORK_THRESHOLD` for ``covariances`` distinct
+    covariance recursions (1: shared by every sequence)."""
     if method == "dense" and mask is not None:
         raise ValueError("method='dense' takes no mask (the observed frames differ between "
                          "sequences); use method='auto', 'sequential' or 'parallel'")
-    return method == "dense" or (method == "auto" and mask is None
-                                 and num_steps * max(obs_dim, hidden_dim) <= DENSE_THRESHOLD)
+    size = num_steps * max(obs_dim, hidden_dim)
+    return method == "dense" or (method == "auto" and mask is None and size <= DENSE_THRESHOLD
+                                 and covariances * size ** 3 <= DENSE_WORK_THRESHOLD)
 
 
 def use_parallel(method: str, num_steps: int) -> bool:
@@ -238,7 +249,8 @@ def kalman_filter(
     Cholesky factor of the covariance of :math:`z_{1:T}` (:mod:`rpm.ops.kalman_dense`): a few
     dozen tensor operations whatever T, at a cost that grows as :math:`(T \max(D, H))^3`.
     ``"auto"`` takes the dense form for windows without a mask of up to
-    :data:`DENSE_THRESHOLD` entries T max(D, H), the scan from :data:`PARALLEL_THRESHOLD`
+    :data:`DENSE_THRESHOLD` entries T max(D, H) (and :data:`DENSE_WORK_THRESHOLD` where the
+    sequences' covariances differ), the scan from :data:`PARALLEL_THRESHOLD`
     frames, and the square-root recursions otherwise and wherever a covariance of the dense
     form or of the scan is not numerically positive definite (a singular noise) or the window
     is ill-conditioned (``"dense"`` and ``"parallel"`` raise instead).
@@ -275,7 +287,7 @@ def kalman_filter(
 
 def _use_dense(method: str, args: tuple) -> bool:
     num_steps, obs_dim = args[0].shape[-2:]
-    return use_dense(method, num_steps, obs_dim, args[2].shape[-1], args[1])
+    return use_dense(method, num_steps, obs_dim, args[2].shape[-1], args[1], args[9].numel())
 
 
 def _recursive_filter(method: str, args: tuple) -> KalmanFilterResult:
@@ -557,7 +569,8 @@ def backward_sample(
     parameter. The recursion is affine in :math:`s_{t+1}`, so in parallel (``method``, as for
     :func:`rts_smoother`) it is a suffix scan of the pairs :math:`(G_t,\ \hat s_{t|t} - G_t
     \hat s_{t+1|t} + L^c_t \epsilon_t)` (:mod:`rpm.ops.kalman_scan`); densely (``"dense"``, or
-    ``"auto"`` for windows of T H <= :data:`DENSE_THRESHOLD` entries) the recursion is the back
+    ``"auto"`` for windows of T H <= :data:`DENSE_THRESHOLD` entries, within
+    :data:`DENSE_WORK_THRESHOLD`) the recursion is the back
     substitution of one block bidiagonal triangular system, solved in one call
     (:func:`rpm.ops.kalman_dense.dense_backward_sample`).
 
@@ -577,8 +590,10 @@ def backward_sample(
                          f"{tuple(noise.shape)}")
     noise = noise.to(compute_dtype)
     num_steps, hidden_dim = loc_f.shape[-2:]
-    dense = method == "dense" or (method == "auto"
-                                  and num_steps * hidden_dim <= DENSE_THRESHOLD)
+    covariances = torch.broadcast_shapes(filtered.filtered_scale_tril.shape[:-3],
+                                         transition_matrix.shape[:-2],
+                                         transition_scale_tril.shape[:-2]).numel()
+    dense = use_dense(method, num_steps, 0, hidden_dim, None, covariances)
     if dense or use_parallel(method, num_steps):
         args, _ = _scan_inputs(filtered, transition_matrix, transition_scale_tril, compute_dtype,
                                noise.dim() - 2)

@@ -82,6 +82,11 @@ def test_auto_takes_the_dense_form_for_short_windows_without_a_mask(monkeypatch)
     assert not use_dense("auto", limit // 4 + 1, 2, 4, None)
     assert not use_dense("auto", 2, 2, 4, torch.ones(2, dtype=torch.bool))
     assert use_dense("dense", 10**4, 2, 4, None) and not use_dense("sequential", 2, 2, 4, None)
+    # one covariance per sequence: the cubic cost is paid per sequence
+    size = limit // 4 * 4
+    assert use_dense("auto", limit // 4, 2, 4, None, covariances=kalman.DENSE_WORK_THRESHOLD // size**3)
+    assert not use_dense("auto", limit // 4, 2, 4, None,
+                         covariances=kalman.DENSE_WORK_THRESHOLD // size**3 + 1)
     calls = []
     real = kalman.dense_filter
     monkeypatch.setattr(kalman, "dense_filter", lambda *a: calls.append(1) or real(*a))
@@ -93,6 +98,9 @@ def test_auto_takes_the_dense_form_for_short_windows_without_a_mask(monkeypatch)
     assert torch.equal(auto.log_prob, kalman_filter(z, **p, method="dense").log_prob)
     calls.clear()
     kalman_filter(z, **p, mask=torch.rand(5, T) < 0.8)
+    assert not calls
+    many = {**p, "observation_scale_tril": p["observation_scale_tril"].expand(10**4, 1, 2, 2)}
+    kalman_filter(z[:1], **many)
     assert not calls
     with pytest.raises(ValueError, match="method='dense' takes no mask"):
         kalman_filter(z, **p, mask=torch.ones(5, T, dtype=torch.bool), method="dense")
