@@ -9,7 +9,7 @@ import argparse
 from rpm.experiments.common import nonnegative_int, positive_float, positive_int
 
 __all__ = ["add_state_space_model_arguments", "add_window_training_arguments",
-           "at_least_two_frames"]
+           "at_least_two_frames", "fraction_of_frames"]
 
 
 def at_least_two_frames(text: str) -> int:
@@ -22,13 +22,24 @@ def at_least_two_frames(text: str) -> int:
     return value
 
 
-def add_state_space_model_arguments(group, *, marginal: str = "pooled") -> None:
-    """Adds ``--prior``, ``--marginal`` (default ``marginal``) and ``--recognition-noise`` to an
-    argument group."""
-    group.add_argument("--prior", choices=("free", "stationary"), default="free",
+def fraction_of_frames(text: str) -> float:
+    """A number in [0, 1): the probability of dropping a frame (``--drop-frames``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction of frames in [0, 1), got {text!r}")
+    return value
+
+
+def add_state_space_model_arguments(group, *, marginal: str = "pooled", prior: str = "free") -> None:
+    """Adds ``--prior`` (default ``prior``), ``--marginal`` (default ``marginal``) and
+    ``--recognition-noise`` to an argument group."""
+    group.add_argument("--prior", choices=("free", "stationary"), default=prior,
                        help="the state-space prior: free (rpm.priors.StateSpacePrior, every "
                        "parameter learned) or stationary (rpm.priors.StationaryStateSpacePrior: "
-                       "s_t ~ N(0, I), Q = I - A A^T) (default: free)")
+                       f"s_t ~ N(0, I), Q = I - A A^T) (default: {prior})")
     group.add_argument("--marginal", choices=("per-view", "pooled", "gaussian"), default=marginal,
                        help="the marginals Q_t: the mixture over the t-th frames of the batch's "
                        "windows (per-view), over all its frames (pooled; frames of one window "

@@ -59,7 +59,8 @@ class Inference(NamedTuple):
 
 
 @torch.no_grad()
-def infer_states(model, x: torch.Tensor, chunk: int = 64) -> Inference:
+def infer_states(model, x: torch.Tensor, chunk: int = 64,
+                 mask: torch.Tensor | None = None) -> Inference:
     r"""The encoder's means and the smoothed latents of the sequences ``x`` under a trained
     :class:`~rpm.SequenceRPM` with a linear-Gaussian prior (module docstring). The encoder is
     put in evaluation mode.
@@ -68,6 +69,9 @@ def infer_states(model, x: torch.Tensor, chunk: int = 64) -> Inference:
         whose prior has ``distribution(T)`` (a :class:`~rpm.priors.GaussianStateSpace`).
     :param torch.Tensor x: the sequences, shape (N, T, ...).
     :param int chunk: sequences encoded at once.
+    :param mask: missing frames: None, or a bool tensor (N, T), True where the frame is
+        observed; the chain is conditioned on the observed frames' means only (the filter skips
+        the others' updates), and the dropped frames' smoothed latents are imputations.
     """
     net = model.recognition.net
     net.eval()
@@ -82,7 +86,7 @@ def infer_states(model, x: torch.Tensor, chunk: int = 64) -> Inference:
     chain = model.prior.distribution(x.shape[1])
     params = {name: getattr(chain, name).detach().to("cpu", torch.float64)
               for name in chain.arg_constraints}
-    chain = type(chain)(**params, duration=x.shape[1])
+    chain = type(chain)(**params, duration=x.shape[1], mask=mask)
     filtered = StateSpacePosterior(chain, loc, scale).filtered
     smoothed = rts_smoother(filtered, params["transition_matrix"],
                             params["transition_scale_tril"]).loc

@@ -16,6 +16,12 @@ draws the same windows. The loss is the negative RPM ELBO per frame,
 ``prior_lr``, both with a linear warm-up over the first 5% of the steps and a cosine decay
 (:func:`~rpm.training.schedule.cosine_schedule`), through :class:`~rpm.training.trainer.Trainer`
 (checkpoints, exact resumption, progress).
+
+**Missing frames** (``drop_frames`` = p > 0): each frame of each window is dropped with
+probability p (:func:`rpm.data.missing.drop_frames`, from a generator seeded by the step alone,
+so a resumed run drops the same frames), and the loss is the negative ELBO of the observed
+frames (``mask=`` of :meth:`rpm.SequenceRPM.model`: no observation update, likelihood factor or
+marginal term for a dropped frame) per observed frame.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import pyro
 import torch
 
 import rpm
+from rpm.data.missing import drop_frames as drop_frames_mask
 from rpm.experiments.common import derived_seed
 from rpm.training.schedule import cosine_schedule
 from rpm.training.trainer import Trainer
@@ -61,7 +68,7 @@ def train_sequence_model(model: rpm.SequenceRPM, sequences: torch.Tensor, *, ste
                          batch_size: int, window: int, lr: float, prior_lr: float, seed: int,
                          out: Path, eval_fn: Callable[[int], dict] | None, eval_every: int,
                          checkpoint_every: int, progress: bool, resume: bool,
-                         description: str) -> dict:
+                         description: str, drop_frames: float = 0.0) -> dict:
     """Trains (or resumes, or reloads) ``model`` on windows of ``sequences`` (module docstring)
     with its checkpoint and history in ``out``; returns the trainer's history.
 
@@ -80,12 +87,21 @@ def train_sequence_model(model: rpm.SequenceRPM, sequences: torch.Tensor, *, ste
     :param bool progress: show a progress bar.
     :param bool resume: continue from the checkpoint in ``out``.
     :param str description: the progress bar's label.
+    :param float drop_frames: the probability of dropping a frame of a window, in [0, 1)
+        (module docstring, missing frames).
     """
     elbo = rpm.RPMELBO()
     frames = batch_size * window
 
     def loss_fn(step: int) -> torch.Tensor:
         x = sample_windows(sequences, batch_size, window, seed, step)
+        if drop_frames > 0:
+            generator = torch.Generator().manual_seed(derived_seed(seed, "drop", step))
+            mask = drop_frames_mask((batch_size, window), drop_frames, generator,
+                                    device=sequences.device)
+            with pyro.validation_enabled(False):
+                loss = elbo.differentiable_loss(model.model, model.guide, x, mask=mask)
+            return loss / mask.sum().clamp(min=1)  # per observed frame
         with pyro.validation_enabled(False):  # our own tensors; validation would synchronise
             return elbo.differentiable_loss(model.model, model.guide, x) / frames
 

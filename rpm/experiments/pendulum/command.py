@@ -7,12 +7,16 @@ The data: ``--sequences`` (200) training and ``--test-sequences`` (50) held-out 
 random angle and velocity, pixel noise ``--noise`` (0.05); ``--distractors`` draws it over
 procedurally generated moving gratings and blobs (no image data set).
 
-The model: the convolutional Gaussian encoder
-:class:`~rpm.experiments.pendulum.model.GaussianConvEncoder` (D = ``--latent-dim``, constant
-noise ``--recognition-noise``), a learned linear-Gaussian state-space prior over the frames of a
-window (H = ``--state-dim``, D by default) with the structured guide and the marginals pooled
-over the batch's frames (``--marginal``; :func:`~rpm.experiments.lds.model.build_sequence_model`),
-trained on ``--batch-size`` windows of ``--window`` frames (:mod:`rpm.experiments.lds.train`).
+The model: a convolutional Gaussian encoder (``--encoder``: ``keypoints``, the spatial
+soft-argmax of ``--keypoints`` maps, :class:`~rpm.experiments.pendulum.model.GaussianKeypointEncoder`,
+or ``flat``, :class:`~rpm.experiments.pendulum.model.GaussianConvEncoder`; D = ``--latent-dim``,
+constant noise ``--recognition-noise``), a learned linear-Gaussian state-space prior over the
+frames of a window (``--prior``, stationary by default; H = ``--state-dim``, 3D by default: a
+frame shows the angle, the chain must carry the velocity) with the structured guide and the
+marginals pooled over the batch's frames (``--marginal``;
+:func:`~rpm.experiments.lds.model.build_sequence_model`), trained on ``--batch-size`` windows of
+``--window`` frames (:mod:`rpm.experiments.lds.train`), each frame dropped with probability
+``--drop-frames`` (0 by default; the ELBO of the observed frames).
 
 Results (:mod:`rpm.experiments.lds.evaluate`), in ``results.json``:
 
@@ -24,6 +28,9 @@ Results (:mod:`rpm.experiments.lds.evaluate`), in ``results.json``:
   learned prior's 1- and 10-step forecasts :math:`A^k E[s_t|\mu_{1:t}]`, read out by the same
   affine map; ``var_forecast_error``: the same for a VAR(1) fitted to the encoder's means of
   the training videos; ``forecast_baseline``: the RMSE of predicting the state's mean;
+* ``missing_frames`` (``--eval-drop-frames`` p > 0, 0.25 by default): the one-step forecast
+  and imputation errors with each held-out frame dropped with probability p, against the same
+  read-outs with every frame seen (:mod:`rpm.experiments.pendulum.missing_frames`);
 * the learned A's eigenvalues, the untrained model's scores, the history;
 
 ``pendulum.png`` shows held-out frames and the state read out from the smoothed latents. The
@@ -45,6 +52,7 @@ from rpm.experiments.common import (
     check_models_resumable,
     environment,
     nonnegative_float,
+    nonnegative_int,
     open_run,
     positive_int,
     resolve_device,
@@ -55,12 +63,16 @@ from rpm.experiments.lds.arguments import (
     add_state_space_model_arguments,
     add_window_training_arguments,
     at_least_two_frames,
+    fraction_of_frames,
 )
 
 __all__ = ["add_parser", "run"]
 
 #: The name of the model's folder in the run folder.
 MODEL = "rpm"
+#: The encoders of ``--encoder`` (:data:`rpm.experiments.pendulum.model.ENCODERS`; spelled out
+#: here so that ``rpm --help`` imports no torch).
+ENCODERS = ("keypoints", "flat")
 #: Names of the coordinates of the state read out.
 STATE_NAMES = ("sin_theta", "cos_theta", "omega")
 
@@ -89,17 +101,32 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     data.add_argument("--noise", type=nonnegative_float, default=0.05,
                       help="standard deviation of the pixel noise (default: 0.05)")
     model = parser.add_argument_group("model")
+    model.add_argument("--encoder", choices=ENCODERS, default="keypoints",
+                       help="keypoints: the spatial soft-argmax of convolutional maps; flat: "
+                       "strided convolutions and a hidden layer (default: keypoints)")
     model.add_argument("--latent-dim", type=positive_int, default=4,
                        help="dimension D of the latents (default: 4)")
     model.add_argument("--state-dim", type=positive_int, default=None,
-                       help="dimension H of the prior's hidden state (default: D)")
+                       help="dimension H of the prior's hidden state (default: 3D)")
     model.add_argument("--channels", type=positive_int, default=16,
-                       help="maps of the encoder's first convolution (default: 16)")
-    model.add_argument("--hidden", type=positive_int, default=64,
-                       help="units of the encoder's hidden layer (default: 64)")
-    add_state_space_model_arguments(model)
-    add_window_training_arguments(parser, steps=800, batch_size=16, window=20, lr=1e-3,
-                                  eval_every=200, held_out="videos")
+                       help="maps of the encoder's convolutions (default: 16)")
+    model.add_argument("--keypoints", type=positive_int, default=8,
+                       help="maps (points) of the keypoint encoder (default: 8)")
+    model.add_argument("--hidden", type=nonnegative_int, default=None,
+                       help="units of the encoder's hidden layer: the MLP beside the keypoints' "
+                       "affine map (0: none) or the flat encoder's layer (>= 1) (default: 0 for "
+                       "keypoints, 64 for flat)")
+    add_state_space_model_arguments(model, prior="stationary")
+    add_window_training_arguments(parser, steps=300, batch_size=16, window=20, lr=1e-3,
+                                  eval_every=100, held_out="videos")
+    missing = parser.add_argument_group("missing frames")
+    missing.add_argument("--drop-frames", type=fraction_of_frames, default=0.0,
+                         help="train with each frame of a window dropped with this probability "
+                         "(a mask over frames: the ELBO of the observed ones; default: 0)")
+    missing.add_argument("--eval-drop-frames", type=fraction_of_frames, default=0.25,
+                         help="after training, score forecasts and imputations with this "
+                         "fraction of the held-out frames dropped (results.json "
+                         "'missing_frames'; 0: skip; default: 0.25)")
     parser.set_defaults(func=run)
 
 
@@ -110,6 +137,9 @@ def _validate(args: argparse.Namespace) -> None:
     if args.image_size < 8:
         raise ConfigurationError(f"--image-size {args.image_size} is too small to draw a "
                                  "pendulum: use 8 or more (default 28)")
+    if args.encoder == "flat" and args.hidden == 0:
+        raise ConfigurationError("--hidden 0: the flat encoder needs a hidden layer, use "
+                                 "--hidden 1 or more (default 64)")
     if args.sequences * args.length < args.latent_dim + 2:
         raise ConfigurationError("too few training frames for the affine R^2 fit: use more "
                                  "--sequences")
@@ -117,7 +147,7 @@ def _validate(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the experiment described in the module docstring; returns the exit status 0."""
-    with torch_threads(args.threads), open_run(args, may_change=("eval_every",),
+    with torch_threads(args.threads), open_run(args, may_change=("eval_every", "eval_drop_frames"),
                                                may_grow=("steps",), validate=_validate) as run:
         return _train_and_report(args, run, resolve_device(args.device))
 
@@ -143,7 +173,8 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
     from rpm.experiments.lds.evaluate import decoded_states, forecast_errors
     from rpm.experiments.lds.model import build_sequence_model
     from rpm.experiments.lds.train import train_sequence_model
-    from rpm.experiments.pendulum.model import GaussianConvEncoder
+    from rpm.experiments.pendulum.missing_frames import evaluate_missing_frames
+    from rpm.experiments.pendulum.model import build_encoder
     from rpm.experiments.pendulum.plots import plot_pendulum
 
     out = run.path
@@ -155,10 +186,11 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
     frames = videos.frames.to(device)  # (N, T, 1, S, S)
     states = videos.states  # (N, T, 3), float64
     seed_everything(args.seed)
-    encoder = GaussianConvEncoder(args.image_size, args.latent_dim, args.channels, args.hidden,
-                                  args.recognition_noise)
+    hidden = args.hidden if args.hidden is not None else (0 if args.encoder == "keypoints" else 64)
+    encoder = build_encoder(args.encoder, args.image_size, args.latent_dim, args.channels,
+                            hidden, args.keypoints, args.recognition_noise)
     model = build_sequence_model(encoder, args.latent_dim,
-                                 args.state_dim or args.latent_dim,
+                                 args.state_dim or 3 * args.latent_dim,
                                  marginal=args.marginal,
                                  prior=args.prior).to(device)
     num_train = args.sequences
@@ -173,7 +205,8 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
         window=args.window, lr=args.lr, prior_lr=args.prior_lr, seed=args.seed,
         out=out / MODEL, eval_fn=eval_fn, eval_every=args.eval_every,
         checkpoint_every=args.checkpoint_every, progress=args.progress, resume=args.resume,
-        description="pendulum" + (" with distractors" if args.distractors else ""))
+        description="pendulum" + (" with distractors" if args.distractors else ""),
+        drop_frames=args.drop_frames)
     scores = _scores(model, frames, states, num_train)
     inference = scores.pop("_inference")
     forecasts = forecast_errors(inference, states, num_train)
@@ -183,6 +216,12 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
     plot_pendulum(out / "pendulum.png", videos.frames[num_train].cpu(), states[num_train],
                   decoded, scores["r2"])
     learned = torch.linalg.eigvals(inference.transition_matrix)
+    missing = {}
+    if args.eval_drop_frames > 0:
+        missing = {"missing_frames": {
+            "fraction": args.eval_drop_frames, "trained_with_fraction": args.drop_frames,
+            **evaluate_missing_frames(model, frames, states, num_train, args.eval_drop_frames,
+                                      seed=derived_seed(args.seed, "drop"))}}
     evaluations = history["evaluations"]
     results = {
         "config": json.loads((out / "config.json").read_text()),
@@ -193,6 +232,7 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
         "forecast_baseline": baseline,
         "eigenvalues": [[v.real, v.imag] for v in learned.tolist()],
         "untrained": {key: value for key, value in untrained.items() if not key.startswith("_")},
+        **missing,
         "floors": {"r2": 0.93},
         "steps": args.steps,
         "train_seconds": evaluations[-1]["wall_time"],
@@ -205,5 +245,10 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
           f"{untrained['r2']:.4f}); forecast RMSE 1/10 steps {forecasts['model']['1']:.3f}/"
           f"{forecasts['model']['10']:.3f}, VAR on the means {forecasts['var']['1']:.3f}/"
           f"{forecasts['var']['10']:.3f}, the mean {baseline:.3f}")
+    if missing:
+        drops = missing["missing_frames"]
+        print(f"{drops['dropped_frames']} held-out frames dropped: one-step forecast RMSE "
+              f"{drops['forecast_error']:.3f} (all frames seen {drops['full_forecast_error']:.3f}), "
+              f"imputation {drops['imputation_error']:.3f} (seen {drops['observed_error']:.3f})")
     print(f"results and figures in {out} ({run.elapsed():.0f} s)")
     return 0

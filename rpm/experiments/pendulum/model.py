@@ -1,5 +1,27 @@
-r"""The encoder of ``rpm pendulum``: a small convolutional network with a constant recognition
-noise,
+r"""The encoders of ``rpm pendulum``: small convolutional networks with a constant recognition
+noise :math:`\sigma` (a buffer, as in :class:`~rpm.experiments.lds.model.GaussianMLPEncoder`: the
+scale of the means is free).
+
+**Keypoints** (:class:`GaussianKeypointEncoder`, the default): convolutions at full resolution
+give K maps of logits :math:`h_{k,ij}`; a softmax over the pixels of each map and its centre of
+mass (the spatial soft-argmax of Levine et al. 2016 and Finn et al. 2016,
+:class:`~rpm.models.center_of_mass.CenterOfMass`) give K points,
+
+.. math::
+
+    w_{k,ij} = \frac{\exp h_{k,ij}}{\sum_{i'j'} \exp h_{k,i'j'}}, \qquad
+    (\bar x_k, \bar y_k) = \sum_{ij} w_{k,ij}\, (x_j, y_i), \qquad
+    \mu = W [\bar x; \bar y] + b\ (+\ \mathrm{MLP}([\bar x; \bar y])),
+
+pixel-centre coordinates in (-1, 1). A map that peaks on the bob puts its point at the bob,
+:math:`0.72\,(\sin\theta, \cos\theta)` in these units (:mod:`rpm.data.pendulum`): the state
+the experiment reads out is then an affine function of the means from the first step, and the
+RPM's objective has to learn which maps follow the pendulum rather than a circle embedding. The
+optional MLP (output layer started at zero) lets the means carry nonlinear functions of the
+points (harmonics of the angle), which a linear smoother turns into a better velocity.
+
+**Flat** (:class:`GaussianConvEncoder`): two strided convolutions, a hidden layer and a linear
+output,
 
 .. math::
 
@@ -7,9 +29,16 @@ noise,
     \mu = W_4\, \mathrm{ReLU}(W_3\, \mathrm{vec}\, \mathrm{ReLU}(K_2 * \mathrm{ReLU}(K_1 * x))),
 
 two 5 x 5 convolutions of stride 2 (``channels`` and ``2 channels`` maps, S x S -> S/4 x S/4),
-a hidden layer of ``hidden`` units and a linear output of D. No batch normalisation, so that a
-frame's code does not depend on its batch. :math:`\sigma` is a constant (a buffer), as in
-:class:`~rpm.experiments.lds.model.GaussianMLPEncoder`: the scale of the means is free.
+a hidden layer of ``hidden`` units and a linear output of D. Measured on ``rpm pendulum`` it
+reaches a held-out :math:`R^2` of 0.6-0.8 where the keypoints reach 0.93 (``benchmarks/README.md``).
+
+Neither uses batch normalisation, so that a frame's code does not depend on its batch.
+
+References:
+    S. Levine, C. Finn, T. Darrell, P. Abbeel, "End-to-end training of deep visuomotor
+    policies", JMLR 2016 (the spatial soft-argmax).
+    C. Finn, X. Y. Tan, Y. Duan et al., "Deep spatial autoencoders for visuomotor learning",
+    ICRA 2016.
 """
 
 from __future__ import annotations
@@ -20,8 +49,12 @@ import torch
 from torch import nn
 
 from rpm._validation import check_int, check_positive, check_positive_int
+from rpm.models.center_of_mass import CenterOfMass
 
-__all__ = ["GaussianConvEncoder"]
+__all__ = ["ENCODERS", "GaussianConvEncoder", "GaussianKeypointEncoder", "build_encoder"]
+
+#: The encoders of ``--encoder``.
+ENCODERS = ("keypoints", "flat")
 
 
 class GaussianConvEncoder(nn.Module):
@@ -56,3 +89,73 @@ class GaussianConvEncoder(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         loc = self.net(x)
         return loc, self.log_scale.exp().expand_as(loc)
+
+
+class GaussianKeypointEncoder(nn.Module):
+    r"""The keypoint encoder (module docstring): K spatial soft-argmax points of convolutional
+    maps, an affine map (plus an optional MLP) to D means, a constant noise :math:`\sigma`.
+
+    The maps: a 5 x 5 convolution to ``channels`` maps, ReLU, a 3 x 3 convolution to ``channels``
+    maps, ReLU, a 1 x 1 convolution to ``keypoints`` maps of logits, all at the frame's
+    resolution (padding keeps S x S).
+
+    :param int out_dim: D, the latent dimension.
+    :param int channels: maps of the two hidden convolutions.
+    :param int keypoints: K, the points (2K features).
+    :param int hidden: units of the MLP added to the affine map; 0: the affine map alone.
+    :param float noise: :math:`\sigma > 0`.
+
+    Shape: input (M, 1, S, S) for any S; output ``(loc, scale)``, each (M, D).
+    """
+
+    def __init__(self, out_dim: int = 4, channels: int = 16, keypoints: int = 8,
+                 hidden: int = 0, noise: float = 0.1) -> None:
+        super().__init__()
+        check_positive_int("out_dim", out_dim)
+        check_positive_int("channels", channels)
+        check_positive_int("keypoints", keypoints)
+        check_int("hidden", hidden, minimum=0)
+        check_positive("noise", noise)
+        self.maps = nn.Sequential(
+            nn.Conv2d(1, channels, 5, padding=2), nn.ReLU(),
+            nn.Conv2d(channels, channels, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(channels, keypoints, 1))
+        self.center_of_mass = CenterOfMass(normalized=True, eps=0.0)
+        self.linear = nn.Linear(2 * keypoints, out_dim)
+        self.mlp = None
+        if hidden:
+            self.mlp = nn.Sequential(nn.Linear(2 * keypoints, hidden), nn.Tanh(),
+                                     nn.Linear(hidden, out_dim))
+            nn.init.zeros_(self.mlp[2].weight)
+            nn.init.zeros_(self.mlp[2].bias)
+        self.register_buffer("log_scale", torch.full((out_dim,), math.log(noise)))
+
+    def keypoints(self, x: torch.Tensor) -> torch.Tensor:
+        r"""The K points :math:`(\bar x_1, \bar y_1, \dots, \bar x_K, \bar y_K)` in (-1, 1).
+
+        Shape: input (M, 1, S, S); output (M, 2K)."""
+        logits = self.maps(x)  # (M, K, S, S)
+        weights = logits.flatten(2).softmax(-1).view_as(logits)  # each map sums to 1
+        return self.center_of_mass(weights)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        points = self.keypoints(x)  # (M, 2K)
+        loc = self.linear(points)
+        if self.mlp is not None:
+            loc = loc + self.mlp(points)
+        return loc, self.log_scale.exp().expand_as(loc)
+
+
+def build_encoder(kind: str, image_size: int, out_dim: int, channels: int, hidden: int,
+                  keypoints: int, noise: float) -> nn.Module:
+    """The encoder of ``--encoder``: ``"keypoints"`` (:class:`GaussianKeypointEncoder` with
+    ``hidden`` MLP units) or ``"flat"`` (:class:`GaussianConvEncoder` with a hidden layer of
+    ``hidden`` units; ``keypoints`` unused).
+
+    :param str kind: one of :data:`ENCODERS`.
+    """
+    if kind == "keypoints":
+        return GaussianKeypointEncoder(out_dim, channels, keypoints, hidden, noise)
+    if kind == "flat":
+        return GaussianConvEncoder(image_size, out_dim, channels, hidden, noise)
+    raise ValueError(f"encoder must be one of {ENCODERS}, got {kind!r}")

@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from rpm.cli import main
-from rpm.experiments.pendulum.model import GaussianConvEncoder
+from rpm.data.missing import drop_frames
+from rpm.data.pendulum import generate_pendulum
+from rpm.experiments.lds.evaluate import affine_fit, forecast_errors, infer_states
+from rpm.experiments.lds.model import build_sequence_model
+from rpm.experiments.pendulum.missing_frames import evaluate_missing_frames
+from rpm.experiments.pendulum.model import GaussianConvEncoder, GaussianKeypointEncoder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -34,6 +39,8 @@ def test_encoder_shapes_and_constant_noise(size):
     (["--window", "30", "--length", "20"], "longer than the videos"),
     (["--image-size", "6"], "too small"),
     (["--noise", "-0.1"], "non-negative"),
+    (["--drop-frames", "1"], "fraction of frames in [0, 1)"),
+    (["--encoder", "flat", "--hidden", "0"], "needs a hidden layer"),
 ])
 def test_bad_flags_exit_2_with_a_message(tmp_path, capsys, argv, message):
     assert _run(tmp_path, *argv) == 2
@@ -46,7 +53,7 @@ def test_end_to_end_run_with_distractors_writes_results_and_resumes(tmp_path, ca
             "--length", "16", "--image-size", "16", "--batch-size", "3", "--window", "6",
             "--channels", "4", "--hidden", "8", "--eval-every", "2", "--checkpoint-every", "0",
             "--latent-dim", "3", "--state-dim", "5", "--marginal", "per-view",
-            "--prior", "stationary"]
+            "--encoder", "flat", "--prior", "free"]
     assert _run(tmp_path, *argv) == 0
     out = tmp_path / "run"
     results = json.loads((out / "results.json").read_text())
@@ -62,3 +69,142 @@ def test_end_to_end_run_with_distractors_writes_results_and_resumes(tmp_path, ca
     assert main(["pendulum", "--resume", "--out", str(out), "--no-progress"]) == 0
     assert "finished earlier (4/4 steps), reloaded" in capsys.readouterr().out
     assert json.loads((out / "results.json").read_text())["r2"] == results["r2"]
+
+
+# --------------------------------------------------------------------------- keypoint encoder
+def test_the_command_offers_every_encoder():
+    from rpm.experiments.pendulum import command, model
+
+    assert command.ENCODERS == model.ENCODERS
+
+
+@pytest.mark.parametrize("size", [8, 21])
+def test_keypoint_encoder_shapes_and_constant_noise(size):
+    encoder = GaussianKeypointEncoder(out_dim=5, channels=4, keypoints=3, hidden=6, noise=0.2)
+    loc, scale = encoder(torch.randn(7, 1, size, size))
+    assert loc.shape == scale.shape == (7, 5)
+    assert encoder.keypoints(torch.randn(7, 1, size, size)).shape == (7, 6)
+    torch.testing.assert_close(scale, torch.full((7, 5), 0.2))
+    assert "log_scale" not in dict(encoder.named_parameters())
+
+
+def test_keypoints_are_the_soft_argmax_in_pixel_centre_coordinates():
+    # maps = 40 x the frame: the softmax puts weight 1 - O(S^2 e^-40) on the one bright pixel,
+    # whose centre is ((2 (j + 1/2) / S - 1), (2 (i + 1/2) / S - 1)) (column j, row i)
+    size, row, column = 12, 3, 8
+    encoder = GaussianKeypointEncoder(out_dim=2, keypoints=2)
+    encoder.maps = torch.nn.Conv2d(1, 2, 1)
+    with torch.no_grad():
+        encoder.maps.weight.fill_(40.0)
+        encoder.maps.bias.zero_()
+    frame = torch.zeros(1, 1, size, size)
+    frame[0, 0, row, column] = 1.0
+    x, y = 2 * (column + 0.5) / size - 1, 2 * (row + 0.5) / size - 1
+    torch.testing.assert_close(encoder.keypoints(frame), torch.tensor([[x, y, x, y]]),
+                               atol=1e-6, rtol=0)  # float32
+
+
+def test_untrained_keypoints_carry_the_angle_linearly():
+    # the claim of the module docstring: the soft-argmax of (random) maps of a pendulum frame
+    # sits on the pendulum, so (sin theta, cos theta) is affine in the points from the start
+    videos = generate_pendulum(6, 20, image_size=16, noise=0.0, seed=1)
+    encoder = GaussianKeypointEncoder(out_dim=2, channels=4, keypoints=4)
+    with torch.no_grad():
+        points = encoder.keypoints(videos.frames.flatten(0, 1)).double()  # (120, 8)
+    target = videos.states.flatten(0, 1)[:, :2]
+    design = torch.cat([points, torch.ones(len(points), 1, dtype=torch.float64)], 1)
+    fitted = design @ torch.linalg.lstsq(design, target).solution
+    r2 = 1 - (fitted - target).square().sum(0) / (target - target.mean(0)).square().sum(0)
+    assert (r2 > 0.9).all(), r2
+    flat = GaussianConvEncoder(16, out_dim=8, channels=4, hidden=8)
+    with torch.no_grad():
+        means = flat(videos.frames.flatten(0, 1))[0].double()
+    design = torch.cat([means, torch.ones(len(means), 1, dtype=torch.float64)], 1)
+    fitted = design @ torch.linalg.lstsq(design, target).solution
+    flat_r2 = 1 - (fitted - target).square().sum(0) / (target - target.mean(0)).square().sum(0)
+    assert (flat_r2 < r2).all(), (flat_r2, r2)
+
+
+# --------------------------------------------------------------------------- missing frames
+def _dense_smoother(params, loc, scale, observed):
+    """E[s_{1:T} | mu_t, t observed] by conditioning the joint Gaussian (float64, no filter)."""
+    a, q = params["transition_matrix"], params["transition_scale_tril"]
+    c, r = params["observation_matrix"], params["observation_scale_tril"]
+    b, m1, s1 = params["observation_offset"], params["init_loc"], params["init_scale_tril"]
+    length, hidden = loc.shape[0], a.shape[0]
+    means, covs = [m1], [s1 @ s1.T]
+    for _ in range(length - 1):
+        means.append(a @ means[-1])
+        covs.append(a @ covs[-1] @ a.T + q @ q.T)
+    joint = torch.zeros(length * hidden, length * hidden, dtype=torch.float64)
+    for t in range(length):
+        for u in range(t + 1):
+            block = torch.linalg.matrix_power(a, t - u) @ covs[u]  # Cov(s_t, s_u)
+            joint[t * hidden:(t + 1) * hidden, u * hidden:(u + 1) * hidden] = block
+            joint[u * hidden:(u + 1) * hidden, t * hidden:(t + 1) * hidden] = block.T
+    rows = [t for t in range(length) if observed[t]]
+    big_c = torch.zeros(len(rows) * c.shape[0], length * hidden, dtype=torch.float64)
+    noise = torch.zeros(len(rows) * c.shape[0], len(rows) * c.shape[0], dtype=torch.float64)
+    for k, t in enumerate(rows):
+        d = c.shape[0]
+        big_c[k * d:(k + 1) * d, t * hidden:(t + 1) * hidden] = c
+        noise[k * d:(k + 1) * d, k * d:(k + 1) * d] = r @ r.T + torch.diag(scale[t] ** 2)
+    prior_mean = torch.cat(means)
+    residual = torch.cat([loc[t] - c @ means[t] - b for t in rows])
+    gain = joint @ big_c.T @ torch.linalg.inv(big_c @ joint @ big_c.T + noise)
+    return (prior_mean + gain @ residual).reshape(length, hidden)
+
+
+def test_missing_frames_read_outs_against_dense_gaussian_conditioning():
+    videos = generate_pendulum(5, 9, image_size=12, noise=0.05, seed=2)
+    encoder = GaussianKeypointEncoder(out_dim=2, channels=3, keypoints=2)
+    model = build_sequence_model(encoder, 2, 3, prior="stationary")
+    frames, states = videos.frames, videos.states
+    scores = evaluate_missing_frames(model, frames, states, num_train=3, fraction=0.4, seed=5)
+    # the same mask, read-outs recomputed from the dense conditional of each held-out video
+    mask = torch.ones(5, 9, dtype=torch.bool)
+    mask[3:] = drop_frames((2, 9), 0.4, torch.Generator().manual_seed(5))
+    assert scores["dropped_frames"] == int((~mask).sum()) > 0
+    full = infer_states(model, frames)
+    chain = model.prior.distribution(9)
+    params = {name: getattr(chain, name).detach().double() for name in chain.arg_constraints}
+    coef = affine_fit(full.smoothed[:3].flatten(0, 1), states[:3].flatten(0, 1))
+    imputed, seen, truth = [], [], []
+    for n in (3, 4):
+        smoothed = _dense_smoother(params, full.means[n], encoder.log_scale.exp().double()
+                                   .expand(9, 2), mask[n])
+        torch.testing.assert_close(smoothed, infer_states(model, frames[n:n + 1],
+                                                          mask=mask[n:n + 1]).smoothed[0])
+        dropped = ~mask[n]
+        imputed.append(smoothed[dropped] @ coef[:-1] + coef[-1])
+        seen.append(full.smoothed[n][dropped] @ coef[:-1] + coef[-1])
+        truth.append(states[n][dropped])
+    truth = torch.cat(truth)
+    rmse = (torch.cat(imputed) - truth).square().mean().sqrt().item()
+    assert scores["imputation_error"] == pytest.approx(rmse, rel=1e-9)
+    rmse = (torch.cat(seen) - truth).square().mean().sqrt().item()
+    assert scores["observed_error"] == pytest.approx(rmse, rel=1e-9)
+    # with nothing dropped the forecasts are the run's one-step forecasts
+    none = evaluate_missing_frames(model, frames, states, num_train=3, fraction=0.0)
+    assert none["dropped_frames"] == 0
+    expected = forecast_errors(full, states, 3, horizons=(1,))["model"]["1"]
+    assert none["forecast_error"] == pytest.approx(expected, rel=1e-9)
+    assert none["full_forecast_error"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_end_to_end_run_with_dropped_frames_scores_forecasts_and_imputations(tmp_path):
+    argv = ["--steps", "3", "--sequences", "5", "--test-sequences", "3", "--length", "12",
+            "--image-size", "12", "--batch-size", "3", "--window", "6", "--channels", "3",
+            "--keypoints", "2", "--latent-dim", "2", "--eval-every", "0",
+            "--checkpoint-every", "0", "--drop-frames", "0.25", "--eval-drop-frames", "0.5"]
+    assert _run(tmp_path, *argv) == 0
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["config"]["encoder"] == "keypoints"
+    assert results["config"]["prior"] == "stationary"
+    assert len(results["eigenvalues"]) == 6  # H = 3D by default
+    missing = results["missing_frames"]
+    assert missing["fraction"] == 0.5 and missing["trained_with_fraction"] == 0.25
+    assert 0 < missing["dropped_frames"] < 3 * 12
+    for key in ("forecast_error", "full_forecast_error", "imputation_error", "observed_error"):
+        assert 0 < missing[key] < float("inf")
+    assert missing["full_forecast_error"] == pytest.approx(results["forecast_error"]["1"])
