@@ -141,7 +141,7 @@ DENSE_THRESHOLD = 128
 #: Under ``method="auto"``, the dense form also needs (number of distinct covariance
 #: recursions) x (T max(D, H))^3 at most this: with a covariance per sequence (a learned
 #: recognition noise) its cubic cost is paid per sequence, where the recursions' is linear in T.
-DENSE_WORK_THRESHOLD = 2 ** 23
+DENSE_WORK_THRESHOLD = 2 ** 22
 
 METHODS = ("auto", "sequential", "parallel", "dense")
 
