@@ -99,7 +99,8 @@ def test_log_prob_gradients_match_the_dense_joint_gaussian():
         assert torch.allclose(g, d, atol=1e-8)
 
 
-def test_log_prob_matches_pyro_gaussian_hmm_in_batches():
+@pytest.mark.parametrize("method", ["sequential", "parallel", "dense"])
+def test_log_prob_matches_pyro_gaussian_hmm_in_batches(method):
     T, H, D, N = 7, 4, 3, 5
     p = random_model(batch=(N,), H=H, D=D, T=T)
     A = p["transition_matrix"]
@@ -118,7 +119,7 @@ def test_log_prob_matches_pyro_gaussian_hmm_in_batches():
         duration=T)
     z = torch.randn(N, T, D, dtype=torch.float64)
     ours = kalman_filter(z, **{**p, "init_loc": torch.zeros(N, H, dtype=torch.float64),
-                               "init_scale_tril": torch.linalg.cholesky(S1)}).log_prob
+                               "init_scale_tril": torch.linalg.cholesky(S1)}, method=method).log_prob
     assert torch.allclose(ours, hmm.log_prob(z), atol=1e-8)
 
 
@@ -232,7 +233,7 @@ def test_bad_shapes_are_refused():
                         p["transition_scale_tril"], p["observation_matrix"], p["observation_scale_tril"], 0)
 
 
-@pytest.mark.parametrize("method", ["sequential", "parallel"])
+@pytest.mark.parametrize("method", ["sequential", "parallel", "dense"])
 def test_more_observed_than_hidden_dimensions_matches_the_dense_joint_gaussian(method):
     """D = 5 observed dimensions of an H = 3 state (a tall emission, as in an LDS with more
     observations than latents): log-likelihood and smoothed means against the dense Gaussian."""
