@@ -136,21 +136,47 @@ class _Joint:
                 - 0.5 * size * math.log(2 * math.pi))
 
 
-def dense_log_prob(z, init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
-                   observation_matrix, obs_scale) -> torch.Tensor:
-    r""":math:`\log P(z_{1:T})` of the dense joint Gaussian (module docstring), (*batch,)."""
+def dense_log_prob(z: torch.Tensor, init_loc: torch.Tensor, init_scale_tril: torch.Tensor,
+                   transition_matrix: torch.Tensor, transition_scale_tril: torch.Tensor,
+                   observation_matrix: torch.Tensor, obs_scale: torch.Tensor) -> torch.Tensor:
+    r""":math:`\log P(z_{1:T})` of the window's joint Gaussian (module docstring),
+
+    .. math::
+
+        \log P(z_{1:T}) = -\tfrac12 \lVert L^{-1}(z - \bar z) \rVert^2 - \sum_i \log L_{ii}
+            - \tfrac{TD}{2} \log 2\pi, \qquad L L^\top = K = G G^\top + \operatorname{blockdiag}(R_t).
+
+    :param torch.Tensor z: observations, (*batch, T, D).
+    :param torch.Tensor init_loc: :math:`m_1`, (*batch, H).
+    :param torch.Tensor init_scale_tril: square root of :math:`S_1`, (*cov, H, H).
+    :param torch.Tensor transition_matrix: A, (*cov, H, H).
+    :param torch.Tensor transition_scale_tril: square root of Q, (*cov, H, H).
+    :param torch.Tensor observation_matrix: C, (*cov, D, H).
+    :param torch.Tensor obs_scale: square roots of :math:`R_t`, (*cov, T or 1, D, D).
+    :return: shape (*batch,).
+    :raises NotPositiveDefiniteError: where K is not numerically positive definite or is
+        ill-conditioned (:data:`MIN_PIVOT_RATIO`).
+    """
     joint = _Joint(init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
                    observation_matrix, obs_scale, z.shape[-2])
     return joint.log_prob(joint.whiten(z))
 
 
-def dense_filter(z, init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
-                 observation_matrix, obs_scale):
-    r"""The Kalman filter from the dense joint Gaussian (module docstring).
+def dense_filter(z: torch.Tensor, init_loc: torch.Tensor, init_scale_tril: torch.Tensor,
+                 transition_matrix: torch.Tensor, transition_scale_tril: torch.Tensor,
+                 observation_matrix: torch.Tensor, obs_scale: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""The Kalman filter from the dense joint Gaussian (module docstring): with the whitened
+    innovations :math:`w = L^{-1}(z - \bar z)` and :math:`Y = \Psi G^\top L^{-\top}`,
+    :math:`\hat s_{t|t} = \bar s_t + \sum_{j \le t} Y_{tj} w_j`, :math:`P_{t|t} =
+    \operatorname{Cov}(s_t) - \sum_{j \le t} Y_{tj} Y_{tj}^\top` (:math:`j < t` for the
+    predictions). Arguments as for :func:`dense_log_prob`.
 
     :return: (log_prob (*batch,), filtered_loc (*batch, T, H), filtered_scale_tril (*cov, T, H,
         H), predicted_loc, predicted_scale_tril): the Cholesky factors of :math:`P_{t|t}` and
         :math:`P_{t|t-1}`.
+    :raises NotPositiveDefiniteError: as :func:`dense_log_prob`, and where a filtered or
+        predicted covariance is not numerically positive definite (a singular noise).
     """
     num_steps, obs_dim = z.shape[-2:]
     joint = _Joint(init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
@@ -181,8 +207,9 @@ def dense_filter(z, init_loc, init_scale_tril, transition_matrix, transition_sca
     return joint.log_prob(white), loc_f, scale_f, loc_p, scale_p
 
 
-def dense_backward_sample(loc_f, scale_f, loc_p, scale_p, transition_matrix, transition_scale_tril,
-                          noise):
+def dense_backward_sample(loc_f: torch.Tensor, scale_f: torch.Tensor, loc_p: torch.Tensor,
+                          scale_p: torch.Tensor, transition_matrix: torch.Tensor,
+                          transition_scale_tril: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     r"""Forward filtering, backward sampling as one triangular solve.
 
     The draw of :func:`rpm.ops.kalman.backward_sample`, :math:`s_T = \hat s_{T|T} + L_{T|T}
