@@ -101,6 +101,10 @@ def _scale_of(handlers, where: str) -> float:
 
 def _owning_model(model, guide) -> tuple[RPMBase, float]:
     """The model object behind ``(model, guide)`` and the scale their handlers apply."""
+    owner = getattr(model, "__self__", None)
+    if (isinstance(owner, RPMBase) and getattr(guide, "__self__", None) is owner
+            and not _PYRO_STACK):
+        return owner, 1.0  # bound methods of one model, no handler: what the loop below finds
     model_fn, model_handlers = _unwrap(model)
     guide_fn, guide_handlers = _unwrap(guide)
     owner = getattr(model_fn, "__self__", None)
@@ -277,9 +281,11 @@ class RPMELBO(ELBO):
         """The negative ELBO as a differentiable scalar tensor; ``args`` are the model's data
         (``(x, x2)`` for an :class:`~rpm.RPM`)."""
         owner, scale = _owning_model(model, guide)
-        _check_arguments(model, owner, args, kwargs)
-        validating = is_validation_enabled() and not _tracing()
-        step = fast_step.plan(owner, self, args, kwargs) if self.fast_path else None
+        tracing = _tracing()
+        validating = is_validation_enabled() and not tracing
+        step = fast_step.plan(owner, self, args, kwargs, tracing) if self.fast_path else None
+        if step is None:  # (the fast path's model is rpm.RPM, whose model takes any views)
+            _check_arguments(model, owner, args, kwargs)
         try:  # in the model's Pyro context
             if step is not None:
                 loss = _evaluate_fast(owner, step)   # minus the ELBO

@@ -99,6 +99,10 @@ _FREE = frozenset({"__init__", "__doc__", "__module__", "__qualname__", "__dict_
 _UNMODIFIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: energy class -> whether its forward is a built-in energy's and its call is the module call.
 _ENERGIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: The views' names of a pair (RPM._views).
+_PAIR_NAMES = ("x", "x2")
+#: The attribute of a model holding :func:`plan`'s decision for its modules.
+_CACHE = "_rpm_fast_step"
 # torch's global module hooks (dictionaries changed in place by the register functions): any of
 # them makes every module call run code the fast path would skip.
 _GLOBAL_HOOKS = (torch_module._global_forward_hooks, torch_module._global_forward_pre_hooks,
@@ -113,7 +117,7 @@ class Plan(NamedTuple):
     #: The energy f.
     energy: object
     #: The recognition models, in the order ``groups`` indexes them.
-    modules: list
+    modules: tuple
     #: ``groups[j]``, the index of view j's recognition model.
     groups: list
     #: The views' names (for the encoder's dtype error).
@@ -171,63 +175,117 @@ def _called_plainly(module, context) -> bool:
             and module.__dict__.get("_compiled_call_impl") is None)
 
 
-def plan(model, elbo, args: tuple, kwargs: dict) -> Plan | None:
+class _Decision(NamedTuple):
+    """What :func:`plan` decides once for a model's modules (decided again when the prior, its
+    energy or a recognition model is replaced): whether their classes allow the fast path."""
+
+    #: The modules it was decided for (compared by identity at every step).
+    prior: object
+    recognition: object
+    recognition2: object
+    pair: object
+    energy: object
+    #: The recognition models in the order ``groups`` indexes them.
+    modules: tuple
+    #: Whether every class is the library's own (module docstring).
+    eligible: bool
+    #: A prior over J views (MarkovImplicitPrior) rather than a pair prior.
+    joint: bool
+    #: Every recognition model is a DeltaRecognition (deterministic when its noise_scale is 0).
+    delta_classes: bool
+    #: The modules whose call the fast path skips (the energy, the recognition models).
+    plain: tuple
+
+
+def _children(model) -> tuple:
+    """The model's prior, its pair prior (itself for a pair prior), its energy and its
+    recognition models, read from the modules' dictionaries."""
+    children = model._modules
+    prior = children.get("prior")
+    inner = getattr(prior, "_modules", {})
+    pair = inner.get("pair") if isinstance(prior, MarkovImplicitPrior) else prior
+    energy = getattr(pair, "_modules", {}).get("energy")
+    return prior, pair, energy, children.get("recognition"), children.get("recognition2")
+
+
+def _decide(model, children: tuple) -> _Decision:
+    """The class checks of :func:`plan` for the modules ``children`` (:func:`_children`)."""
+    prior, pair, energy, recognition, recognition2 = children
+    modules = tuple(model.modules_list)
+    eligible = (unmodified(type(model), RPM) and isinstance(pair, ImplicitPrior)
+                and unmodified(type(pair), ImplicitPrior)
+                and (pair is prior or unmodified(type(prior), MarkovImplicitPrior))
+                and _builtin_energy(type(energy)))
+    delta_classes = True
+    for module in modules:
+        if unmodified(type(module), GaussianRecognition):
+            delta_classes = False
+        elif not unmodified(type(module), DeltaRecognition):
+            eligible = False
+    return _Decision(prior, recognition, recognition2, pair, energy, modules, eligible,
+                     pair is not prior, delta_classes, (energy, *modules))
+
+
+def _decision(model) -> _Decision:
+    """The model's :class:`_Decision`, cached on the model while its modules are the same."""
+    children = _children(model)
+    prior, pair, energy, recognition, recognition2 = children
+    decision = model.__dict__.get(_CACHE)
+    if (decision is None or decision.prior is not prior or decision.pair is not pair
+            or decision.energy is not energy or decision.recognition is not recognition
+            or decision.recognition2 is not recognition2
+            or (model.per_view and tuple(recognition) != decision.modules)):
+        decision = _decide(model, children)
+        model.__dict__[_CACHE] = decision
+    return decision
+
+
+def plan(model, elbo, args: tuple, kwargs: dict, tracing: bool | None = None) -> Plan | None:
     """The plan of the fast evaluation of ``elbo`` on ``model`` for the data ``args``, or None
     when the step takes the generic path (module docstring). Never raises: a batch the generic
-    path would refuse gets None, and the generic path names what is wrong.
+    path would refuse gets None, and the generic path names what is wrong. The class checks are
+    made once per set of modules (cached on the model); the hooks, the Pyro contexts, the
+    batch's signature and the sizes at every step.
 
     :param model: the model behind ``(model.model, model.guide)``.
     :param elbo: the :class:`~rpm.RPMELBO`.
     :param tuple args: the model's data arguments.
     :param dict kwargs: the keyword arguments of the call.
+    :param tracing: whether torch is tracing or compiling (None: asked here).
     """
     if (kwargs or elbo.num_particles != 1 or elbo.block_size is not None or elbo.global_batch
-            or not unmodified(type(model), RPM) or model.queue is not None
-            or torch.jit.is_tracing() or torch.compiler.is_compiling()
-            or any(_GLOBAL_HOOKS)):
+            or model.queue is not None or any(_GLOBAL_HOOKS)):
         return None
-    prior = model._modules.get("prior")
-    pair = prior._modules.get("pair") if isinstance(prior, MarkovImplicitPrior) else prior
-    if not (isinstance(pair, ImplicitPrior) and unmodified(type(pair), ImplicitPrior)):
-        return None
-    if pair is not prior and not unmodified(type(prior), MarkovImplicitPrior):
-        return None
-    energy = pair._modules.get("energy")
-    context = model._pyro_context
-    if not (_builtin_energy(type(energy)) and _called_plainly(energy, context)):
-        return None
-    try:
-        names, views, stacked = model._views(args)
-        modules = model.modules_list
-        groups = model._groups(len(views), modules)
-    except (TypeError, ValueError):
-        return None
-    if (pair is prior) != (len(args) == 2):
+    if tracing is None:
+        tracing = torch.jit.is_tracing() or torch.compiler.is_compiling()
+    decision = _decision(model)
+    if tracing or not decision.eligible or decision.joint == (len(args) == 2):
         return None  # a pair prior takes (x, x2), a prior over J views a list or a stack
-    deltas = True
-    for module in modules:
+    context = model._pyro_context
+    for module in decision.plain:
         if not _called_plainly(module, context):
             return None
-        if unmodified(type(module), DeltaRecognition):
-            deltas = deltas and module.noise_scale == 0.0
-        elif unmodified(type(module), GaussianRecognition):
-            deltas = False
-        else:
-            return None
-    key = signature(views, is_validation_enabled(), id(prior), *map(id, modules),
+    modules = decision.modules
+    try:
+        if decision.joint:
+            names, views, stacked = model._views(args)
+        else:  # RPM._views of two views, without building the lists
+            names, views, stacked = _PAIR_NAMES, args, None
+        groups = model._groups(len(views), modules)
+        num, frames = views[0].shape[0], len(views) - 1
+    except (AttributeError, IndexError, TypeError, ValueError):
+        return None
+    key = signature(views, is_validation_enabled(), id(decision.prior), *map(id, modules),
                     model.encoder_calls)
     if not passed(model, key):
         return None  # the first batch of a signature runs every check, on the generic path
-    num, frames = views[0].shape[0], len(views) - 1
-    if pair is prior:
-        if use_streaming(num, num, views[0].device, None):
-            return None
-    elif frames > 1 and (num * frames) ** 2 > _STACKED_LIMIT:
+    if frames > 1 and (num * frames) ** 2 > _STACKED_LIMIT:
+        return None  # MarkovImplicitPrior's steps one by one
+    if frames == 1 and use_streaming(num, num, views[0].device):
         return None
-    if frames == 1 and use_streaming(num, num, views[0].device, None):
-        return None
-    return Plan(prior, energy, modules, groups, names, views, stacked, deltas,
-                pair is not prior)
+    deltas = decision.delta_classes and all(module.noise_scale == 0.0 for module in modules)
+    return Plan(decision.prior, decision.energy, modules, groups, names, views, stacked, deltas,
+                decision.joint)
 
 
 def _delta_latents(step: Plan, encoder_calls: str, batch_size: int) -> list[torch.Tensor]:
@@ -235,6 +293,15 @@ def _delta_latents(step: Plan, encoder_calls: str, batch_size: int) -> list[torc
     :func:`~rpm.models.views.encode_views` and ``DeltaRecognition.forward`` give, each (N, D),
     with the latent checks a recognition model keeps when asked to (``validate=True``)."""
     modules, views, names, groups = step.modules, step.views, step.names, step.groups
+    if encoder_calls == "per_view" and len(modules) == 1:  # one network for every view
+        module = modules[0]
+        net = _network(module)
+        latents = [call_encoder(net, view, name) for view, name in zip(views, names, strict=True)]
+        if module.validate:  # None: the model's checks, passed for this signature; False: none
+            for loc, view in zip(latents, views, strict=True):
+                _check_batch("latents", loc, view.shape[0])
+                _check_finite("latents", loc)
+        return latents
     if encoder_calls == "per_view" or len(views) == 1:
         return [_delta(modules[g], view, name) for name, view, g in zip(names, views, groups,
                                                                           strict=True)]
@@ -276,8 +343,9 @@ def _views_latents(model, step: Plan, batch_size: int) -> torch.Tensor:
                 batch_size * len(step.views), -1)
         return torch.cat(_delta_latents(step, encoder_calls, batch_size))
     # stochastic recognition: the generic path's distributions and one draw of "z" (N, J, D)
-    _, q = model._encode_views(step.names, step.views, step.stacked, step.modules, step.groups,
-                               batch_size, True, check=False)
+    with skipped_checks():
+        _, q = model._encode_views(step.names, step.views, step.stacked, step.modules,
+                                   step.groups, batch_size, True, check=False)
     z = q.to_event(1).rsample()
     return z.transpose(0, 1).reshape(z.shape[0] * z.shape[1], z.shape[2])
 
@@ -291,19 +359,19 @@ def evaluate(model, step: Plan) -> torch.Tensor:
     :return: a scalar tensor.
     """
     energy, batch_size = step.energy, step.views[0].shape[0]
-    with skipped_checks():
-        if not step.joint:
-            if step.deltas:
-                z, z2 = _delta_latents(step, model.encoder_calls, batch_size)
-            else:
+    if not step.joint:
+        if step.deltas:
+            z, z2 = _delta_latents(step, model.encoder_calls, batch_size)
+        else:
+            with skipped_checks():  # the recognition models' own checks, as on a passed batch
                 q, q2 = encode_views(step.names, step.views, step.modules, step.groups,
                                      model.encoder_calls, batch_size, check=False)
-                z, z2 = _rsample(q), _rsample(q2)
-            # ImplicitPrior.log_ratio, dense, the batch's own candidates
-            negative = _negative_terms(energy.forward(z, z2))                          # (N,)
-            check_implicit_log_ratio(type(step.prior).__name__, energy, [z, z2], negative)
-            return negative.sum()
-        frames = _views_latents(model, step, batch_size)                   # (J N, D)
+            z, z2 = _rsample(q), _rsample(q2)
+        # ImplicitPrior.log_ratio, dense, the batch's own candidates
+        negative = _negative_terms(energy.forward(z, z2))                              # (N,)
+        check_implicit_log_ratio(type(step.prior).__name__, energy, [z, z2], negative)
+        return negative.sum()
+    frames = _views_latents(model, step, batch_size)                       # (J N, D)
     steps = len(step.views) - 1
     anchors, partners = frames[:-batch_size], frames[batch_size:]
     if steps == 1:  # MarkovImplicitPrior.log_ratio through the pair prior's dense path

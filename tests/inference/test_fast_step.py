@@ -377,3 +377,25 @@ def test_validation_off_takes_the_fast_path_with_the_same_value(monkeypatch):
 def test_fast_path_argument_is_checked():
     with pytest.raises(TypeError, match="fast_path"):
         rpm.RPMELBO(fast_path="yes")
+
+
+def test_a_replaced_module_is_decided_again(monkeypatch):
+    """The class checks are cached per set of modules: a replaced energy (here one overriding
+    forward) or recognition model is checked again."""
+    model = build(RBFEnergy(0.8), "delta", "pair")
+    args = data("pair")
+    elbo = rpm.RPMELBO()
+    for _ in range(2):
+        elbo.loss(model.model, model.guide, *args)
+    assert fast_step.plan(model, elbo, args, {}) is not None
+    model.prior.energy = ScaledRBF(0.8)
+    calls = spy(monkeypatch)
+    got = elbo.loss(model.model, model.guide, *args)
+    assert fast_step.plan(model, elbo, args, {}) is None and not calls
+    with torch.no_grad():
+        z, z2 = (model.recognition.net(view) for view in args)
+    assert got == pytest.approx(loop_loss(model.prior.energy, z, z2), rel=1e-12, abs=1e-12)
+    model.recognition = ShiftedDelta(torch.nn.Linear(IN, DIM).double())
+    model.prior.energy = RBFEnergy(0.8)
+    elbo.loss(model.model, model.guide, *args)
+    assert fast_step.plan(model, elbo, args, {}) is None
