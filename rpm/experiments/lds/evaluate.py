@@ -50,17 +50,19 @@ class Inference(NamedTuple):
     :ivar KalmanFilterResult filtered: the filter of the means (its ``filtered_loc``
         :math:`E[s_t | \mu_{1:t}]`, (N, T, H)).
     :ivar torch.Tensor transition_matrix: the learned A, (H, H), float64.
+    :ivar torch.Tensor scales: the recognition standard deviations, (N, T, D), float64.
     """
 
     means: torch.Tensor
     smoothed: torch.Tensor
     filtered: KalmanFilterResult
     transition_matrix: torch.Tensor
+    scales: torch.Tensor | None = None
 
 
 @torch.no_grad()
-def infer_states(model, x: torch.Tensor, chunk: int = 64,
-                 mask: torch.Tensor | None = None) -> Inference:
+def infer_states(model, x: torch.Tensor, chunk: int = 64, mask: torch.Tensor | None = None,
+                 encoded: Inference | None = None) -> Inference:
     r"""The encoder's means and the smoothed latents of the sequences ``x`` under a trained
     :class:`~rpm.SequenceRPM` with a linear-Gaussian prior (module docstring). The encoder is
     put in evaluation mode.
@@ -72,17 +74,22 @@ def infer_states(model, x: torch.Tensor, chunk: int = 64,
     :param mask: missing frames: None, or a bool tensor (N, T), True where the frame is
         observed; the chain is conditioned on the observed frames' means only (the filter skips
         the others' updates), and the dropped frames' smoothed latents are imputations.
+    :param encoded: an earlier :class:`Inference` of the same ``x`` and model whose means and
+        scales are reused instead of encoding ``x`` again (e.g. the same videos with a mask).
     """
     net = model.recognition.net
     net.eval()
-    locs, scales = [], []
-    for start in range(0, x.shape[0], chunk):
-        batch = x[start:start + chunk]
-        loc, scale = net(batch.flatten(0, 1))  # (n T, D)
-        locs.append(loc.reshape(*batch.shape[:2], -1))
-        scales.append(scale.reshape(*batch.shape[:2], -1))
-    loc = torch.cat(locs).to("cpu", torch.float64)
-    scale = torch.cat(scales).to("cpu", torch.float64)
+    if encoded is not None:
+        loc, scale = encoded.means, encoded.scales
+    else:
+        locs, scales = [], []
+        for start in range(0, x.shape[0], chunk):
+            batch = x[start:start + chunk]
+            loc, scale = net(batch.flatten(0, 1))  # (n T, D)
+            locs.append(loc.reshape(*batch.shape[:2], -1))
+            scales.append(scale.reshape(*batch.shape[:2], -1))
+        loc = torch.cat(locs).to("cpu", torch.float64)
+        scale = torch.cat(scales).to("cpu", torch.float64)
     chain = model.prior.distribution(x.shape[1])
     params = {name: getattr(chain, name).detach().to("cpu", torch.float64)
               for name in chain.arg_constraints}
@@ -90,7 +97,7 @@ def infer_states(model, x: torch.Tensor, chunk: int = 64,
     filtered = StateSpacePosterior(chain, loc, scale).filtered
     smoothed = rts_smoother(filtered, params["transition_matrix"],
                             params["transition_scale_tril"]).loc
-    return Inference(loc, smoothed, filtered, params["transition_matrix"])
+    return Inference(loc, smoothed, filtered, params["transition_matrix"], scale)
 
 
 def affine_fit(features: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

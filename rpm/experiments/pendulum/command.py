@@ -221,7 +221,7 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
         missing = {"missing_frames": {
             "fraction": args.eval_drop_frames, "trained_with_fraction": args.drop_frames,
             **evaluate_missing_frames(model, frames, states, num_train, args.eval_drop_frames,
-                                      seed=derived_seed(args.seed, "drop"))}}
+                                      seed=derived_seed(args.seed, "drop"), inference=inference)}}
     evaluations = history["evaluations"]
     results = {
         "config": json.loads((out / "config.json").read_text()),

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from rpm.data.missing import drop_frames
-from rpm.experiments.lds.evaluate import affine_fit, infer_states
+from rpm.experiments.lds.evaluate import Inference, affine_fit, infer_states
 
 __all__ = ["evaluate_missing_frames"]
 
@@ -34,7 +34,8 @@ def _rmse(predicted: torch.Tensor, target: torch.Tensor) -> float:
 
 @torch.no_grad()
 def evaluate_missing_frames(model, frames: torch.Tensor, states: torch.Tensor, num_train: int,
-                            fraction: float, seed: int = 0) -> dict[str, float]:
+                            fraction: float, seed: int = 0,
+                            inference: Inference | None = None) -> dict[str, float]:
     r"""Forecast and imputation errors with each held-out frame dropped with probability
     ``fraction`` (module docstring). The encoder is left in evaluation mode.
 
@@ -45,6 +46,8 @@ def evaluate_missing_frames(model, frames: torch.Tensor, states: torch.Tensor, n
     :param int num_train: the training videos (never dropped).
     :param float fraction: the probability of dropping a held-out frame, in [0, 1).
     :param int seed: the seed of the dropped frames.
+    :param inference: the model's :func:`~rpm.experiments.lds.evaluate.infer_states` of
+        ``frames`` with every frame seen, if already computed (its means are reused).
     :return: ``forecast_error``, ``full_forecast_error``, ``imputation_error``,
         ``observed_error`` and ``dropped_frames`` (the count).
     """
@@ -55,8 +58,8 @@ def evaluate_missing_frames(model, frames: torch.Tensor, states: torch.Tensor, n
     mask = torch.ones(num, length, dtype=torch.bool)
     mask[num_train:] = drop_frames((num - num_train, length), fraction,
                                    torch.Generator().manual_seed(seed))
-    full = infer_states(model, frames)
-    masked = infer_states(model, frames, mask=mask.to(frames.device))
+    full = inference if inference is not None else infer_states(model, frames)
+    masked = infer_states(model, frames, mask=mask, encoded=full)
     states = states.to(torch.float64)
     coef = affine_fit(full.smoothed[:num_train].flatten(0, 1), states[:num_train].flatten(0, 1))
 
