@@ -287,8 +287,9 @@ class RPMELBO(ELBO):
         if step is None:  # (the fast path's model is rpm.RPM, whose model takes any views)
             _check_arguments(model, owner, args, kwargs)
         try:  # in the model's Pyro context
-            if step is not None:
-                loss = _evaluate_fast(owner, step)   # minus the ELBO
+            if step is not None:  # minus the ELBO
+                loss = (_evaluate_fast(owner, step) if fast_step.needs_context(step)
+                        else fast_step.evaluate(owner, step))
             else:
                 loss = -_evaluate(owner, self, args, kwargs)
         except ValueError:

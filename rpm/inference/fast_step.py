@@ -57,10 +57,13 @@ import math
 import weakref
 from typing import NamedTuple
 
+import pyro
 import torch
 import torch.nn.modules.module as torch_module
 from pyro.infer.util import is_validation_enabled
 from pyro.nn import PyroModule
+from pyro.nn.module import _is_module_local_param_enabled
+from pyro.poutine.runtime import _PYRO_STACK
 
 from rpm.inference.objective import _rsample
 from rpm.models.checked_batches import passed, signature, skipped_checks
@@ -87,7 +90,7 @@ from rpm.priors.energy_range import check_implicit_log_ratio
 from rpm.priors.implicit import ImplicitPrior
 from rpm.priors.sequence import _STACKED_LIMIT, MarkovImplicitPrior
 
-__all__ = ["Plan", "evaluate", "plan"]
+__all__ = ["Plan", "evaluate", "needs_context", "plan"]
 
 #: The energies whose ``forward`` the fast path calls directly.
 _BUILTIN_ENERGIES = (AnisotropicEnergy, BilinearEnergy, CosineEnergy, LpEnergy, NeuralEnergy,
@@ -286,6 +289,36 @@ def plan(model, elbo, args: tuple, kwargs: dict, tracing: bool | None = None) ->
     deltas = decision.delta_classes and all(module.noise_scale == 0.0 for module in modules)
     return Plan(decision.prior, decision.energy, modules, groups, names, views, stacked, deltas,
                 decision.joint)
+
+
+def needs_context(step: Plan) -> bool:
+    """Whether :func:`evaluate` must run in the model's Pyro context (``pyro_method``) to do
+    what the generic path does there, or may run without it (a torch loop over a parameter-free
+    energy, e.g. ``CosineEnergy`` with a fixed kappa).
+
+    The context matters for three things only: Pyro handlers (SVI's parameter capture, a
+    trace), which receive the parameters' messages; the energy's parameters (a ``PyroParam`` or
+    a parameter of a ``PyroModule`` is read through the param store inside the context); and the
+    registration of a recognition network that the store does not hold (after
+    ``pyro.clear_param_store()``: inside the context it is registered again). So the context
+    is skipped only with no handler active, Pyro's module-local parameters off, an energy
+    without parameters or submodules, deterministic Delta encoders whose plain ``torch.nn``
+    networks the store holds (the check of :func:`rpm.models.recognition._network`, which then
+    returns the network and registers nothing, inside the context or not)."""
+    if _PYRO_STACK or not step.deltas or _is_module_local_param_enabled():
+        return True
+    energy = step.energy.__dict__
+    if (energy["_parameters"] or energy["_modules"] or energy.get("_pyro_params")
+            or energy.get("_pyro_samples")):
+        return True
+    store = pyro.get_param_store()
+    for module in step.modules:
+        cached = module.__dict__.get("_registration")
+        if (cached is None or cached[0] != module._pyro_name
+                or isinstance(module._modules["net"], PyroModule)
+                or (cached[1] is not None and cached[1] not in store)):
+            return True
+    return False
 
 
 def _delta_latents(step: Plan, encoder_calls: str, batch_size: int) -> list[torch.Tensor]:

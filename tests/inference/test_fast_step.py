@@ -32,6 +32,7 @@ IN, DIM, N = 5, 3, 6
 ENERGIES = {
     "bilinear": lambda: BilinearEnergy(DIM, init_scale=0.7),
     "cosine": lambda: CosineEnergy(3.0, learn_kappa=True),
+    "cosine-fixed": lambda: CosineEnergy(3.0),
     "rbf": lambda: RBFEnergy(0.8),
     "anisotropic": lambda: AnisotropicEnergy(DIM),
     "anisotropic-raw": lambda: AnisotropicEnergy(DIM, normalize=False, init=0.6),
@@ -399,3 +400,30 @@ def test_a_replaced_module_is_decided_again(monkeypatch):
     model.prior.energy = RBFEnergy(0.8)
     elbo.loss(model.model, model.guide, *args)
     assert fast_step.plan(model, elbo, args, {}) is None
+
+
+def test_the_pyro_context_is_skipped_only_where_nothing_reads_pyro_state(monkeypatch):
+    """Without a handler, with a parameter-free energy and networks the store holds, the fast
+    path runs outside the model's Pyro context; an energy with parameters, a trace, or a store
+    cleared between steps (the network registered again, as on the generic path) keep it."""
+    model = build(CosineEnergy(4.0), "delta", "pair")
+    args = data("pair")
+    elbo = rpm.RPMELBO()
+    elbo.loss(model.model, model.guide, *args)
+    step = fast_step.plan(model, elbo, args, {})
+    assert not fast_step.needs_context(step)
+    with poutine.trace(param_only=True):
+        assert fast_step.needs_context(step)
+    pyro.clear_param_store()
+    assert fast_step.needs_context(step)
+    elbo.loss(model.model, model.guide, *args)
+    fast_names = set(pyro.get_param_store().keys())
+    pyro.clear_param_store()
+    rpm.RPMELBO(fast_path=False).loss(model.model, model.guide, *args)
+    assert fast_names == set(pyro.get_param_store().keys()) and fast_names
+    learned = build(RBFEnergy(0.8), "delta", "pair")
+    elbo.loss(learned.model, learned.guide, *args)
+    assert fast_step.needs_context(fast_step.plan(learned, elbo, args, {}))
+    gaussian = build(CosineEnergy(4.0), "gaussian", "pair")
+    elbo.loss(gaussian.model, gaussian.guide, *args)
+    assert fast_step.needs_context(fast_step.plan(gaussian, elbo, args, {}))
