@@ -24,6 +24,10 @@ Results (:mod:`rpm.experiments.lds.evaluate`), in ``results.json``:
   smoothed latents :math:`E[s_t|\mu_{1:T}]` (affine map fitted on the training videos' frames;
   mean over the three, each in ``r2_per_coordinate``); ``means_r2`` the same from the
   encoder's means;
+* ``knn_r2`` (and ``knn_r2_per_coordinate``): the held-out :math:`R^2` of a 10-nearest-neighbour
+  regression of the state on the same smoothed latents
+  (:func:`~rpm.experiments.pendulum.readout.knn_heldout_r2`), what they carry without the cap
+  that a linear read-out puts on :math:`\omega`;
 * ``forecast_error``: the RMSE (over the three coordinates and the held-out frames) of the
   learned prior's 1- and 10-step forecasts :math:`A^k E[s_t|\mu_{1:t}]`, read out by the same
   affine map; ``var_forecast_error``: the same for a VAR(1) fitted to the encoder's means of
@@ -176,6 +180,7 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
     from rpm.experiments.pendulum.missing_frames import evaluate_missing_frames
     from rpm.experiments.pendulum.model import build_encoder
     from rpm.experiments.pendulum.plots import plot_pendulum
+    from rpm.experiments.pendulum.readout import knn_heldout_r2
 
     out = run.path
     if args.resume:
@@ -210,6 +215,7 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
     scores = _scores(model, frames, states, num_train)
     inference = scores.pop("_inference")
     forecasts = forecast_errors(inference, states, num_train)
+    knn = knn_heldout_r2(states, inference.smoothed, num_train)
     test_states = states[num_train:]
     baseline = float((test_states - states[:num_train].mean((0, 1))).square().mean().sqrt())
     decoded = decoded_states(inference.smoothed, states, num_train)[num_train]  # (T, 3)
@@ -227,6 +233,8 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
         "config": json.loads((out / "config.json").read_text()),
         "environment": environment(device),
         **scores,
+        "knn_r2": knn.mean().item(),
+        "knn_r2_per_coordinate": dict(zip(STATE_NAMES, knn.tolist(), strict=True)),
         "forecast_error": forecasts["model"],
         "var_forecast_error": forecasts["var"],
         "forecast_baseline": baseline,
@@ -242,7 +250,8 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
     write_json_atomic(out / "results.json", results)
     print(f"pendulum{' with distractors' if args.distractors else ''}: held-out R^2 "
           f"{scores['r2']:.4f} (means {scores['means_r2']:.4f}; untrained "
-          f"{untrained['r2']:.4f}); forecast RMSE 1/10 steps {forecasts['model']['1']:.3f}/"
+          f"{untrained['r2']:.4f}; 10-nearest-neighbour read-out {knn.mean().item():.4f}); "
+          f"forecast RMSE 1/10 steps {forecasts['model']['1']:.3f}/"
           f"{forecasts['model']['10']:.3f}, VAR on the means {forecasts['var']['1']:.3f}/"
           f"{forecasts['var']['10']:.3f}, the mean {baseline:.3f}")
     if missing:

@@ -13,6 +13,7 @@ from rpm.experiments.lds.evaluate import affine_fit, forecast_errors, infer_stat
 from rpm.experiments.lds.model import build_sequence_model
 from rpm.experiments.pendulum.missing_frames import evaluate_missing_frames
 from rpm.experiments.pendulum.model import GaussianConvEncoder, GaussianKeypointEncoder
+from rpm.experiments.pendulum.readout import knn_heldout_r2
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -207,4 +208,26 @@ def test_end_to_end_run_with_dropped_frames_scores_forecasts_and_imputations(tmp
     assert 0 < missing["dropped_frames"] < 3 * 12
     for key in ("forecast_error", "full_forecast_error", "imputation_error", "observed_error"):
         assert 0 < missing[key] < float("inf")
+    assert set(results["knn_r2_per_coordinate"]) == {"sin_theta", "cos_theta", "omega"}
+    assert results["knn_r2"] <= 1
     assert missing["full_forecast_error"] == pytest.approx(results["forecast_error"]["1"])
+
+
+def test_knn_read_out_against_a_brute_force_loop():
+    generator = torch.Generator().manual_seed(0)
+    latents = torch.randn(4, 6, 3, generator=generator, dtype=torch.float64)
+    states = torch.stack([latents[..., 0].sin(), latents[..., 1] * latents[..., 2]], -1)
+    r2 = knn_heldout_r2(states, latents, num_train=3, k=4)
+    train_x, train_y = latents[:3].flatten(0, 1), states[:3].flatten(0, 1)
+    mean, std = train_x.mean(0), train_x.std(0)
+    residual, total = torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
+    test_y = states[3]
+    for t in range(6):
+        distance = (((latents[3, t] - mean) / std - (train_x - mean) / std) ** 2).sum(-1)
+        nearest = distance.argsort()[:4]
+        residual += (test_y[t] - train_y[nearest].mean(0)) ** 2
+    total = ((test_y - test_y.mean(0)) ** 2).sum(0)
+    torch.testing.assert_close(r2, 1 - residual / total)
+    # a read-out of the latents themselves is exact with one neighbour of identical copies
+    copies = torch.cat([latents[:3], latents[:1]])
+    assert knn_heldout_r2(copies, copies, num_train=3, k=1).tolist() == pytest.approx([1.0] * 3)
