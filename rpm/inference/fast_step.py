@@ -17,8 +17,10 @@ calls, distribution objects and the prior's dispatch, about as much Python time 
 small model (``benchmarks/README.md``, step overhead). :func:`evaluate` computes the same
 number with the same kernels, in the same order, directly: the encoder networks are called
 (through their own ``__call__``, so their hooks run), the energy's own ``forward`` is called
-without its module call, and the InfoNCE terms are :func:`~rpm.ops.diagonal_log_softmax` of
-the energy matrix, as the implicit priors' dense path does.
+without its module call, and the loss is the sum of :math:`-\log N - \log
+\operatorname{softmax}(F)_{ii}`, bit for bit minus the InfoNCE terms of
+:func:`~rpm.ops.diagonal_log_softmax`, the implicit priors' dense path (:func:`evaluate`
+returns the loss, minus the ELBO).
 
 **When.** :func:`plan` returns a plan only when every piece of code the generic path would run
 is the library's own, so that skipping it changes nothing:
@@ -45,7 +47,10 @@ is the library's own, so that skipping it changes nothing:
   generic path;
 * no call arguments beyond the views (no ``mask``), not while tracing or compiling.
 
-Anything else is the generic path, unchanged. Pyro's messages are the same on both paths (the
+Anything else is the generic path, unchanged. The class checks are decided once per set of
+modules (cached on the model, decided again when one is replaced); the rest at every step.
+The evaluation runs in the model's Pyro context, as the generic path does, unless nothing in
+it reads Pyro state (:func:`needs_context`). Pyro's messages are the same on both paths (the
 recognition networks' registration, the energy's parameters), so ``SVI``'s parameter capture
 and the handlers :class:`~rpm.RPMELBO` honours see the same parameters. ``RPMELBO(fast_path=
 False)`` always takes the generic path.
