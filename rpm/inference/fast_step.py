@@ -390,7 +390,8 @@ def _views_latents(model, step: Plan, batch_size: int) -> torch.Tensor:
 
 def evaluate(model, step: Plan) -> torch.Tensor:
     """Minus the ELBO of the step (minus the number :func:`rpm.inference.objective.elbo` gives on
-    ``model.objective_inputs(*args)``: the loss), to be called in the model's Pyro context.
+    ``model.objective_inputs(*args)``: the loss), to be called in the model's Pyro context
+    unless :func:`needs_context` says it need not be.
 
     :param model: the :class:`~rpm.RPM`.
     :param Plan step: :func:`plan`'s result for this step.
