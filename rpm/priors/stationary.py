@@ -85,7 +85,8 @@ class StationaryStateSpacePrior(LinearGaussianPrior):
 
     with :math:`A = L^{-1} W`, :math:`L L^\top = I + W W^\top` (singular values of A below 1 for
     every W; module docstring), C and b unconstrained and R held through its Cholesky factor
-    (``constraints.lower_cholesky``); W, C, b and R are learned. Every frame's latent has the
+    (``constraints.lower_cholesky``); W, C, b and R are learned unless switched off (then each
+    stays at its start as a buffer, kept in the ``state_dict``). Every frame's latent has the
     same marginal :math:`\mathcal{N}(b, C C^\top + R)` (:meth:`marginal`). Called inside the
     model's plate over sequences as ``prior(q)`` it declares ``"z"`` ~
     :class:`~rpm.priors.GaussianStateSpace` (event_shape (T, D)); :meth:`posterior` is the
@@ -115,6 +116,11 @@ class StationaryStateSpacePrior(LinearGaussianPrior):
         :math:`z_t` then has covariance :math:`C C^\top + R \succeq C C^\top`, fixed up to R
         (``docs/theory.md``: with a learned C the RPM ELBO can trade the latents' scale
         against the recognition noise).
+    :param bool learn_observation_noise: learn R (default); False keeps it at its start
+        :math:`\operatorname{diag}(\text{observation\_noise})^2` (a buffer holding its Cholesky
+        factor). With C and R both fixed the emission is pinned and the RPM ELBO learns only the
+        transition (and b): the latents' prior scale cannot move at all.
+    :param bool learn_observation_offset: learn b (default); False keeps it at its start.
 
     References:
         M. Hromadka, ..., "Maximum likelihood learning of latent dynamics without
@@ -123,7 +129,8 @@ class StationaryStateSpacePrior(LinearGaussianPrior):
 
     def __init__(self, dim: int, state_dim: int | None = None, decay: float = 0.9,
                  observation_scale=1.0, observation_offset=0.0, observation_noise=0.1,
-                 learn_observation_matrix: bool = True):
+                 learn_observation_matrix: bool = True, learn_observation_noise: bool = True,
+                 learn_observation_offset: bool = True):
         super().__init__()
         check_positive_int("dim", dim)
         state_dim = dim if state_dim is None else state_dim
@@ -142,16 +149,22 @@ class StationaryStateSpacePrior(LinearGaussianPrior):
             self.observation_matrix = torch.nn.Parameter(emission)  # C, (D, H)
         else:
             self.register_buffer("observation_matrix", emission)  # C, (D, H), fixed
-        self.observation_offset = torch.nn.Parameter(
-            _vector("observation_offset", observation_offset, dim, positive=False))  # b, (D,)
-        self.observation_scale_tril = PyroParam(
-            _cholesky_init("observation_noise", observation_noise, dim),
-            constraints.lower_cholesky)  # chol(R), (D, D)
+        offset = _vector("observation_offset", observation_offset, dim, positive=False)
+        if learn_observation_offset:
+            self.observation_offset = torch.nn.Parameter(offset)  # b, (D,)
+        else:
+            self.register_buffer("observation_offset", offset)  # b, (D,), fixed
+        noise_tril = _cholesky_init("observation_noise", observation_noise, dim)
+        if learn_observation_noise:
+            self.observation_scale_tril = PyroParam(noise_tril, constraints.lower_cholesky)  # chol(R)
+        else:
+            self.register_buffer("observation_scale_tril", noise_tril)  # chol(R), (D, D), fixed
 
     @classmethod
     def from_dynamics(cls, transition_matrix: torch.Tensor, process_scale_tril: torch.Tensor,
                       observation_matrix: torch.Tensor, observation_offset=0.0,
-                      observation_noise=0.1, learn_observation_matrix: bool = True
+                      observation_noise=0.1, learn_observation_matrix: bool = True,
+                      learn_observation_noise: bool = True, learn_observation_offset: bool = True
                       ) -> StationaryStateSpacePrior:
         r"""The stationary prior that starts as the stable chain :math:`s_{t+1} = A_0 s_t + w_t`,
         :math:`w_t \sim \mathcal{N}(0, Q_0)`, :math:`z_t = C_0 s_t + b + v_t` started from its
@@ -168,6 +181,8 @@ class StationaryStateSpacePrior(LinearGaussianPrior):
         :param observation_offset: b (a number or D numbers).
         :param observation_noise: R starts at ``diag(observation_noise)**2``.
         :param bool learn_observation_matrix: learn C (default) or keep it fixed.
+        :param bool learn_observation_noise: learn R (default) or keep it fixed.
+        :param bool learn_observation_offset: learn b (default) or keep it fixed.
         """
         a0 = torch.as_tensor(transition_matrix, dtype=torch.float64)
         q_tril = torch.as_tensor(process_scale_tril, dtype=torch.float64)
@@ -180,7 +195,9 @@ class StationaryStateSpacePrior(LinearGaussianPrior):
         a = torch.linalg.solve_triangular(root, a0 @ root, upper=False)  # S^{-1} A_0 S
         prior = cls(c0.shape[0], a0.shape[-1], observation_offset=observation_offset,
                     observation_noise=observation_noise,
-                    learn_observation_matrix=learn_observation_matrix)
+                    learn_observation_matrix=learn_observation_matrix,
+                    learn_observation_noise=learn_observation_noise,
+                    learn_observation_offset=learn_observation_offset)
         dtype = prior.observation_matrix.dtype
         with torch.no_grad():
             prior.transition_weight.copy_(contraction_weight(a).to(dtype))

@@ -221,3 +221,46 @@ def test_a_fixed_observation_matrix_is_a_buffer_that_keeps_its_start():
     optimizer.step()
     assert torch.equal(prior.observation_matrix, start)
     assert prior.transition_weight.grad.abs().sum() > 0
+
+
+def test_a_fixed_emission_noise_and_offset_are_buffers_kept_through_training_and_state_dict():
+    a0 = torch.tensor([[0.9, 0.5], [0.0, 0.8]])
+    prior = StationaryStateSpacePrior.from_dynamics(
+        a0, 0.3 * torch.eye(2), torch.tensor([[1.0, 0.0]]), observation_offset=2.0,
+        observation_noise=0.4, learn_observation_matrix=False, learn_observation_noise=False,
+        learn_observation_offset=False)
+    assert [name for name, _ in prior.named_parameters()] == ["transition_weight"]
+    buffers = dict(prior.named_buffers())
+    assert {"observation_matrix", "observation_scale_tril", "observation_offset"} <= set(buffers)
+    assert torch.equal(prior.observation_scale_tril, torch.tensor([[0.4]]))
+    assert torch.equal(prior.observation_offset, torch.tensor([2.0]))
+    starts = {name: getattr(prior, name).clone() for name in buffers}
+    optimizer = torch.optim.Adam(prior.parameters(), lr=0.1)
+    z = 2.0 + torch.randn(3, 6, 1)
+    for _ in range(3):
+        optimizer.zero_grad()
+        (-prior.distribution(6).log_prob(z).sum()).backward()
+        optimizer.step()
+    for name, start in starts.items():
+        assert getattr(prior, name).grad is None
+        assert torch.equal(getattr(prior, name), start)
+    assert prior.transition_weight.grad.abs().sum() > 0
+    # the log-likelihood uses the fixed R and b: the dense joint of the equations
+    assert torch.allclose(prior.distribution(6).log_prob(z), dense_joint(prior, 6).log_prob(z.flatten(1)))
+    # checkpoint / resume: a fresh prior with other starting values takes the saved ones
+    state = prior.state_dict()
+    assert {"observation_scale_tril", "observation_offset", "observation_matrix"} <= set(state)
+    restored = StationaryStateSpacePrior(1, 2, observation_noise=1.0, learn_observation_matrix=False,
+                                         learn_observation_noise=False, learn_observation_offset=False)
+    restored.load_state_dict(state)
+    for name in ("observation_scale_tril", "observation_offset", "observation_matrix",
+                 "transition_weight"):
+        assert torch.equal(getattr(restored, name), getattr(prior, name))
+    assert torch.equal(restored.distribution(6).log_prob(z), prior.distribution(6).log_prob(z))
+
+
+def test_learned_emission_noise_and_offset_are_parameters():
+    prior = StationaryStateSpacePrior(2, 4)
+    names = {name.split(".")[0] for name, _ in prior.named_parameters()}
+    assert {"transition_weight", "observation_matrix", "observation_offset"} <= names
+    assert any(name.startswith("observation_scale_tril") for name, _ in prior.named_parameters())

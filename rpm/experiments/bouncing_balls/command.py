@@ -115,6 +115,9 @@ STATE_SPACE_NOISE = 0.15
 #: Frames per training window of the state-space prior (the default of ``--window``; the
 #: reasons in :mod:`rpm.experiments.bouncing_balls.state_space`).
 WINDOW = 8
+#: Emission of the stationary state-space prior (``--state-space-emission``): C and R learned
+#: or pinned at their start.
+STATE_SPACE_EMISSION = "learned"
 #: Most training steps of the state-space prior (``--state-space-steps``).
 STATE_SPACE_STEPS = 1500
 #: The convergence rule of the state-space prior (``--stop-tolerance``, ``--stop-window``;
@@ -218,6 +221,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="the state-space prior: stationary and scale-pinned (s_t ~ N(0, I), "
                        "Q = I - A A^T) or the free chain of the first version (default: "
                        "stationary)")
+    group.add_argument("--state-space-emission", choices=("learned", "pinned"),
+                       default=STATE_SPACE_EMISSION,
+                       help="emission of the stationary state-space prior: C and R learned at "
+                       "--prior-lr, or pinned at their start (C the whitened pixel read-out, R "
+                       "at --state-space-noise; buffers), so that only the transition and the "
+                       f"offset b are learned (default: {STATE_SPACE_EMISSION})")
     group.add_argument("--state-space-objective", choices=("rpm", "rp-gssm"), default="rpm",
                        help="objective of the stationary state-space prior: the RPM ELBO with "
                        "the structured guide, or RP-GSSM's (each frame's own marginal "
@@ -275,6 +284,12 @@ def _check_arguments(args: argparse.Namespace) -> int:
             "--state-space-objective rp-gssm folds the stationary prior's marginal into the "
             "recognition and uses the structured guide: use it with --state-space-prior "
             "stationary and --state-space-guide structured")
+    if "state_space_emission" in (getattr(args, GIVEN_FLAGS, None) or ()) and getattr(
+            args, "state_space_prior", "free") != "stationary":
+        raise ConfigurationError(
+            "--state-space-emission chooses how the stationary prior's emission is learned (its "
+            "chain has unit scale, the emission holds the latents' scale); the free prior learns "
+            "all of its parameters: use it with --state-space-prior stationary or drop it")
     if getattr(args, "state_space_objective", "rpm") == "rp-gssm" and getattr(
             args, "drop_frames", 0) > 0:
         raise ConfigurationError(
@@ -312,6 +327,7 @@ _ONLY_FOR = {
     "state_space_guide": ("state-space", "the guide of the state-space prior"),
     "state_space_prior": ("state-space", "the kind of state-space prior"),
     "state_space_objective": ("state-space", "the objective of the state-space prior"),
+    "state_space_emission": ("state-space", "the emission of the state-space prior"),
     "prior_lr": ("state-space", "the learning rate of the state-space prior's parameters"),
     "state_space_steps": ("state-space", "the training length of the state-space prior"),
     "stop_tolerance": ("state-space", "the convergence rule of the state-space prior"),
@@ -380,10 +396,12 @@ def build_model(name: str, args: argparse.Namespace, in_channels: int):
     if name == "state-space":
         from rpm.experiments.bouncing_balls.state_space import build_state_space_model
 
+        kind = getattr(args, "state_space_prior", "free")  # configs older than the flags: free
+        emission = getattr(args, "state_space_emission", "learned") if kind == "stationary" else "learned"
         return build_state_space_model(args, in_channels, NUM_BALLS,
                                        guide=args.state_space_guide,
                                        learn_noise=args.learn_recognition_noise,
-                                       kind=getattr(args, "state_space_prior", "free"))
+                                       kind=kind, emission=emission)
     encoder = BallEncoder(in_channels=in_channels, hidden_channels=args.hidden_channels,
                           kernel_size=5, num_maps=NUM_BALLS)
     if name == "dynamics":

@@ -88,22 +88,27 @@ __all__ = ["DynamicsEvaluation", "build_state_space_model", "damped_velocity_dyn
 
 def build_state_space_model(args: argparse.Namespace, in_channels: int, num_balls: int,
                             guide: str = "structured", learn_noise: bool = False,
-                            kind: str = "stationary") -> rpm.SequenceRPM:
+                            kind: str = "stationary", emission: str = "learned") -> rpm.SequenceRPM:
     """The SequenceRPM of the state-space prior with a fresh :class:`GaussianBallEncoder`
     (pixel units, recognition noise ``--state-space-noise``, fixed unless ``learn_noise``).
 
     ``kind="stationary"`` (the default; :class:`~rpm.priors.StationaryStateSpacePrior`): the
     chain starts as a damped constant velocity in pixels (:func:`damped_velocity_dynamics`)
     whitened to unit stationary covariance (``from_dynamics``), the offset b at the box centre,
-    R at ``--state-space-noise``. ``kind="free"`` (:class:`~rpm.priors.StateSpacePrior`): the
-    chain starts at constant velocity with the statistics of the video: positions around the
-    box centre (spread a quarter of the box), velocities of one ball diameter per frame (about
-    ``d / sqrt(2)`` per coordinate), position noise ``--state-space-noise``, velocity noise half a
-    diameter per frame (the headings turn by up to 45 degrees and bounce), the velocity being
-    the displacement into each frame (:func:`displacement_noise`).
+    R at ``--state-space-noise``; ``emission="pinned"`` keeps C and R at that start (buffers:
+    only the transition and b are learned), ``"learned"`` learns them. ``kind="free"``
+    (:class:`~rpm.priors.StateSpacePrior`): the chain starts at constant velocity with the
+    statistics of the video: positions around the box centre (spread a quarter of the box),
+    velocities of one ball diameter per frame (about ``d / sqrt(2)`` per coordinate), position
+    noise ``--state-space-noise``, velocity noise half a diameter per frame (the headings turn
+    by up to 45 degrees and bounce), the velocity being the displacement into each frame
+    (:func:`displacement_noise`).
     """
     if kind not in ("stationary", "free"):
         raise ValueError(f"kind must be 'stationary' or 'free', got {kind!r}")
+    if emission not in ("learned", "pinned") or (emission == "pinned" and kind != "stationary"):
+        raise ValueError(f"emission must be 'learned', or 'pinned' with kind='stationary', got "
+                         f"{emission!r} with kind={kind!r}")
     encoder = GaussianBallEncoder(in_channels=in_channels, hidden_channels=args.hidden_channels,
                                   kernel_size=5, num_maps=num_balls,
                                   init_scale=args.state_space_noise)
@@ -117,7 +122,9 @@ def build_state_space_model(args: argparse.Namespace, in_channels: int, num_ball
                                                      args.ball_diameter)
         prior = StationaryStateSpacePrior.from_dynamics(
             transition, noise, torch.eye(dim, 2 * dim), observation_offset=args.image_size / 2,
-            observation_noise=args.state_space_noise)
+            observation_noise=args.state_space_noise,
+            learn_observation_matrix=emission == "learned",
+            learn_observation_noise=emission == "learned")
         return rpm.SequenceRPM(rpm.GaussianRecognition(encoder), prior, guide=guide)
     speed = args.ball_diameter / 2 ** 0.5
     prior = StateSpacePrior(

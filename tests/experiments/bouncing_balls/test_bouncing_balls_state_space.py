@@ -174,3 +174,43 @@ def test_convergence_rule_compares_the_mean_loss_of_two_windows():
     losses = [2.0] * 5 + [1.0] * 20
     assert converged(_history(losses), window=100, tolerance=0.01) is not None
     assert converged(_history([2.0] * 14 + [1.0] * 11), window=100, tolerance=0.01) is None
+
+
+def test_pinned_emission_keeps_c_and_r_through_training_and_resume(tmp_path, capsys):
+    flags = ["bouncing-balls", "--prior", "state-space", "--out", str(tmp_path), "--frames", "48",
+             "--test-frames", "16", "--state-space-steps", "3", "--batch-size", "15",
+             "--image-size", "16", "--ball-diameter", "3", "--hidden-channels", "4",
+             "--eval-every", "0", "--checkpoint-every", "0", "--no-progress", "--device", "cpu",
+             "--window", "4", "--eval-drop-frames", "0", "--state-space-emission", "pinned"]
+    assert main(flags) == 0
+    args = argparse.Namespace(hidden_channels=4, state_space_noise=0.15, ball_diameter=3.0,
+                              image_size=16)
+    start = build_state_space_model(args, 3, 3, emission="pinned").prior
+    learned = build_state_space_model(args, 3, 3).prior
+    assert {name for name, _ in start.named_parameters()} == {"transition_weight", "observation_offset"}
+    assert start.observation_matrix.shape == learned.observation_matrix.shape
+    assert torch.equal(start.observation_matrix, learned.observation_matrix)  # the same start
+
+    def saved():
+        state = torch.load(tmp_path / "state-space" / "checkpoint.pt", weights_only=True)["state"]
+        return {key.split("prior.")[-1]: value for key, value in state["module"].items()
+                if key.startswith("prior.")}, state["step"]
+
+    prior, step = saved()
+    assert step == 3
+    assert torch.equal(prior["observation_matrix"], start.observation_matrix)
+    assert torch.equal(prior["observation_scale_tril"], start.observation_scale_tril)
+    assert not torch.equal(prior["transition_weight"], start.transition_weight)  # learned
+    result = json.loads((tmp_path / "results.json").read_text())["priors"]["state-space"]
+    assert np.allclose(result["prior_parameters"]["observation_matrix"], start.observation_matrix)
+    # --resume with more steps reloads the pinned buffers and keeps them
+    assert main(["bouncing-balls", "--out", str(tmp_path), "--resume", "--state-space-steps", "5",
+                 "--no-progress"]) == 0
+    prior, step = saved()
+    assert step == 5
+    assert torch.equal(prior["observation_matrix"], start.observation_matrix)
+    assert torch.equal(prior["observation_scale_tril"], start.observation_scale_tril)
+    # the free prior has no such switch
+    capsys.readouterr()
+    assert main([*flags[:4], str(tmp_path / "free"), *flags[5:], "--state-space-prior", "free"]) == 2
+    assert "--state-space-emission" in capsys.readouterr().err
