@@ -117,7 +117,15 @@ STATE_SPACE_NOISE = 0.15
 WINDOW = 8
 #: Emission of the stationary state-space prior (``--state-space-emission``): C and R learned
 #: or pinned at their start.
-STATE_SPACE_EMISSION = "learned"
+STATE_SPACE_EMISSION = "pinned"
+#: Emission noise of the stationary state-space prior (``--state-space-emission-noise``, the
+#: standard deviation of R in pixels).
+STATE_SPACE_EMISSION_NOISE = 0.05
+#: Learning rate of the state-space prior's parameters (``--prior-lr``).
+PRIOR_LR = 3e-4
+#: Half-life in steps of the state-space prior's learning rate (``--prior-lr-halflife``; 0:
+#: constant).
+PRIOR_LR_HALFLIFE = 100.0
 #: Most training steps of the state-space prior (``--state-space-steps``).
 STATE_SPACE_STEPS = 1500
 #: The convergence rule of the state-space prior (``--stop-tolerance``, ``--stop-window``;
@@ -225,8 +233,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        default=STATE_SPACE_EMISSION,
                        help="emission of the stationary state-space prior: C and R learned at "
                        "--prior-lr, or pinned at their start (C the whitened pixel read-out, R "
-                       "at --state-space-noise; buffers), so that only the transition and the "
-                       f"offset b are learned (default: {STATE_SPACE_EMISSION})")
+                       "at --state-space-emission-noise; buffers), so that only the transition "
+                       f"and the offset b are learned (default: {STATE_SPACE_EMISSION})")
+    group.add_argument("--state-space-emission-noise", type=positive_float,
+                       default=STATE_SPACE_EMISSION_NOISE,
+                       help="standard deviation (pixels) of the stationary state-space prior's "
+                       "emission noise R at the start (its value throughout with "
+                       f"--state-space-emission pinned) (default: {STATE_SPACE_EMISSION_NOISE})")
     group.add_argument("--state-space-objective", choices=("rpm", "rp-gssm"), default="rpm",
                        help="objective of the stationary state-space prior: the RPM ELBO with "
                        "the structured guide, or RP-GSSM's (each frame's own marginal "
@@ -243,9 +256,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--stop-window", type=positive_int, default=STOP_WINDOW,
                        help="steps over which the convergence rule averages the training loss "
                        f"(default: {STOP_WINDOW})")
-    group.add_argument("--prior-lr", type=positive_float, default=1e-3,
-                       help="learning rate of the state-space prior's parameters (default: "
-                       "1e-3)")
+    group.add_argument("--prior-lr", type=positive_float, default=PRIOR_LR,
+                       help="learning rate of the state-space prior's parameters at the start "
+                       f"(--prior-lr-halflife) (default: {PRIOR_LR:g})")
+    group.add_argument("--prior-lr-halflife", type=_nonnegative_float, default=PRIOR_LR_HALFLIFE,
+                       help="the state-space prior's learning rate halves every this many steps "
+                       "(--prior-lr * 0.5 ** (step / HALFLIFE); the encoder's stays at --lr); 0: "
+                       f"constant (default: {PRIOR_LR_HALFLIFE:g})")
     group.add_argument("--learn-recognition-noise", action="store_true",
                        help="learn the state-space prior's recognition noise instead of "
                        "fixing it at --state-space-noise")
@@ -284,12 +301,14 @@ def _check_arguments(args: argparse.Namespace) -> int:
             "--state-space-objective rp-gssm folds the stationary prior's marginal into the "
             "recognition and uses the structured guide: use it with --state-space-prior "
             "stationary and --state-space-guide structured")
-    if "state_space_emission" in (getattr(args, GIVEN_FLAGS, None) or ()) and getattr(
-            args, "state_space_prior", "free") != "stationary":
-        raise ConfigurationError(
-            "--state-space-emission chooses how the stationary prior's emission is learned (its "
-            "chain has unit scale, the emission holds the latents' scale); the free prior learns "
-            "all of its parameters: use it with --state-space-prior stationary or drop it")
+    given = getattr(args, GIVEN_FLAGS, None) or ()
+    for flag in ("state_space_emission", "state_space_emission_noise"):
+        if flag in given and getattr(args, "state_space_prior", "free") != "stationary":
+            raise ConfigurationError(
+                f"--{flag.replace('_', '-')} sets the stationary prior's emission (its chain "
+                "has unit scale, the emission holds the latents' scale); the free prior starts "
+                "its observation noise at --state-space-noise and learns it: use it with "
+                "--state-space-prior stationary or drop it")
     if getattr(args, "state_space_objective", "rpm") == "rp-gssm" and getattr(
             args, "drop_frames", 0) > 0:
         raise ConfigurationError(
@@ -328,7 +347,9 @@ _ONLY_FOR = {
     "state_space_prior": ("state-space", "the kind of state-space prior"),
     "state_space_objective": ("state-space", "the objective of the state-space prior"),
     "state_space_emission": ("state-space", "the emission of the state-space prior"),
+    "state_space_emission_noise": ("state-space", "the emission noise of the state-space prior"),
     "prior_lr": ("state-space", "the learning rate of the state-space prior's parameters"),
+    "prior_lr_halflife": ("state-space", "the learning-rate schedule of the state-space prior"),
     "state_space_steps": ("state-space", "the training length of the state-space prior"),
     "stop_tolerance": ("state-space", "the convergence rule of the state-space prior"),
     "stop_window": ("state-space", "the convergence rule of the state-space prior"),
@@ -489,6 +510,41 @@ def _optimizer(args: argparse.Namespace, model):
     return torch.optim.Adam(groups, lr=args.lr)
 
 
+class HalvingRate:
+    r"""The factor :math:`2^{-s / h}` of a learning rate at step s (``torch.optim.lr_scheduler.
+    LambdaLR``): it halves every h steps, so a parameter moves at most about
+    :math:`\eta h / \ln 2` in all (Adam's steps are about the learning rate :math:`\eta`).
+
+    :param float halflife: h, steps (> 0).
+    """
+
+    def __init__(self, halflife: float):
+        if not halflife > 0:
+            raise ValueError(f"halflife must be a positive number of steps, got {halflife!r}")
+        self.halflife = float(halflife)
+
+    def __call__(self, step: int) -> float:
+        return 0.5 ** (step / self.halflife)
+
+
+def _constant_rate(step: int) -> float:
+    return 1.0
+
+
+def _scheduler(args: argparse.Namespace, optimizer, model):
+    """The state-space prior's schedule (:class:`HalvingRate` on its group, the encoder's rate
+    constant), or None: the pair priors, or ``--prior-lr-halflife 0`` (and configs older than
+    the flag)."""
+    import torch
+
+    import rpm
+
+    halflife = getattr(args, "prior_lr_halflife", 0.0)
+    if not isinstance(model, rpm.SequenceRPM) or not halflife:
+        return None
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, [_constant_rate, HalvingRate(halflife)])
+
+
 def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train: int,
                  out: Path) -> dict:
     """Trains (or resumes, or reloads) one prior in ``out`` and evaluates it.
@@ -573,8 +629,10 @@ def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train
                            smoothed_r2=dynamics.smoothed_r2)
         return metrics
 
+    optimizer = _optimizer(args, model)
     trainer = Trainer(
-        model, _optimizer(args, model), loss_fn, out_dir=out, num_steps=num_steps,
+        model, optimizer, loss_fn, out_dir=out, num_steps=num_steps,
+        scheduler=_scheduler(args, optimizer, model),
         eval_fn=eval_fn, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
         log_every=min(10, num_steps), progress=args.progress, description=name,
         eval_label="held-out", distributed=parallel,

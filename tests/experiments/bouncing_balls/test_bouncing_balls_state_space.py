@@ -184,8 +184,9 @@ def test_pinned_emission_keeps_c_and_r_through_training_and_resume(tmp_path, cap
              "--window", "4", "--eval-drop-frames", "0", "--state-space-emission", "pinned"]
     assert main(flags) == 0
     args = argparse.Namespace(hidden_channels=4, state_space_noise=0.15, ball_diameter=3.0,
-                              image_size=16)
+                              image_size=16, state_space_emission_noise=0.05)  # the defaults
     start = build_state_space_model(args, 3, 3, emission="pinned").prior
+    assert torch.allclose(start.observation_scale_tril, 0.05 * torch.eye(6))
     learned = build_state_space_model(args, 3, 3).prior
     assert {name for name, _ in start.named_parameters()} == {"transition_weight", "observation_offset"}
     assert start.observation_matrix.shape == learned.observation_matrix.shape
@@ -214,3 +215,27 @@ def test_pinned_emission_keeps_c_and_r_through_training_and_resume(tmp_path, cap
     capsys.readouterr()
     assert main([*flags[:4], str(tmp_path / "free"), *flags[5:], "--state-space-prior", "free"]) == 2
     assert "--state-space-emission" in capsys.readouterr().err
+
+
+def test_prior_learning_rate_halves_every_halflife_and_the_encoder_rate_stays():
+    from rpm.experiments.bouncing_balls import command
+
+    args = argparse.Namespace(hidden_channels=4, state_space_noise=0.15, ball_diameter=3.0,
+                              image_size=16, lr=1e-2, prior_lr=1e-3, optimizer="adam",
+                              prior_lr_halflife=4.0)
+    model = build_state_space_model(args, 3, 3, emission="pinned")
+    optimizer = command._optimizer(args, model)
+    scheduler = command._scheduler(args, optimizer, model)
+    for step in range(1, 11):
+        optimizer.step()
+        scheduler.step()
+        assert optimizer.param_groups[0]["lr"] == 1e-2
+        assert optimizer.param_groups[1]["lr"] == pytest.approx(1e-3 * 2.0 ** (-step / 4.0), rel=1e-12)
+    # the schedule resumes from its state: a fresh scheduler at the saved step
+    fresh = command._scheduler(args, command._optimizer(args, model), model)
+    fresh.load_state_dict(scheduler.state_dict())
+    assert fresh.get_last_lr() == scheduler.get_last_lr()
+    assert command._scheduler(argparse.Namespace(**{**vars(args), "prior_lr_halflife": 0.0}),
+                              optimizer, model) is None
+    with pytest.raises(ValueError, match="halflife"):
+        command.HalvingRate(0.0)
