@@ -137,9 +137,13 @@ print("Trace_ELBO:", pyro.infer.Trace_ELBO().loss(walk_model.model, walk_model.g
 #   `rpm bouncing-balls`): $s_t \sim \mathcal{N}(0, I)$ at every frame, $w_t \sim
 #   \mathcal{N}(0, I - A A^\top)$ with the singular values of $A$ kept below 1, so the scale of
 #   the latents lives in $C$, $b$ and $R$ and cannot be traded against the dynamics $A$. It
-#   starts as a damped constant velocity in pixels, whitened (`from_dynamics`);
+#   starts as a damped constant velocity in pixels, whitened (`from_dynamics`). As in
+#   `rpm bouncing-balls`, its emission is *pinned* ($C$ the whitened pixel read-out and $R$ at
+#   0.05 px stay at their start, `emission="pinned"`) and only $A$ and $b$ are learned, at a
+#   learning rate of 3e-4 that halves every 100 steps;
 # * the **free** prior (`rpm.priors.StateSpacePrior`): $s_1 \sim \mathcal{N}(m_1, S_1)$ and all of
-#   $A$, $Q$, $C$, $R$ free, started at constant velocity (position += velocity).
+#   $A$, $Q$, $C$, $R$ free, started at constant velocity (position += velocity), all learned at
+#   a constant 1e-3.
 #
 # Both train on windows of 8 consecutive frames with the **structured** guide: the chain
 # conditioned on the recognition means as Gaussian pseudo-observations,
@@ -148,12 +152,13 @@ print("Trace_ELBO:", pyro.infer.Trace_ELBO().loss(walk_model.model, walk_model.g
 # $\log P_{R+\Sigma}(\mu_{1:T}) - \mathbb{E}[\sum_t \log Q_t(z_t)]$: the Kalman likelihood of the
 # recognition means minus the cross-entropy under the mixture marginals
 # ([docs/theory.md](../docs/theory.md#structured-guide), which also says why the free chain
-# drifts). We train each for a few hundred steps and score them every 50: a prior meeting its
-# floors at one training length is not enough, its dynamics should *hold*.
+# drifts). We train each for 600 steps (four times the 150 of the pair priors) and score them
+# every 50: a prior meeting its floors at one training length is not enough, its dynamics should
+# *hold*.
 
 # %%
 from rpm.data.bouncing_balls import generate_bouncing_balls
-from rpm.experiments.bouncing_balls.command import epoch_permutation
+from rpm.experiments.bouncing_balls.command import HalvingRate, epoch_permutation
 from rpm.experiments.bouncing_balls.evaluate import evaluate
 from rpm.experiments.bouncing_balls.plots import plot_forecasts
 from rpm.experiments.bouncing_balls.state_space import (
@@ -170,7 +175,7 @@ video = generate_bouncing_balls(num_frames=num_frames, seed=0)
 frames, centres = video.frames, video.centres
 num_train = num_frames - num_test
 settings = argparse.Namespace(hidden_channels=16, state_space_noise=0.15, ball_diameter=5.0,
-                              image_size=32)
+                              image_size=32, state_space_emission_noise=0.05)
 
 
 def scores_of(model):
@@ -184,11 +189,16 @@ def scores_of(model):
 def train(kind):
     torch.manual_seed(0)
     pyro.set_rng_seed(0)
-    model = build_state_space_model(settings, in_channels=3, num_balls=3, kind=kind)
+    stationary = kind == "stationary"
+    model = build_state_space_model(settings, in_channels=3, num_balls=3, kind=kind,
+                                    emission="pinned" if stationary else "learned")
     optimizer = torch.optim.Adam([
         {"params": model.recognition.parameters(), "lr": 1e-2},
-        {"params": model.prior.parameters(), "lr": 1e-3},  # the prior moves slowly
+        {"params": model.prior.parameters(), "lr": 3e-4 if stationary else 1e-3},  # slowly
     ])
+    # the stationary prior's learning rate halves every 100 steps; the free prior's is constant
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, [lambda step: 1.0, HalvingRate(100) if stationary else (lambda step: 1.0)])
     elbo, starts = rpm.RPMELBO(), num_train - window + 1
     per_epoch = starts // windows_per_step
     history, began = [], time.perf_counter()
@@ -200,6 +210,7 @@ def train(kind):
         optimizer.zero_grad()
         (loss / (len(batch) * window)).backward()
         optimizer.step()
+        schedule.step()
         if step % eval_every == 0:
             history.append((step, scores_of(model)))
     print(f"{kind} prior: {num_steps} steps in {time.perf_counter() - began:.0f} s")
@@ -237,15 +248,21 @@ for kind, (model, history) in runs.items():
         f"{name} {value:.3f}" for name, value in scores.items()))
 
 # %% [markdown]
-# What to read in the figure: the free chain's velocity $R^2$ and forecasts degrade within a few
-# hundred steps while its ELBO keeps rising (its $A$ and $C$ absorb the latents' scale); the
-# stationary chain's hold longer but still drift slowly (velocity $R^2$ down and forecasts
-# up). The measured full-size numbers over three seeds at 150, 600 and 1500 steps, and the
-# reasons the stationary prior still drifts (docs/theory.md: a Gaussian prior marginal prices
-# every frame's information, so the emission's scale must stay broad), are in
-# benchmarks/README.md. The recognition guide (each frame's latent drawn on its own) is an
-# ablation measured there too: fitted to independently drawn noisy latents, the prior's
-# dynamics are worthless (velocity $R^2$ near 0, forecasts worse than the last position).
+# What to read in the figure (the full-size run, seed 0): the free chain's velocity $R^2$ and
+# forecasts degrade within a few hundred steps while its ELBO keeps rising (its $A$ and $C$
+# absorb the latents' scale): at step 600 its positions are still read well (position $R^2$
+# 0.992) but its velocity $R^2$ is -1.9 and its forecasts 2.3 times worse than the last position.
+# The stationary chain with its pinned emission *holds*: from step 150 to 600 its position $R^2$
+# stays at 0.990-0.991, its velocity $R^2$ at 0.92-0.93 and its forecast at 0.68 of the
+# last-position error (at step 600: 0.990, 0.919, 0.684). With its emission fixed, the encoder
+# does not move with the prior, and the transition, whose learned direction would forget the
+# velocity (docs/theory.md, stationary state-space prior), moves little under its halving
+# learning rate. The same setting over three seeds and 1500 steps, what was tried on the way,
+# and why the forecast stays above the 0.67 of issue 20 (a linear 2-lag predictor on the true
+# positions does no better than 0.69) are in benchmarks/README.md. The recognition guide (each
+# frame's latent drawn on its own) is an ablation measured there too: fitted to independently
+# drawn noisy latents, the prior's dynamics are worthless (velocity $R^2$ near 0, forecasts
+# worse than the last position).
 #
 # The smoothed velocities of the stationary model at the end of training against the truth:
 
