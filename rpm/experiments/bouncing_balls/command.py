@@ -848,7 +848,8 @@ def _train_and_report(args: argparse.Namespace, num_train: int, out: Path, devic
                        baseline_px=result["baseline_forecast_error_px"])
         print(f"state-space: velocity R^2 {result['velocity_r2']:.3f}, one-step forecast "
               f"{result['forecast_error_px']:.2f} px (last position: "
-              f"{result['baseline_forecast_error_px']:.2f} px)")
+              f"{result['baseline_forecast_error_px']:.2f} px)"
+              + (f"; stopped: {result['stopped']['reason']}" if result.get("stopped") else ""))
     print(_table(public))
     for line in _warnings(public):
         print(line, file=sys.stderr)

@@ -108,6 +108,22 @@ def test_tiny_run_writes_the_dynamics_scores(tmp_path):
     assert (tmp_path / "forecast.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
+def test_a_run_stopped_by_its_convergence_rule_says_so(tmp_path, capsys):
+    status = main([
+        "bouncing-balls", "--prior", "state-space", "--out", str(tmp_path), "--frames", "48",
+        "--test-frames", "16", "--state-space-steps", "40", "--batch-size", "15",
+        "--image-size", "16", "--ball-diameter", "3", "--hidden-channels", "4", "--eval-every", "5",
+        "--checkpoint-every", "0", "--no-progress", "--device", "cpu", "--window", "4",
+        "--stop-window", "5", "--stop-tolerance", "100",
+    ])
+    assert status == 0
+    result = json.loads((tmp_path / "results.json").read_text())["priors"]["state-space"]
+    # the rule compares the mean loss of the last 5 steps with the 5 before: first at step 10
+    assert result["stopped"]["step"] == result["steps"] == 10
+    assert f"stopped: {result['stopped']['reason']}" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("kind", ["stationary", "free"])
 def test_smoothed_position_scores_against_dense_gaussian_conditioning(kind):
     """The smoothed read-out C E[s_t | mu_{1:F}] equals the posterior mean of the joint Gaussian
