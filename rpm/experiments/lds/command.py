@@ -164,8 +164,11 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
                                  prior=args.prior).to(device)
     untrained = _scores(model, data, args.sequences)
 
+    latest = {}  # the scores of the latest evaluation, reused below if it is the last step's
+
     def eval_fn(step: int) -> dict:
         scores = _scores(model, data, args.sequences)
+        latest.update(step=step, scores=scores)
         return {key: value for key, value in scores.items() if not key.startswith("_")}
 
     history = train_sequence_model(
@@ -174,7 +177,10 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
         out=out / MODEL, eval_fn=eval_fn, eval_every=args.eval_every,
         checkpoint_every=args.checkpoint_every, progress=args.progress, resume=args.resume,
         description=f"lds {args.size}")
-    scores = _scores(model, data, args.sequences)
+    # the trainer evaluates after the last step: its scores are the trained model's (a resumed
+    # run that had already finished trains no step and is scored here)
+    scores = (latest["scores"] if latest.get("step") == args.steps
+              else _scores(model, data, args.sequences))
     inference = scores.pop("_inference")
     forecasts = forecast_errors(inference, data.states, args.sequences)
     learned = torch.linalg.eigvals(inference.transition_matrix)

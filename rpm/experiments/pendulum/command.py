@@ -201,8 +201,11 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
     num_train = args.sequences
     untrained = _scores(model, frames, states, num_train)
 
+    latest = {}  # the scores of the latest evaluation, reused below if it is the last step's
+
     def eval_fn(step: int) -> dict:
         scores = _scores(model, frames, states, num_train)
+        latest.update(step=step, scores=scores)
         return {"r2": scores["r2"], "means_r2": scores["means_r2"]}
 
     history = train_sequence_model(
@@ -212,7 +215,10 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
         checkpoint_every=args.checkpoint_every, progress=args.progress, resume=args.resume,
         description="pendulum" + (" with distractors" if args.distractors else ""),
         drop_frames=args.drop_frames)
-    scores = _scores(model, frames, states, num_train)
+    # the trainer evaluates after the last step: its scores are the trained model's (a resumed
+    # run that had already finished trains no step and is scored here)
+    scores = (latest["scores"] if latest.get("step") == args.steps
+              else _scores(model, frames, states, num_train))
     inference = scores.pop("_inference")
     forecasts = forecast_errors(inference, states, num_train)
     knn = knn_heldout_r2(states, inference.smoothed, num_train)
