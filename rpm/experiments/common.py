@@ -87,6 +87,7 @@ __all__ = [
     "cpu_threads",
     "device_name",
     "environment",
+    "fraction_of_frames",
     "nonnegative_float",
     "nonnegative_int",
     "open_run",
@@ -203,6 +204,15 @@ def nonnegative_float(text: str) -> float:
     value = _parse_float(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a non-negative number (>= 0), got {text!r}")
+    return value
+
+
+def fraction_of_frames(text: str) -> float:
+    """argparse ``type=``: a number in [0, 1), the probability of dropping a frame
+    (``--drop-frames``, ``--eval-drop-frames``)."""
+    value = _parse_float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction of frames in [0, 1), got {text!r}")
     return value
 
 

@@ -93,6 +93,8 @@ from rpm.experiments.common import (
     contrastive_batch_size,
     derived_seed,
     environment,
+    fraction_of_frames,
+    nonnegative_float,
     nonnegative_int,
     open_run,
     positive_float,
@@ -146,26 +148,6 @@ def _momentum(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(f"expected a momentum in [0, 1), got {text!r}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction of frames in [0, 1), got {text!r}")
-    return value
-
-
-def _nonnegative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0.0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
     return value
 
 
@@ -249,7 +231,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="most training steps of the state-space prior (its run stops earlier "
                        "when converged, --stop-tolerance); on --resume it may grow (default: "
                        f"{STATE_SPACE_STEPS})")
-    group.add_argument("--stop-tolerance", type=_nonnegative_float, default=STOP_TOLERANCE,
+    group.add_argument("--stop-tolerance", type=nonnegative_float, default=STOP_TOLERANCE,
                        help="the state-space prior's run stops when its mean training loss (nats "
                        "per frame) over the last --stop-window steps has moved by less than this "
                        f"from the --stop-window steps before; 0: never (default: {STOP_TOLERANCE})")
@@ -259,18 +241,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--prior-lr", type=positive_float, default=PRIOR_LR,
                        help="learning rate of the state-space prior's parameters at the start "
                        f"(--prior-lr-halflife) (default: {PRIOR_LR:g})")
-    group.add_argument("--prior-lr-halflife", type=_nonnegative_float, default=PRIOR_LR_HALFLIFE,
+    group.add_argument("--prior-lr-halflife", type=nonnegative_float, default=PRIOR_LR_HALFLIFE,
                        help="the state-space prior's learning rate halves every this many steps "
                        "(--prior-lr * 0.5 ** (step / HALFLIFE); the encoder's stays at --lr); 0: "
                        f"constant (default: {PRIOR_LR_HALFLIFE:g})")
     group.add_argument("--learn-recognition-noise", action="store_true",
                        help="learn the state-space prior's recognition noise instead of "
                        "fixing it at --state-space-noise")
-    group.add_argument("--drop-frames", type=_fraction, default=0.0,
+    group.add_argument("--drop-frames", type=fraction_of_frames, default=0.0,
                        help="train the state-space prior with each frame of a window dropped "
                        "with this probability (a mask over frames: the ELBO of the observed "
                        "ones; default: 0)")
-    group.add_argument("--eval-drop-frames", type=_fraction, default=0.25,
+    group.add_argument("--eval-drop-frames", type=fraction_of_frames, default=0.25,
                        help="after training, score the state-space prior's forecasts and "
                        "imputations with this fraction of the held-out frames dropped "
                        "(results.json 'missing_frames'; 0: skip; default: 0.25)")

@@ -9,7 +9,7 @@ import argparse
 from rpm.experiments.common import nonnegative_int, positive_float, positive_int
 
 __all__ = ["add_state_space_model_arguments", "add_window_training_arguments",
-           "at_least_two_frames", "fraction_of_frames"]
+           "at_least_two_frames"]
 
 
 def at_least_two_frames(text: str) -> int:
@@ -19,17 +19,6 @@ def at_least_two_frames(text: str) -> int:
     if value < 2:
         raise argparse.ArgumentTypeError(
             f"expected an integer >= 2 (a window needs at least 2 frames), got {text!r}")
-    return value
-
-
-def fraction_of_frames(text: str) -> float:
-    """A number in [0, 1): the probability of dropping a frame (``--drop-frames``)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction of frames in [0, 1), got {text!r}")
     return value
 
 

@@ -55,6 +55,7 @@ from rpm.experiments.common import (
     add_common_arguments,
     check_models_resumable,
     environment,
+    fraction_of_frames,
     nonnegative_float,
     nonnegative_int,
     open_run,
@@ -67,7 +68,6 @@ from rpm.experiments.lds.arguments import (
     add_state_space_model_arguments,
     add_window_training_arguments,
     at_least_two_frames,
-    fraction_of_frames,
 )
 
 __all__ = ["add_parser", "run"]
