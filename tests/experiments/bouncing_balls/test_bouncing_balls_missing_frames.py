@@ -12,7 +12,7 @@ from rpm.data.bouncing_balls import generate_bouncing_balls
 from rpm.data.missing import drop_frames
 from rpm.experiments.bouncing_balls.missing_frames import evaluate_missing_frames
 from rpm.experiments.bouncing_balls.state_space import build_state_space_model, evaluate_dynamics
-from tests.experiments.bouncing_balls.test_bouncing_balls_state_space import ARGS, Oracle
+from tests.experiments.bouncing_balls.test_bouncing_balls_state_space import ARGS, Oracle, dense_joint
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -34,22 +34,8 @@ def test_imputation_and_forecast_against_dense_conditioning_on_the_observed_fram
     dropped = ~observed & (np.arange(num_frames) >= num_train)
     assert scores.dropped_frames == dropped.sum() > 0
 
-    prior = model.prior.distribution(num_frames)
-    m1, S1, A, Q, C, R, b = (t.detach().numpy() for t in (
-        prior.init_loc, prior.init_scale_tril, prior.transition_matrix,
-        prior.transition_scale_tril, prior.observation_matrix, prior.observation_scale_tril,
-        prior.observation_offset))
-    sigma = model.recognition.net.log_scale.exp().detach().numpy()
-    H, D, F = A.shape[0], C.shape[0], num_frames
-    mean = np.concatenate([np.linalg.matrix_power(A, t) @ m1 for t in range(F)])
-    L = np.zeros((F * H, F * H))
-    for t in range(F):
-        for u in range(t + 1):
-            L[t * H:(t + 1) * H, u * H:(u + 1) * H] = np.linalg.matrix_power(A, t - u) @ (
-                S1 if u == 0 else Q)
-    cov_s = L @ L.T
-    big_c = np.kron(np.eye(F), C)
-    noise = np.kron(np.eye(F), R @ R.T + np.diag(sigma ** 2))
+    mean, cov_s, big_c, noise, b = dense_joint(model, num_frames)
+    F, D = num_frames, b.shape[0]
     mu = noisy.flatten(1).numpy().reshape(-1)
     targets = video.centres.flatten(1).numpy()
     design = np.concatenate([mu.reshape(F, D), np.ones((F, 1))], 1)

@@ -124,6 +124,29 @@ def test_a_run_stopped_by_its_convergence_rule_says_so(tmp_path, capsys):
     assert f"stopped: {result['stopped']['reason']}" in capsys.readouterr().out
 
 
+def dense_joint(model, num_frames: int):
+    """The model's chain over ``num_frames`` frames written out densely (numpy float64) from its
+    equations: the states' mean (F H,) and covariance (F H, F H), the block-diagonal emission
+    (F D, F H), the means' noise covariance (F D, F D: R R^T plus the recognition variance) and
+    the offset b (D,); the recognition means are z = big_c s + b + noise."""
+    prior = model.prior.distribution(num_frames)
+    m1, S1, A, Q, C, R, b = (t.detach().numpy() for t in (
+        prior.init_loc, prior.init_scale_tril, prior.transition_matrix,
+        prior.transition_scale_tril, prior.observation_matrix, prior.observation_scale_tril,
+        prior.observation_offset))
+    sigma = model.recognition.net.log_scale.exp().detach().numpy()
+    H, F = A.shape[0], num_frames
+    # s = mean + L (s_1 noise, w_1, ..., w_{F-1}): s_t = A^{t-1} s_1 + sum_{u<t} A^{t-1-u} w_u
+    mean = np.concatenate([np.linalg.matrix_power(A, t) @ m1 for t in range(F)])
+    L = np.zeros((F * H, F * H))
+    for t in range(F):
+        for u in range(t + 1):
+            L[t * H:(t + 1) * H, u * H:(u + 1) * H] = np.linalg.matrix_power(A, t - u) @ (
+                S1 if u == 0 else Q)
+    return (mean, L @ L.T, np.kron(np.eye(F), C), np.kron(np.eye(F), R @ R.T + np.diag(sigma ** 2)),
+            b)
+
+
 @pytest.mark.parametrize("kind", ["stationary", "free"])
 def test_smoothed_position_scores_against_dense_gaussian_conditioning(kind):
     """The smoothed read-out C E[s_t | mu_{1:F}] equals the posterior mean of the joint Gaussian
@@ -139,23 +162,8 @@ def test_smoothed_position_scores_against_dense_gaussian_conditioning(kind):
     frames = torch.arange(float(num_frames)).reshape(num_frames, 1, 1, 1)
     scores = evaluate_dynamics(model, frames, video.centres, num_train)
 
-    prior = model.prior.distribution(num_frames)
-    m1, S1, A, Q, C, R, b = (t.detach().numpy() for t in (
-        prior.init_loc, prior.init_scale_tril, prior.transition_matrix,
-        prior.transition_scale_tril, prior.observation_matrix, prior.observation_scale_tril,
-        prior.observation_offset))
-    sigma = model.recognition.net.log_scale.exp().detach().numpy()
-    H, D, F = A.shape[0], C.shape[0], num_frames
-    # s = mean + L (s_1 noise, w_1, ..., w_{F-1}): s_t = A^{t-1} s_1 + sum_{u<t} A^{t-1-u} w_u
-    mean = np.concatenate([np.linalg.matrix_power(A, t) @ m1 for t in range(F)])
-    L = np.zeros((F * H, F * H))
-    for t in range(F):
-        for u in range(t + 1):
-            L[t * H:(t + 1) * H, u * H:(u + 1) * H] = np.linalg.matrix_power(A, t - u) @ (
-                S1 if u == 0 else Q)
-    cov_s = L @ L.T
-    big_c = np.kron(np.eye(F), C)
-    noise = np.kron(np.eye(F), R @ R.T + np.diag(sigma ** 2))
+    mean, cov_s, big_c, noise, b = dense_joint(model, num_frames)
+    F, D = num_frames, b.shape[0]
     mu = noisy.flatten(1).numpy().reshape(-1) - np.tile(b, F)  # z_t - b = C s_t + v_t
     gain = cov_s @ big_c.T @ np.linalg.inv(big_c @ cov_s @ big_c.T + noise)
     latent = (big_c @ (mean + gain @ (mu - big_c @ mean))).reshape(F, D) + b
