@@ -38,8 +38,8 @@ from rpm.metrics import r2_per_dimension
 from rpm.ops.kalman import KalmanFilterResult, rts_smoother
 from rpm.priors import StateSpacePosterior
 
-__all__ = ["Inference", "affine_fit", "decoded_states", "eigenvalue_error", "forecast_errors", "heldout_r2",
-           "infer_states"]
+__all__ = ["Inference", "affine_apply", "affine_fit", "decoded_states", "eigenvalue_error",
+           "forecast_errors", "heldout_r2", "infer_states"]
 
 
 class Inference(NamedTuple):
@@ -112,7 +112,13 @@ def affine_fit(features: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.linalg.lstsq(design, targets.to(torch.float64), driver="gelsd").solution
 
 
-def _apply(coef: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+def affine_apply(coef: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    r"""The affine map :math:`y = [f, 1] B` of :func:`affine_fit` applied in float64.
+
+    :param torch.Tensor coef: B, (F + 1, K), the last row the offset.
+    :param torch.Tensor features: (..., F).
+    :return: (..., K), float64.
+    """
     return features.to(torch.float64) @ coef[:-1] + coef[-1]
 
 
@@ -125,7 +131,7 @@ def decoded_states(latents: torch.Tensor, states: torch.Tensor, num_train: int) 
     :return: (N, T, K), float64.
     """
     coef = affine_fit(latents[:num_train].flatten(0, 1), states[:num_train].flatten(0, 1))
-    return _apply(coef, latents)
+    return affine_apply(coef, latents)
 
 
 def heldout_r2(states: torch.Tensor, latents: torch.Tensor, num_train: int) -> torch.Tensor:
@@ -190,10 +196,10 @@ def forecast_errors(inference: Inference, states: torch.Tensor, num_train: int,
         mean = means[test]
         for _ in range(k):
             state = state @ transition.T
-            mean = _apply(var, mean)
+            mean = affine_apply(var, mean)
         length = states.shape[1] - k
-        errors["model"][str(k)] = _forecast_rmse(_apply(decoder, state[:, :length]),
+        errors["model"][str(k)] = _forecast_rmse(affine_apply(decoder, state[:, :length]),
                                                  states[test], k)
-        errors["var"][str(k)] = _forecast_rmse(_apply(mean_decoder, mean[:, :length]),
+        errors["var"][str(k)] = _forecast_rmse(affine_apply(mean_decoder, mean[:, :length]),
                                                states[test], k)
     return errors

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from rpm.data.missing import drop_frames
-from rpm.experiments.lds.evaluate import Inference, affine_fit, infer_states
+from rpm.experiments.lds.evaluate import Inference, affine_apply, affine_fit, infer_states
 
 __all__ = ["evaluate_missing_frames"]
 
@@ -64,7 +64,7 @@ def evaluate_missing_frames(model, frames: torch.Tensor, states: torch.Tensor, n
     coef = affine_fit(full.smoothed[:num_train].flatten(0, 1), states[:num_train].flatten(0, 1))
 
     def read_out(latents: torch.Tensor) -> torch.Tensor:
-        return latents @ coef[:-1] + coef[-1]
+        return affine_apply(coef, latents)
 
     test = slice(num_train, None)
     dropped = ~mask[test]  # (n, T)
