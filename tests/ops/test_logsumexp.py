@@ -19,7 +19,7 @@ from rpm.priors import (
 )
 from rpm.priors.implicit import energy_log_normalizer, energy_logit_factors
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+cuda = pytest.mark.cuda
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

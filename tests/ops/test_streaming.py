@@ -9,7 +9,7 @@ from torch.distributions import Normal
 import rpm.ops.dispatch as dispatch
 from rpm.marginals import gaussian_mixture_log_prob, streaming_gaussian_mixture_log_prob
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+cuda = pytest.mark.cuda
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
