@@ -26,7 +26,10 @@ __all__ = [
 ]
 
 #: Above this many pairs (per device type) a matrix is streamed by default.
-STREAMING_MIN_PAIRS = {"cpu": 1 << 18, "cuda": 1 << 22}
+#: On CUDA the dense kernels are the faster ones at every size that fits (about 2x for the
+#: mixture and the normaliser, benchmarks/marginal.py); the limit, 8192 x 8192 pairs, keeps the
+#: dense mixture's temporaries near 2 GB.
+STREAMING_MIN_PAIRS = {"cpu": 1 << 18, "cuda": 1 << 26}
 #: Above this many pairs a streamed kernel built from a user's ``forward`` (which keeps its
 #: autograd intermediates, unlike the hand-written kernels) recomputes each block in the
 #: backward pass instead of keeping them: 4M pairs, 16 MB per float32 matrix. Below it the

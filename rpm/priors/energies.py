@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import math
 
-import pyro
 import torch
 from pyro.distributions import constraints
+from pyro.infer.util import is_validation_enabled
 from pyro.nn import PyroModule, PyroParam
 
 from rpm._validation import check_positive_int, check_real
@@ -318,7 +318,7 @@ class LpEnergy(Energy):
         """Raises if some energy overflowed the dtype (see the class docstring)."""
         if torch.jit.is_tracing() or torch.compiler.is_compiling():
             return
-        if distances.device.type != "cpu" and not pyro.is_validation_enabled():
+        if distances.device.type != "cpu" and not is_validation_enabled():
             return  # on an accelerator the check synchronises: only under Pyro's validation
         if not bool(torch.isinf(distances.detach().abs().amax())):  # one reduction, no mask
             return

@@ -157,3 +157,14 @@ def test_scale_applies_to_the_difference():
     exact = (z.double() - z2.double()).abs() * 1e3
     actual = lp_distances(z, z2, 1.0, 1e3)
     torch.testing.assert_close(actual.double(), exact, rtol=1e-6, atol=0)
+
+
+def test_blocks_are_cache_sized_on_the_cpu_and_whole_batches_on_an_accelerator():
+    """Rows per block: 2^17 elements per (D, rows, M) block on the CPU, 2^26 elsewhere (a
+    4096 x 4096 batch in 10 dimensions: 3 rows against 1638), a given block size as it is."""
+    from rpm.ops.lp_distances import _rows_per_block
+
+    assert _rows_per_block(4096, 10, None, "cpu") == (1 << 17) // 40960 == 3
+    assert _rows_per_block(4096, 10, None, "cuda") == (1 << 26) // 40960 == 1638
+    assert _rows_per_block(10**9, 10, None, "cuda") == 1
+    assert _rows_per_block(4096, 10, 7, "cuda") == 7

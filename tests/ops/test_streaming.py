@@ -193,7 +193,10 @@ def test_errors():
 @cuda
 @pytest.mark.parametrize("exclude_self", [False, True])
 def test_cuda_matches_cpu_float64(exclude_self):
-    """On CUDA, float32 (with TF32 allowed globally) within 1e-4 of the float64 CPU result."""
+    """On CUDA, float32 (with TF32 allowed globally, which the kernel switches off) within
+    1e-4 + 1e-6 |log q| of the float64 CPU result: at scale 0.1 in 16 dimensions log q is about
+    -600, where float32's spacing is 6e-5, so the tolerance grows with the magnitude (TF32
+    would move the values by about 1e-2 relative)."""
     z, loc, scale = make_mixture(1000, 1000, 16, 0.1)
     weights = torch.randn(1000, dtype=torch.float64)
     expected, expected_grads = values_and_grads(
@@ -211,7 +214,8 @@ def test_cuda_matches_cpu_float64(exclude_self):
     finally:
         torch.backends.cuda.matmul.allow_tf32 = allow_tf32
     assert torch.backends.cuda.matmul.allow_tf32 == allow_tf32
-    assert (actual.double().cpu() - expected).abs().max().item() < 1e-4
+    error = (actual.double().cpu() - expected).abs()
+    assert (error <= 1e-4 + 1e-6 * expected.abs()).all(), error.max().item()
     for got, want in zip(actual_grads, expected_grads, strict=True):
         assert ((got.double().cpu() - want).abs().max() / want.abs().max()).item() < 1e-3
 

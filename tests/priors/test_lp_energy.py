@@ -97,3 +97,18 @@ def test_p100_on_randn_latents():
         loss = -ImplicitPrior(LpEnergy(p=100.0, tau=tau)).log_ratio(a, b).mean()
         grads = torch.autograd.grad(loss, (a, b))
         assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in grads)
+
+
+def test_range_check_on_an_accelerator_runs_only_under_validation():
+    """Off the CPU the overflow check synchronises with the device, so it runs only under
+    Pyro's validation: without it an infinite energy is returned unchecked (here on the meta
+    device, which has no values to check: under validation reading one is an error)."""
+    import pyro
+
+    energy = LpEnergy(p=1.0)
+    z = torch.empty(4, 3, device="meta")
+    distances = torch.empty(4, 4, device="meta")
+    with pyro.validation_enabled(False):
+        assert energy._check_range(distances, z, z) is None
+    with pyro.validation_enabled(True), pytest.raises((RuntimeError, NotImplementedError)):
+        energy._check_range(distances, z, z)
