@@ -1,4 +1,4 @@
-r"""``rpm digits``: self-supervised learning on real images, the 8x8 digits that scikit-learn
+r"""``python -m rpm digits``: self-supervised learning on real images, the 8x8 digits that scikit-learn
 ships, evaluated by how few labels a classifier on the learned representation needs.
 
 Data: :func:`rpm.data.digits.load_digits_split` (1797 images, nothing downloaded; a fixed
