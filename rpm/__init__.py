@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-#: Where each public name lives: imported at first use (PEP 562), so that ``import rpm`` and the
-#: ``rpm`` command do not pay for torch and Pyro until a model is needed.
+#: Where each public name lives: imported at first use (PEP 562), so that ``import rpm`` and
+#: ``python -m rpm`` do not pay for torch and Pyro until a model is needed.
 _LAZY = {
     "DeltaRecognition": "rpm.models",
     "GaussianRecognition": "rpm.models",

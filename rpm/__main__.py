@@ -1,8 +1,8 @@
-"""``python -m rpm``: the ``rpm`` command."""
+"""``python -m rpm COMMAND``: the experiments' command line (:func:`rpm.cli.main`)."""
 
 import sys
 
-from rpm.cli import main
+from rpm.cli import PROG, main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog=PROG))

@@ -1,4 +1,6 @@
-"""The ``rpm`` command: one sub-command per experiment.
+"""The command line of rpm: ``python -m rpm COMMAND`` (or the installed script ``rpm-pyro
+COMMAND``, named so as not to shadow the RPM package manager's ``rpm``), one sub-command per
+experiment.
 
 An experiment module registers itself by being listed in :data:`SUBCOMMANDS`; it provides
 
@@ -28,7 +30,7 @@ number such as ``-1e-3`` as a value (so that ``--lr -1e-3`` gets the range error
 configuration, and the command line itself (``args.command_line``), kept in the run's record.
 
 Building the parser imports neither torch nor Pyro nor matplotlib (an experiment module
-imports them inside ``run``), so that ``rpm --help`` answers at once.
+imports them inside ``run``), so that ``python -m rpm --help`` answers at once.
 
 More than one process: ``torchrun --nproc_per_node=K -m rpm EXPERIMENT ...``.
 """
@@ -42,11 +44,17 @@ import re
 import shlex
 import sys
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from types import ModuleType
 
 from rpm.experiments.common import COMMAND_LINE, GIVEN_FLAGS, ConfigurationError
 
-__all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USAGE", "SUBCOMMANDS", "build_parser", "main"]
+__all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USAGE", "PROG", "SCRIPT", "SUBCOMMANDS",
+           "build_parser", "main"]
+
+#: The documented way to run the commands, and the name of the installed console script.
+PROG = "python -m rpm"
+SCRIPT = "rpm-pyro"
 
 #: Modules of the experiments, one sub-command each.
 SUBCOMMANDS: tuple[str, ...] = (
@@ -70,20 +78,29 @@ def _load(module: str | ModuleType) -> ModuleType:
     return module
 
 
-def build_parser(modules: Iterable[str | ModuleType] | None = None) -> argparse.ArgumentParser:
-    """The ``rpm`` argument parser with one sub-command per experiment module.
+def _invoked_as() -> str:
+    """:data:`SCRIPT` when this process is the console script, else :data:`PROG`."""
+    return SCRIPT if Path(sys.argv[0]).stem == SCRIPT else PROG
+
+
+def build_parser(modules: Iterable[str | ModuleType] | None = None,
+                 prog: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of the commands, one sub-command per experiment module.
 
     :param modules: module names or modules providing ``add_parser`` and ``run``;
         default :data:`SUBCOMMANDS`.
+    :param prog: the program name its usage and errors show; default :data:`SCRIPT` in the
+        console script, :data:`PROG` otherwise (``python -m rpm``, ``torchrun -m rpm``, a call
+        from Python).
     """
     from rpm import __version__
 
     parser = argparse.ArgumentParser(
-        prog="rpm",
+        prog=_invoked_as() if prog is None else prog,
         description="Recognition parameterised models: run the experiments of the papers.",
         allow_abbrev=False,
     )
-    parser.add_argument("--version", action="version", version=f"rpm {__version__}")
+    parser.add_argument("--version", action="version", version=f"rpm-pyro {__version__}")
     subparsers = parser.add_subparsers(title="experiments", dest="command", metavar="COMMAND")
     for module in SUBCOMMANDS if modules is None else modules:
         _load(module).add_parser(subparsers)
@@ -126,16 +143,20 @@ def _given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> frozen
 
 
 def main(
-    argv: Sequence[str] | None = None, *, modules: Iterable[str | ModuleType] | None = None
+    argv: Sequence[str] | None = None, *, modules: Iterable[str | ModuleType] | None = None,
+    prog: str | None = None,
 ) -> int:
-    """Entry point of the ``rpm`` console script and of ``python -m rpm``.
+    """Entry point of ``python -m rpm`` and of the ``rpm-pyro`` console script.
 
     :param argv: the arguments, default ``sys.argv[1:]``.
     :param modules: the experiment modules, default :data:`SUBCOMMANDS`.
+    :param prog: the program name of the usage, the messages and the recorded command line;
+        default as :func:`build_parser`.
     :returns: the exit status (argparse errors exit with status 2 through ``SystemExit``).
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(modules)
+    prog = _invoked_as() if prog is None else prog
+    parser = build_parser(modules, prog)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
@@ -143,9 +164,9 @@ def main(
     run = getattr(args, "func", None)
     if run is None:
         raise RuntimeError(f"sub-command {args.command!r} did not set func=run in add_parser")
-    setattr(args, GIVEN_FLAGS, _given_flags(build_parser(modules), argv))
-    setattr(args, COMMAND_LINE, shlex.join(["rpm", *argv]))
-    prog = f"rpm {args.command}"
+    setattr(args, GIVEN_FLAGS, _given_flags(build_parser(modules, prog), argv))
+    setattr(args, COMMAND_LINE, shlex.join([*prog.split(), *argv]))
+    prog = f"{prog} {args.command}"
     rank = int(os.environ.get("RANK", "0"))  # set by torchrun
     if rank:
         prog = f"{prog} (process {rank})"

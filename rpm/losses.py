@@ -32,6 +32,7 @@ scale (:class:`ScaledCosineEnergy`).
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -49,9 +50,14 @@ __all__ = ["InfoNCELoss", "NTXentLoss", "ScaledCosineEnergy"]
 _FORMS = {"out": StarImplicitPrior, "in": PartnerMixturePrior}
 
 
+#: ``F.normalize`` divides a row by its norm or by this, whichever is larger.
+_NORMALIZE_EPS = 1e-12
+
+
 def _unit(z: torch.Tensor) -> torch.Tensor:
-    """Rows of z divided by their norms (lightly's and info-nce-pytorch's ``F.normalize``)."""
-    return torch.nn.functional.normalize(z, dim=-1)
+    """Rows of z divided by their norms (lightly's and info-nce-pytorch's ``F.normalize``): a
+    row of zeros stays zero."""
+    return torch.nn.functional.normalize(z, dim=-1, eps=_NORMALIZE_EPS)
 
 
 def _check_temperature(temperature, hint: str) -> float:
@@ -134,13 +140,18 @@ class ScaledCosineEnergy(Energy):
         return self.logit_scale(z.dtype) * _unit(z), _unit(z2), None
 
     def logit_bound(self, radius: torch.Tensor) -> torch.Tensor:
-        r""":math:`s \max(1, 1/R)`, as :meth:`rpm.priors.CosineEnergy.logit_bound`."""
+        r""":math:`s \max(1, 1/\max(R, \epsilon))`, :math:`\epsilon = 10^{-12}`: :math:`|f| \le s`
+        at any norm, and the gradient :math:`\lVert \nabla_z f \rVert \le s / \max(R, \epsilon)`,
+        since a row is divided by its norm or by :math:`\epsilon`, whichever is larger
+        (``F.normalize``; a row of zeros has logits 0 and a finite gradient, as in lightly)
+        (:meth:`~rpm.priors.base.Energy.logit_bound`)."""
         scale = self.logit_scale().detach().double()
-        return scale * radius.clamp_min(torch.finfo(torch.float64).tiny).reciprocal().clamp_min(1.0)
+        return scale * radius.clamp_min(_NORMALIZE_EPS).reciprocal().clamp_min(1.0)
 
 
 def _bank_shape(memory_bank_size) -> tuple[int, int | None]:
-    """(K, D or None) from lightly's ``memory_bank_size``: an int K >= 0 or a tuple (K, D)."""
+    """(K, D or None) from lightly's ``memory_bank_size``: an int K >= 0 or a tuple (K, D) (the
+    warning of an int K > 0 is the caller's)."""
     if isinstance(memory_bank_size, bool):
         raise TypeError(f"memory_bank_size must be an int K >= 0 or a tuple (K, D), "
                         f"got {memory_bank_size!r}")
@@ -163,13 +174,13 @@ def _bank_shape(memory_bank_size) -> tuple[int, int | None]:
 def _moco_ratio(energy: ScaledCosineEnergy, z: torch.Tensor, z2: torch.Tensor,
                 negatives: torch.Tensor) -> torch.Tensor:
     r"""Per-pair :math:`f(z_i, z'_i) - \log \frac{1}{K+1}(e^{f(z_i, z'_i)} + \sum_k e^{f(z_i, c_k)})`
-    for unit rows z, z2 and unit negatives c (used as they are, as lightly uses its bank): the
-    star prior's term with centre view 0, candidates {own positive} + the K negatives
+    for rows z, z2 (normalised here) and unit negatives c (used as they are, as lightly uses its
+    bank): the star prior's term with centre view 0, candidates {own positive} + the K negatives
     (:func:`~rpm.priors.multiview_terms.multiview_anchor_terms` on the N x N block whose only
     positive and candidate is the diagonal)."""
     eye = torch.eye(z.shape[0], dtype=torch.bool, device=z.device)
     logits = energy.paired(z, z2).diag_embed()                            # (N, N), the diagonal used
-    queue_logits = energy.logit_scale(z.dtype) * (z @ negatives.T)        # (N, K)
+    queue_logits = energy.logit_scale(z.dtype) * (_unit(z) @ negatives.T)  # (N, K)
     return multiview_anchor_terms(logits, eye, eye, "star", queue_logits).ratio
 
 
@@ -178,10 +189,14 @@ def _check_outputs(views: list, names: list[str], what: str) -> None:
         if not isinstance(out, torch.Tensor) or out.dim() != 2:
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             raise ValueError(f"{what} takes {name} of shape (N, D), one row per image; got {got}")
+    written = ' and '.join(names) if len(names) == 2 else 'the views'
     if any(out.shape != views[0].shape for out in views[1:]):
         shapes = ", ".join(str(tuple(out.shape)) for out in views)
-        raise ValueError(f"{what} needs {' and '.join(names) if len(names) == 2 else 'the views'} "
-                         f"of the same shape (N, D), row i of each a view of image i; got {shapes}")
+        raise ValueError(f"{what} needs {written} of the same shape (N, D), row i of each a view "
+                         f"of image i; got {shapes}")
+    if views[0].shape[0] == 0:
+        raise ValueError(f"{what} needs at least one image: {written} have no rows (shape "
+                         f"{tuple(views[0].shape)}); skip empty batches")
 
 
 class NTXentLoss(torch.nn.Module):
@@ -228,16 +243,26 @@ class NTXentLoss(torch.nn.Module):
     :math:`Z(z_i) = \mathbb{E}_{Q(z')} e^{f(z_i, z')}` is estimated from K + 1 samples of the
     marginal: the anchor's own positive and the banked latents
     (:class:`~rpm.priors.StarImplicitPrior` with ``candidates="positives"``, ``centres=[0]``
-    and the bank as its queue: :meth:`rpm_prior`). The bank is a
-    :class:`~rpm.marginals.candidates.LatentQueue` (a buffer: ``state_dict()`` carries it); as
-    in lightly it starts full of random unit vectors and holds the normalised, detached ``out1``
-    of earlier calls (every process's, with ``gather_distributed``), first in first out. It is
-    updated after the loss, only in training mode (``loss.train()``; ``loss.eval()`` keeps it,
-    e.g. for a validation set). The banked latents come from earlier versions of the encoder,
-    so they estimate the normaliser under an older marginal; the bias vanishes as the encoder
-    stops moving. Where a batch does not divide K, lightly drops the rows of a batch that
-    would wrap around the end of its bank; this queue wraps them around (a true FIFO), so the
-    two banks then differ in which old rows they hold.
+    and the bank as its queue: :meth:`rpm_prior`). The bank follows lightly's rules:
+
+    * it starts as K random unit vectors and holds the normalised, detached ``out1`` of
+      earlier calls (every process's, with ``gather_distributed``), oldest overwritten first;
+      a batch that reaches the end of the bank fills it to the end, its remaining rows are
+      dropped, and the next batch writes from the start;
+    * it takes a batch after the loss is computed, and only when ``out0`` requires a gradient:
+      under ``torch.no_grad()`` (a validation pass) it stays as it is, in train or eval mode;
+    * it is a :class:`~rpm.marginals.candidates.LatentQueue` of non-persistent buffers:
+      ``state_dict()`` and checkpoints do not carry it (a model restored from a checkpoint
+      starts a new random bank), while ``.to()`` and ``.double()`` move it;
+    * an int K (no dimension) gives lightly's ``UserWarning`` and the bank is made at the first
+      call, from the outputs' dimension.
+
+    The banked latents come from earlier versions of the encoder, so they estimate the
+    normaliser under an older marginal; the bias vanishes as the encoder stops moving.
+
+    Outputs are normalised as ``F.normalize`` does, so a row of zeros has logits 0 and the loss
+    and its gradients stay finite (float32 and float64), as in lightly; a batch of no rows is a
+    ``ValueError``.
 
     **J views** (``forward(*views)`` with J > 2, or ``candidates="cross_view"``). Every output is
     an anchor; its positives P(k) are the J - 1 other views of its image and its candidates C(k)
@@ -267,8 +292,9 @@ class NTXentLoss(torch.nn.Module):
         elbo_per_image = loss_fn.elbo(*[head(backbone(v)) for v in views])  # the RPM ELBO / N
 
     :param float temperature: :math:`\tau > 0` (the initial one when learned).
-    :param memory_bank_size: K >= 0 (0: SimCLR, no bank), or a tuple (K, D); with an int the
-        bank is created at the first call, from the outputs' dimension.
+    :param memory_bank_size: K >= 0 (0: SimCLR, no bank), or a tuple (K, D); with an int K > 0
+        the bank is created at the first call, from the outputs' dimension, with lightly's
+        warning.
     :param bool gather_distributed: gather the candidates (or the bank's new entries) from every
         process of ``torch.distributed``.
     :param str form: over J views, ``"out"`` (:math:`L_\text{out}`, the star prior) or
@@ -303,6 +329,12 @@ class NTXentLoss(torch.nn.Module):
         self.bank: LatentQueue | None = None
         if self.memory_bank_size > 0 and dim is not None:
             self._init_bank(dim)
+        if self.memory_bank_size > 0 and dim is None:  # lightly's warning, word for word
+            warnings.warn(
+                f"Memory bank size 'size={self.memory_bank_size}' does not specify feature "
+                "dimension. It is recommended to set the feature dimension with 'size=(n, dim)' "
+                "when creating the memory bank. Distributed training might fail if the feature "
+                "dimension is not set.", UserWarning, stacklevel=2)
 
     @property
     def temperature(self) -> float:
@@ -310,8 +342,9 @@ class NTXentLoss(torch.nn.Module):
         return self.energy.temperature
 
     def _init_bank(self, dim: int, like: torch.Tensor | None = None) -> None:
-        """K random unit vectors, as lightly's bank starts (on ``like``'s device, in its dtype)."""
-        self.bank = LatentQueue(self.memory_bank_size, dim)
+        """K random unit vectors, as lightly's bank starts (on ``like``'s device, in its dtype),
+        in non-persistent buffers (lightly's: outside ``state_dict()``)."""
+        self.bank = LatentQueue(self.memory_bank_size, dim, persistent=False)
         if like is not None:
             self.bank.to(device=like.device, dtype=like.dtype)
         self.bank.push(_unit(torch.randn(self.memory_bank_size, dim, dtype=self.bank.memory.dtype)))
@@ -338,23 +371,24 @@ class NTXentLoss(torch.nn.Module):
         return num_views == 2 and self.multiview_prior.candidates == "pooled" \
             and self.multiview_prior.global_views is None
 
-    def _terms(self, views: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(ELBO summed over this process's instances, the loss, normalised out1)."""
+    def _terms(self, views: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ELBO summed over this process's instances, the loss). The energy normalises the
+        outputs (once: a second ``F.normalize`` would scale a zero row's gradient again)."""
         if self.memory_bank_size > 0 and self.bank is None:
             self._init_bank(views[0].shape[1], like=views[0])
-        units = [_unit(out) for out in views]
         num = views[0].shape[0]
         if self.bank is not None:
-            value = _moco_ratio(self.energy, units[0], units[1], self.bank.latents().to(units[0])).sum()
-            return value, math.log(self.memory_bank_size + 1) - value / num, units[1]
+            negatives = self.bank.latents().to(views[0])
+            value = _moco_ratio(self.energy, views[0], views[1], negatives).sum()
+            return value, math.log(self.memory_bank_size + 1) - value / num
         candidates = Candidates(global_batch=self.gather_distributed)
         if self._pairwise(len(views)):
-            value = rpm_elbo(self.prior, units, candidates=candidates)
-            num_pairs = candidates.gather(units[0]).shape[0]  # M: the global batch (gathered once)
-            return value, math.log(2 * num_pairs - 1) - value / num, units[1]
-        terms = self.multiview_prior.anchor_terms(torch.stack(units, dim=1), candidates)
+            value = rpm_elbo(self.prior, views, candidates=candidates)
+            num_pairs = candidates.gather(views[0]).shape[0]  # M: the global batch (gathered once)
+            return value, math.log(2 * num_pairs - 1) - value / num
+        terms = self.multiview_prior.anchor_terms(torch.stack(views, dim=1), candidates)
         loss, _, _ = multiview_loss(terms, self.multiview_prior.form)
-        return terms.ratio.sum() / len(views), loss, units[1]
+        return terms.ratio.sum() / len(views), loss
 
     def rpm_prior(self, num_views: int = 2) -> MultiViewImplicitPrior | PooledImplicitPrior:
         r"""The prior whose ELBO :meth:`elbo` returns for batches of ``num_views`` views, a new
@@ -364,7 +398,7 @@ class NTXentLoss(torch.nn.Module):
         (two views), the star or mixture prior (J views, or cross-view candidates), or, with a
         memory bank, :class:`~rpm.priors.StarImplicitPrior` with ``candidates="positives"``,
         ``centres=[0]`` and the bank as its queue (it then pushes into the bank when it is
-        evaluated in training mode, as the loss does). For
+        evaluated in training mode, by the queue's own rule: every row, first in first out). For
         ``rpm.RPM(rpm.DeltaRecognition(net), loss.rpm_prior(J))``, whose negative ELBO per
         instance under :class:`~rpm.RPMELBO` is ``-loss.elbo(*views)``.
 
@@ -391,26 +425,28 @@ class NTXentLoss(torch.nn.Module):
         :return: a scalar tensor (nats).
         """
         views = self._views(views)
-        value, _, _ = self._terms(views)
+        value, _ = self._terms(views)
         return value / views[0].shape[0]
 
     def forward(self, *views: torch.Tensor) -> torch.Tensor:
         r"""The mean loss, :math:`-\mathcal{L}/N + \log(2N - 1)` (NT-Xent), :math:`-\mathcal{L}/N
-        + \log(K + 1)` (MoCo), :math:`L_\text{out}` or :math:`L_\text{in}` (J views); in
-        training mode a bank then takes the normalised, detached ``out1`` (gathered from every
-        process with ``gather_distributed``).
+        + \log(K + 1)` (MoCo), :math:`L_\text{out}` or :math:`L_\text{in}` (J views); then, when
+        ``out0`` requires a gradient, a bank takes the normalised, detached ``out1`` (gathered
+        from every process with ``gather_distributed``) by lightly's rules (class docstring).
 
         :param views: ``out0, out1`` (first and second views' outputs, each (N, D)), or J
             outputs (or one list of them).
         :return: a scalar tensor (nats), positive.
         """
         views = self._views(views)
-        _, loss, z2 = self._terms(views)
-        if self.bank is not None and self.training:
-            keys = z2.detach()
+        _, loss = self._terms(views)
+        # lightly's rule: only a batch that will be back-propagated enters the bank
+        if self.bank is not None and torch.is_grad_enabled() and views[0].requires_grad:
+            keys = _unit(views[1].detach())
             if self.gather_distributed:
                 keys = all_gather_with_grad(keys)
-            self.bank.push(keys)
+            # lightly's pointer: fill to the end of the bank, drop the rest, restart at row 0
+            self.bank.push(keys[: self.bank.size - int(self.bank.head)])
         return loss
 
 

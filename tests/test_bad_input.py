@@ -450,5 +450,5 @@ def test_cli_arguments_out_of_range_are_argparse_errors(capsys, tmp_path):
         err = capsys.readouterr().err
         assert exit.value.code == 2, (command, option)
         assert f"argument {option}: {message}" in err, (command, option, err)
-        assert "Traceback" not in err and err.startswith("usage: rpm ")
+        assert "Traceback" not in err and err.startswith("usage: python -m rpm ")
         assert not out.exists()

@@ -2,7 +2,6 @@
 run-folder conflicts, unavailable device, non-finite loss)."""
 
 import importlib
-import importlib.metadata
 import importlib.util
 import re
 import subprocess
@@ -54,17 +53,31 @@ def test_every_experiment_module_is_registered_and_valid():
     build_parser()  # every registered sub-command builds its parser
 
 
-def test_console_script_is_declared():
-    scripts = importlib.metadata.entry_points(group="console_scripts")
-    assert [ep.value for ep in scripts if ep.name == "rpm"] == ["rpm.cli:main"]
-
-
 def test_python_m_rpm_without_subcommand_prints_help_and_exits_2():
     result = subprocess.run(
         [sys.executable, "-m", "rpm"], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 2
-    assert result.stderr.startswith("usage: rpm")
+    assert result.stderr.startswith("usage: python -m rpm [-h] [--version] COMMAND")
+
+
+def test_python_m_rpm_version_is_the_package_version():
+    import rpm
+
+    result = subprocess.run([sys.executable, "-m", "rpm", "--version"], capture_output=True,
+                            text=True, timeout=120, check=True)
+    assert result.stdout == f"rpm-pyro {rpm.__version__}\n"
+
+
+def test_the_console_script_names_itself(toy, capsys, monkeypatch):
+    """Run as the ``rpm-pyro`` script, usage and messages say ``rpm-pyro``; otherwise (``python
+    -m rpm``, ``torchrun -m rpm``, a call from Python) they say ``python -m rpm``."""
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/rpm-pyro", "toy"])
+    status, err = _toy(toy, capsys, "--lr", "0")
+    assert status == 2 and err.startswith("usage: rpm-pyro toy ")
+    monkeypatch.setattr(sys, "argv", ["/somewhere/rpm/__main__.py", "toy"])
+    status, err = _toy(toy, capsys, "--lr", "0")
+    assert status == 2 and err.startswith("usage: python -m rpm toy ")
 
 
 def test_help_and_version(capsys, toy):
@@ -72,10 +85,10 @@ def test_help_and_version(capsys, toy):
         main(["--help"], modules=[toy])
     assert exit.value.code == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: rpm") and "toy" in out
+    assert out.startswith("usage: python -m rpm") and "toy" in out
     with pytest.raises(SystemExit) as exit:
         main(["--version"])
-    assert exit.value.code == 0 and capsys.readouterr().out.startswith("rpm 0.")
+    assert exit.value.code == 0 and capsys.readouterr().out.startswith("rpm-pyro 0.")
     with pytest.raises(SystemExit) as exit:
         main(["toy", "--help"], modules=[toy])
     out = capsys.readouterr().out
@@ -178,7 +191,7 @@ def test_rpm_help_builds_every_parser_without_torch_pyro_or_matplotlib():
         "    with contextlib.redirect_stdout(io.StringIO()) as text:\n"
         "        try: main([*argv, '--help'])\n"
         "        except SystemExit: pass\n"
-        "    assert 'usage: rpm' in text.getvalue(), text.getvalue()\n"
+        "    assert 'usage: python -m rpm' in text.getvalue(), text.getvalue()\n"
         "print(sorted(m for m in ('torch', 'pyro', 'matplotlib', 'numpy') if m in sys.modules))\n"
     )
     assert _fresh_python(code).strip() == "[]"
@@ -207,12 +220,12 @@ def test_flag_choices_written_in_the_commands_match_the_library():
     assert command.ENERGIES == model.ENERGIES and command.ENCODER_SPACES == ENCODER_SPACES
 
 
-def test_distribution_name_is_not_the_unrelated_pypi_rpm():
-    """PyPI's "rpm" is another project: the distribution is rpm-pyro, the import name and the
-    command stay rpm."""
+def test_distribution_and_script_names_are_not_the_unrelated_rpms():
+    """PyPI's "rpm" is another project, and ``rpm`` is the RPM package manager's command: the
+    distribution and its one console script are rpm-pyro; the import name stays rpm."""
     import configparser
 
     setup = configparser.ConfigParser()
     setup.read(Path(__file__).resolve().parents[1] / "setup.cfg")
     assert setup["metadata"]["name"] == "rpm-pyro"
-    assert setup["options.entry_points"]["console_scripts"].strip() == "rpm = rpm.cli:main"
+    assert setup["options.entry_points"]["console_scripts"].strip() == "rpm-pyro = rpm.cli:main"

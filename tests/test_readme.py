@@ -32,6 +32,7 @@ def test_ci_runs_the_readme_test_command():
     test_command = next(c.strip() for c in commands if "pytest" in c)
     ci = (ROOT / ".ci" / "run").read_text()
     assert test_command in ci
+    assert re.search(r"^ruff check \.$", ci, re.M), "CI must run the linter: ruff check ."
 
 
 def _github_anchor(heading: str) -> str:

@@ -17,7 +17,7 @@
 #
 # This notebook runs all three at small size: a video of 400 frames instead of the experiment's
 # 900, and 60 short epochs (a few minutes on one CPU core). The full experiment, with every
-# prior, checkpoints and figures, is one command, `rpm bouncing-balls` (about 5 minutes).
+# prior, checkpoints and figures, is one command, `python -m rpm bouncing-balls` (about 5 minutes).
 
 # %%
 import warnings
@@ -241,5 +241,5 @@ plt.show()
 # frame: the read-out is an affine, shrunk copy of the ball's position, and the linear decoder
 # (the gain in pixels per read-out unit printed above) maps it back.
 #
-# **Next.** `rpm bouncing-balls --out runs/balls` runs the full comparison over every prior (the
+# **Next.** `python -m rpm bouncing-balls --out runs/balls` runs the full comparison over every prior (the
 # cosine energy too), with checkpoints, `--resume`, figures and a JSON of the results.

@@ -19,7 +19,7 @@
 #
 # Everything trains in the cells below, at small size (3 and 4 latents, a few thousand steps,
 # about 3 minutes on one CPU core). The full-size experiments (n = 10 latents, as in the papers)
-# are the command `rpm identifiability`.
+# are the command `python -m rpm identifiability`.
 
 # %%
 import warnings
@@ -283,6 +283,6 @@ print(f"learned group ratio {group_ratio(learned):.2f} (oracle {group_ratio(orac
 # checkpoints, exact resumption, periodic evaluation and figures:
 #
 # ```bash
-# rpm identifiability --conditional anisotropic --concentrations 5,25 --steps 10000 \
+# python -m rpm identifiability --conditional anisotropic --concentrations 5,25 --steps 10000 \
 #     --eval-every 1000 --compare-energies cosine,anisotropic --energy-lr 0.1 --out runs/aninfonce
 # ```

@@ -19,7 +19,7 @@
 #    and with all labels (`rpm.evaluation.label_efficiency`), against the raw pixels;
 # 4. train a prior over J = 4 views, which a pair loss cannot express.
 #
-# The command `rpm digits` runs the full experiment (more methods, longer training, several
+# The command `python -m rpm digits` runs the full experiment (more methods, longer training, several
 # label draws); its measured numbers are in benchmarks/README.md.
 
 # %%
@@ -231,6 +231,6 @@ for name, result in (("pairs (NTXentLoss)", curves["plain torch (NTXentLoss)"]),
 
 # %% [markdown]
 # Each step of the star prior encodes twice as many images as a pair step, so compare at equal
-# steps with that cost in mind. `rpm digits --methods all` trains the star and
+# steps with that cost in mind. `python -m rpm digits --methods all` trains the star and
 # mixture-of-partners priors, multi-crop and a queue of earlier latents beside the pair
 # priors; benchmarks/README.md has their scores.

@@ -39,7 +39,7 @@ Errors the user can fix by changing the command line raise :class:`Configuration
 run folder's own :class:`~rpm.training.run_folder.RunFolderError`), which the ``rpm`` command
 prints as a one-line message with exit status 2, like an argparse error.
 
-This module does not import torch at import time, so that ``rpm --help`` stays fast.
+This module does not import torch at import time, so that ``python -m rpm --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -399,9 +399,11 @@ def prepare_run_dir(out: str | os.PathLike, resume: bool = False, overwrite: boo
                 f"--resume: {out} has no run record ({RUN_MARKER}): it was not made by this rpm "
                 "and cannot be continued safely; start afresh with --overwrite")
         if command is not None and record.get("command") not in (None, command):
+            from rpm.cli import PROG
+
             raise RunFolderError(
-                f"--resume: {out} is a run of `rpm {record['command']}`, not of `rpm {command}`; "
-                f"continue it with `rpm {record['command']} --resume --out {out}`")
+                f"--resume: {out} is a run of `{PROG} {record['command']}`, not of `{PROG} "
+                f"{command}`; continue it with `{PROG} {record['command']} --resume --out {out}`")
         if not (out / CONFIG_NAME).is_file():
             raise RunFolderError(f"--resume: {out / CONFIG_NAME} is missing or not a file: the "
                                  "run cannot be resumed; start afresh with --overwrite")

@@ -41,7 +41,7 @@ __all__ = ["Candidates", "LatentQueue"]
 class LatentQueue(torch.nn.Module):
     r"""A first-in first-out queue of K latents of earlier batches (MoCo's memory bank), held
     detached, as a buffer of the module that owns it (so ``state_dict()`` and checkpoints carry
-    it).
+    it, unless ``persistent=False``).
 
     .. code-block:: python
 
@@ -58,15 +58,21 @@ class LatentQueue(torch.nn.Module):
 
     :param int size: K, the number of latents kept.
     :param int dim: D, the latent dimension.
+    :param bool persistent: whether ``state_dict()`` holds the queue (``.to()`` moves it either
+        way); :class:`rpm.losses.NTXentLoss` keeps its bank out, as lightly does.
     """
 
-    def __init__(self, size: int, dim: int):
+    def __init__(self, size: int, dim: int, persistent: bool = True):
         super().__init__()
         self.size = check_positive_int("size", size)
         self.dim = check_positive_int("dim", dim)
-        self.register_buffer("memory", torch.zeros(self.size, self.dim))  # (K, D), a ring
-        self.register_buffer("filled", torch.zeros((), dtype=torch.long))  # rows in use
-        self.register_buffer("head", torch.zeros((), dtype=torch.long))    # next row to write
+        persistent = check_bool("persistent", persistent)
+        self.register_buffer("memory", torch.zeros(self.size, self.dim),  # (K, D), a ring
+                             persistent=persistent)
+        self.register_buffer("filled", torch.zeros((), dtype=torch.long),  # rows in use
+                             persistent=persistent)
+        self.register_buffer("head", torch.zeros((), dtype=torch.long),    # next row to write
+                             persistent=persistent)
 
     def __len__(self) -> int:
         return int(self.filled)

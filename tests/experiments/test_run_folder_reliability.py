@@ -119,8 +119,8 @@ def test_resuming_with_another_command_is_refused_before_anything_is_written(tmp
     before = _snapshot(out)
     status, _, err = _main(capsys, ["bouncing-balls", "--resume", "--out", str(out)])
     line = _one_line_error(status, err)
-    assert "is a run of `rpm identifiability`, not of `rpm bouncing-balls`" in line
-    assert f"rpm identifiability --resume --out {out}" in line
+    assert "is a run of `python -m rpm identifiability`, not of `python -m rpm bouncing-balls`" in line
+    assert f"`python -m rpm identifiability --resume --out {out}`" in line
     assert _snapshot(out) == before
 
 
@@ -349,7 +349,7 @@ def test_an_interrupted_run_says_so_on_its_own_lines_and_its_resume_keeps_both_s
     assert err.splitlines() == [
         "toy: SIGINT received: stopping after the current step with a checkpoint (again to "
         "stop at once, without one)",
-        f"rpm toy: interrupted at step 4; checkpoint saved to {out / 'toy' / 'checkpoint.pt'}; "
+        f"python -m rpm toy: interrupted at step 4; checkpoint saved to {out / 'toy' / 'checkpoint.pt'}; "
         "rerun with --resume to continue"]
     assert _main(capsys, ["toy", "--out", str(out), "--resume"], [toy])[0] == 0
     results = json.loads((out / "results.json").read_text())

@@ -54,6 +54,15 @@ def test_the_queue_state_round_trips_through_the_models_state_dict():
     assert {"queue.memory", "queue.filled", "queue.head"} <= set(model.state_dict())
 
 
+def test_a_non_persistent_queue_stays_out_of_the_state_dict_but_moves_with_the_module():
+    owner = torch.nn.Module()
+    owner.queue = LatentQueue(size=3, dim=2, persistent=False)
+    owner.queue.push(torch.ones(2, 2))
+    assert owner.state_dict() == {}
+    owner.double()
+    assert owner.queue.memory.dtype == torch.float64 and len(owner.queue) == 2
+
+
 def test_bad_queue_arguments_are_refused():
     with pytest.raises(ValueError, match="size"):
         LatentQueue(size=0, dim=2)

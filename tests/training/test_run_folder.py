@@ -87,7 +87,7 @@ def test_two_real_processes_on_one_folder(tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert json.loads((out / "config.json").read_text())["seed"] == 7
     assert [s["end"] for s in read_record(out)["segments"]] == ["killed", "finished"]
-    assert results["command"].startswith("rpm toy --out") and "--seed 7" in results["command"]
+    assert results["command"].startswith("python -m rpm toy --out") and "--seed 7" in results["command"]
 
 
 def _recorded(folder, config):

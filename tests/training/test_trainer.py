@@ -443,7 +443,7 @@ def test_sigint_and_sigkill_of_real_processes_then_resume_match_uninterrupted_ru
     assert process.wait(timeout=30) == 130
     stderr = process.stderr.read()
     match = re.search(
-        r"rpm toy: interrupted at step (\d+); checkpoint saved to (.*); rerun with --resume", stderr
+        r"python -m rpm toy: interrupted at step (\d+); checkpoint saved to (.*); rerun with --resume", stderr
     )
     assert match and "Traceback" not in stderr, stderr
     assert Path(match.group(2)) == tmp_path / "toy" / "checkpoint.pt"

@@ -16,7 +16,7 @@ the same affine decoder fitted on the training frames' means:
   (the reference the imputation is compared with), and ``full_forecast_error_px`` the
   forecast without drops.
 
-Training with dropped frames is ``rpm bouncing-balls --drop-frames p``: each window of a
+Training with dropped frames is ``python -m rpm bouncing-balls --drop-frames p``: each window of a
 minibatch loses each frame with probability p, and the ELBO is that of the observed frames
 (``mask=`` of :meth:`rpm.RPM.model`).
 """

@@ -59,7 +59,7 @@ def plot_comparison(path: str | os.PathLike,
         float, "untrained_pixel_error": float}``, or a list of such dicts, one per seed.
     :return: the figure.
 
-    Runs of several seeds (``rpm bouncing-balls --seed S --out runs/seed-S``) combine as::
+    Runs of several seeds (``python -m rpm bouncing-balls --seed S --out runs/seed-S``) combine as::
 
         runs = [json.loads(Path(f"runs/seed-{s}/results.json").read_text())["priors"]
                 for s in (0, 1, 2)]

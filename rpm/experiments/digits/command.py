@@ -1,4 +1,4 @@
-r"""``rpm digits``: self-supervised learning on real images, the 8x8 digits that scikit-learn
+r"""``python -m rpm digits``: self-supervised learning on real images, the 8x8 digits that scikit-learn
 ships, evaluated by how few labels a classifier on the learned representation needs.
 
 Data: :func:`rpm.data.digits.load_digits_split` (1797 images, nothing downloaded; a fixed
@@ -42,7 +42,9 @@ Output folder (``--out``, the run-folder contract of :mod:`rpm.experiments.commo
 ``"all"``; test accuracy in [0, 1], the mean over draws), their ``_std`` and ``_draws``, the
 same for :math:`z` under ``latent`` (not for the raw pixels), the Gaussian encoder's mean
 standard deviation (``mean_scale``) and whether it issued :class:`rpm.ScaleFloorWarning`
-(``scale_floor_warning``), the training losses and validation scores, ``train_seconds``, the
+(``scale_floor_warning``), the training losses (``losses``: :math:`-\mathcal{L}/N`;
+``reported_losses``: the loss the progress lines show, named by ``loss_name``, e.g. NT-Xent,
+:math:`-\mathcal{L}/N` + ``loss_offset``) and validation scores, ``train_seconds``, the
 views (``[global, local]``); ``seeds``; under ``checks`` the gap between ``ntxent`` and
 ``torch_ntxent`` at every label count and the floors; the configuration, the
 environment and the provenance. Figures: ``label_efficiency.png`` (accuracy against labels per
@@ -327,9 +329,11 @@ def _train_and_report(args: argparse.Namespace, out: Path, device, run: Run | No
                for name in per_seed[seeds[0]]}
     plot_label_efficiency(out / "label_efficiency.png", methods,
                           title="rpm digits: test accuracy against labelled images per class")
-    plot_training(out / "training.png", {n: {"losses": m["losses"], "evaluations": m["evaluations"]}
-                                         for n, m in methods.items() if "losses" in m},
-                  score="knn", score_label="validation kNN accuracy")
+    plot_training(out / "training.png",
+                  {n: {"losses": m["reported_losses"], "evaluations": m["evaluations"]}
+                   for n, m in methods.items() if "reported_losses" in m},
+                  score="knn", score_label="validation kNN accuracy",
+                  loss_label="loss (NT-Xent, InfoNCE or -ELBO / N)")
     checks = _checks(methods)
     summary = {
         "config": json.loads((out / "config.json").read_text()),

@@ -10,6 +10,13 @@ NT-Xent minus :math:`\log(2N - 1)`; for the priors over J views the identities o
 warm-up and a cosine decay, through :class:`~rpm.training.trainer.Trainer` (checkpoints, exact
 resumption, the queue's latents included, the progress bar).
 
+**The loss reported** (the progress lines, ``training.png``, ``reported_losses``) is the one a
+contrastive-learning user reads, :func:`reported_loss`: for the pair methods with an implicit
+prior the cross-entropy, :math:`-\mathcal{L}/N` plus a constant (NT-Xent, as lightly's
+``NTXentLoss`` gives it, for ``ntxent`` and ``torch_ntxent``; InfoNCE for ``infonce`` and
+``rbf``), for the others :math:`-\mathcal{L}/N` itself. The constant changes no gradient;
+``losses`` keeps :math:`-\mathcal{L}/N`.
+
 **Same batches for every method.** Step :math:`s` draws its images (a uniformly random subset
 of the training part, without replacement) and the views from one CPU generator seeded with
 ``derived_seed(seed, "train", s)``: every method sees the same images at every step, and the
@@ -58,7 +65,8 @@ from rpm.training.schedule import cosine_schedule
 from rpm.training.trainer import Trainer
 
 __all__ = ["LABELS_PER_CLASS", "batch_views", "cosine_schedule", "distributed_ntxent_share",
-           "method_views", "score_encoder", "score_features", "train_method", "validation_rows"]
+           "method_views", "reported_loss", "score_encoder", "score_features", "train_method",
+           "validation_rows"]
 
 #: The label counts of the label-efficiency curve (``None``: all labels).
 LABELS_PER_CLASS = (1, 5, 10, None)
@@ -144,6 +152,27 @@ def distributed_ntxent_share(z1: torch.Tensor, z2: torch.Tensor, temperature: fl
             - math.log(2 * total - 1) / world)
 
 
+def reported_loss(name: str, batch_size: int) -> tuple[str, float]:
+    r"""The name and the offset :math:`c` of the loss method ``name`` reports,
+    :math:`-\mathcal{L}/N + c` for a global batch of N images: ``("NT-Xent", log(2N - 1))`` for
+    ``ntxent`` and ``torch_ntxent`` (the pooled implicit prior, :math:`\mathcal{L}/N =
+    -\text{NT-Xent} + \log(2N - 1)`), ``("InfoNCE", log N)`` for ``infonce`` and ``rbf`` (the
+    implicit prior, Eq. 23-25 of Aitchison & Ganev), ``("-ELBO/N + log N", log N)`` for
+    ``gaussian`` (the same prior under a Gaussian encoder, whose ELBO is not InfoNCE) and
+    ``("-ELBO/N", 0)`` for the priors over J views and the queue.
+
+    :param str name: one of :data:`~rpm.experiments.digits.model.METHODS`.
+    :param int batch_size: N, the global batch.
+    """
+    if name in ("ntxent", "torch_ntxent"):
+        return "NT-Xent", math.log(2 * batch_size - 1)
+    if name in ("infonce", "rbf"):
+        return "InfoNCE", math.log(batch_size)
+    if name == "gaussian":
+        return "-ELBO/N + log N", math.log(batch_size)
+    return "-ELBO/N", 0.0
+
+
 def train_method(name: str, args: argparse.Namespace, data, device, out: Path, seed: int) -> dict:
     """Trains (or resumes, or reloads) method ``name`` in ``out`` and scores its backbone.
 
@@ -165,14 +194,19 @@ def train_method(name: str, args: argparse.Namespace, data, device, out: Path, s
     parallel = distributed.is_distributed()
     rows = distributed.local_slice(args.batch_size)  # all rows in one process
     elbo = rpm.RPMELBO(global_batch=parallel)
+    loss_name, offset = reported_loss(name, args.batch_size)
+    # each process adds its share of the offset: the trainer sums the logged losses
+    share = offset / (distributed.global_world_size() if parallel else 1)
 
     def loss_fn(step: int) -> torch.Tensor:
         views = [v[rows] for v in batch_views(images, transform, args.batch_size, seed, step)]
         if name == "torch_ntxent":
-            return distributed_ntxent_share(encoder(views[0]), encoder(views[1]), args.temperature)
+            loss = distributed_ntxent_share(encoder(views[0]), encoder(views[1]), args.temperature)
+            return loss + share
         with pyro.validation_enabled(False):  # our own tensors: no per-step device syncs
             inputs = views if len(views) == 2 else (views,)  # a pair, or a list of J views
-            return elbo.differentiable_loss(module.model, module.guide, *inputs) / args.batch_size
+            loss = elbo.differentiable_loss(module.model, module.guide, *inputs) / args.batch_size
+        return loss + share
 
     def eval_fn(step: int) -> dict:
         features = representations(encoder.backbone, images)
@@ -200,7 +234,10 @@ def train_method(name: str, args: argparse.Namespace, data, device, out: Path, s
         "kind": "plain torch" if name == "torch_ntxent" else "rpm",
         "views": list(VIEWS[name]),
         **score_encoder(encoder, data, device, args.draws, seed),
-        "losses": history["losses"],
+        "losses": [[step, value - offset] for step, value in history["losses"]],  # -ELBO/N
+        "reported_losses": history["losses"],
+        "loss_name": loss_name,
+        "loss_offset": offset,
         "evaluations": history["evaluations"],
         "train_seconds": history["evaluations"][-1]["wall_time"],
         "steps": args.steps,

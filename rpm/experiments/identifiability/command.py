@@ -1,4 +1,4 @@
-r"""``rpm identifiability``: does contrastive learning (the RPM ELBO with an implicit prior)
+r"""``python -m rpm identifiability``: does contrastive learning (the RPM ELBO with an implicit prior)
 recover the latents of synthetic data? (Zimmermann et al., 2021; Rusak et al., 2024;
 ``docs/theory.md``, *Evaluation*.)
 
@@ -89,7 +89,7 @@ __all__ = ["CONDITIONALS", "ENCODER_SPACES", "ENERGIES", "MARGINALS", "SPACES", 
            "run"]
 
 # The choices of the flags, written out so that the parser is built without importing torch
-# (``rpm --help`` stays fast); tests check them against the library's own tuples
+# (``python -m rpm --help`` stays fast); tests check them against the library's own tuples
 # (rpm.data.synthetic, rpm.models.mlp and .model).
 SPACES = ("sphere", "box", "unbounded")
 MARGINALS = ("uniform", "normal", "laplace")

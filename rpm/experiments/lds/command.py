@@ -1,4 +1,4 @@
-r"""``rpm lds``: an RPM learns the linear dynamical systems of RP-GSSM (``linear_small``,
+r"""``python -m rpm lds``: an RPM learns the linear dynamical systems of RP-GSSM (``linear_small``,
 ``linear_medium``, ``linear_large``; Hromadka et al., 2025) from generated sequences.
 
 The data (:func:`rpm.data.lds.generate_lds`): a stationary chain :math:`s_{t+1} = A s_t + w_t`

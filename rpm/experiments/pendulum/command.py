@@ -1,4 +1,4 @@
-r"""``rpm pendulum``: an RPM with a state-space prior learns a swinging pendulum from its video,
+r"""``python -m rpm pendulum``: an RPM with a state-space prior learns a swinging pendulum from its video,
 with or without moving textured backgrounds (RP-GSSM's pendulum tasks, Hromadka et al. 2025,
 generated here: :mod:`rpm.data.pendulum`).
 
@@ -75,7 +75,7 @@ __all__ = ["add_parser", "run"]
 #: The name of the model's folder in the run folder.
 MODEL = "rpm"
 #: The encoders of ``--encoder`` (:data:`rpm.experiments.pendulum.model.ENCODERS`; spelled out
-#: here so that ``rpm --help`` imports no torch).
+#: here so that ``python -m rpm --help`` imports no torch).
 ENCODERS = ("keypoints", "flat")
 #: Names of the coordinates of the state read out.
 STATE_NAMES = ("sin_theta", "cos_theta", "omega")

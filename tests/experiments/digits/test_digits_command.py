@@ -2,6 +2,7 @@
 checkpoints, resume; rpm's NT-Xent follows the plain-torch step)."""
 
 import json
+import math
 
 import pytest
 
@@ -60,6 +61,13 @@ def test_end_to_end_run_writes_results_figures_and_resumes(tmp_path, capsys):
     rpm_losses = [loss for _, loss in methods["ntxent"]["losses"]]
     torch_losses = [loss for _, loss in methods["torch_ntxent"]["losses"]]
     assert rpm_losses == pytest.approx(torch_losses, abs=1e-4)
+    # what the progress lines show: NT-Xent (lightly's value), -ELBO/N + log(2N - 1)
+    for name in ("ntxent", "torch_ntxent"):
+        result = methods[name]
+        assert result["loss_name"] == "NT-Xent" and result["loss_offset"] == math.log(63)
+        assert [step for step, _ in result["reported_losses"]] == [s for s, _ in result["losses"]]
+        for (_, reported), (_, loss) in zip(result["reported_losses"], result["losses"], strict=True):
+            assert reported == pytest.approx(loss + math.log(63), abs=1e-12)
     assert "ntxent_vs_torch_ntxent" in summary["checks"] and "floors" in summary["checks"]
     assert methods["gaussian"]["mean_scale"] > 0
     assert methods["gaussian"]["scale_floor_warning"] is False  # 6 steps: far above the floor
@@ -149,6 +157,9 @@ def test_torchrun_trains_on_the_global_batch(tmp_path):
               for name in ("ntxent", "torch_ntxent")}
     assert len(losses["ntxent"]) == len(losses["torch_ntxent"]) >= 1
     assert losses["ntxent"] == pytest.approx(losses["torch_ntxent"], abs=1e-4)
+    # each process adds its share of log(2N - 1): the summed loss is NT-Xent of the global batch
+    reported = [loss for _, loss in summary["methods"]["ntxent"]["reported_losses"]]
+    assert reported == pytest.approx([loss + math.log(63) for loss in losses["ntxent"]], abs=1e-9)
 
 
 def test_step_benchmark_times_every_method(capsys):

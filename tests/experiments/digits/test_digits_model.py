@@ -9,7 +9,8 @@ import torch
 import rpm
 from rpm.experiments.digits import command
 from rpm.experiments.digits.model import METHODS, DigitsEncoder, build_method, torch_ntxent_loss
-from rpm.priors import CosineEnergy, PooledImplicitPrior
+from rpm.experiments.digits.train import reported_loss
+from rpm.priors import CosineEnergy, ImplicitPrior, PooledImplicitPrior
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -25,6 +26,36 @@ def _ntxent_loop(z1, z2, tau):
         denominator = sum(math.exp(float(u[k] @ u[m]) / tau) for m in range(n2) if m != k)
         total += -(float(u[k] @ u[p]) / tau - math.log(denominator))
     return total / n2
+
+
+def _infonce_loop(z1, z2, tau):
+    """Cross-view InfoNCE with the cosine critic, anchors z1, candidates all of z2, float64."""
+    a = z1.double() / z1.double().norm(dim=1, keepdim=True)
+    b = z2.double() / z2.double().norm(dim=1, keepdim=True)
+    total = 0.0
+    for i in range(a.shape[0]):
+        denominator = sum(math.exp(float(a[i] @ b[j]) / tau) for j in range(b.shape[0]))
+        total += -(float(a[i] @ b[i]) / tau - math.log(denominator))
+    return total / a.shape[0]
+
+
+@pytest.mark.parametrize("name,prior,loop", [
+    ("ntxent", PooledImplicitPrior, _ntxent_loop),
+    ("infonce", ImplicitPrior, _infonce_loop),
+])
+def test_the_reported_loss_is_the_cross_entropy_a_contrastive_user_reads(name, prior, loop):
+    """-ELBO/N of the method's RPM plus the reported offset is NT-Xent (lightly's value) or
+    InfoNCE, from their definitions; the J-view methods report -ELBO/N itself."""
+    g = torch.Generator().manual_seed(1)
+    z1, z2 = torch.randn(2, 9, 4, generator=g, dtype=torch.float64)
+    tau = 0.4
+    model = rpm.RPM(rpm.DeltaRecognition(torch.nn.Identity()), prior(CosineEnergy(kappa=1 / tau)))
+    negative_elbo = float(rpm.RPMELBO().differentiable_loss(model.model, model.guide, z1, z2)) / 9
+    loss_name, offset = reported_loss(name, 9)
+    assert loss_name == {"ntxent": "NT-Xent", "infonce": "InfoNCE"}[name]
+    assert negative_elbo + offset == pytest.approx(loop(z1, z2, tau), abs=1e-10)
+    assert reported_loss("torch_ntxent", 9) == reported_loss("ntxent", 9)
+    assert reported_loss("star4", 9) == ("-ELBO/N", 0.0)
 
 
 def test_torch_ntxent_is_the_loop_minus_log_2n_minus_1_and_rpms_negative_elbo():
