@@ -23,21 +23,87 @@ store under the same name (Pyro's :class:`~pyro.nn.PyroModule` adopts a
 :class:`~pyro.nn.PyroParam` it finds in the store under its own name). A module assigned into
 a model takes the model's prefix instead, as in Pyro. ``copy.deepcopy`` of a model gives the
 copy a name of its own (``"a_1"`` for ``"a"``), since it holds tensors of its own.
+
+**Assignments.** Every assignment of an attribute of a :class:`NamedModule` (a prior, an
+energy, a recognition model, ``noise_scale``) or an item of a :class:`NamedModuleList` gives a
+new :func:`structure_version`: a model decides its checks and its dispatch under one version
+and decides them again under the next, so what was decided for the modules it held before is
+never reused for the modules it holds now.
+
+The private Pyro state these modules read (a module's store prefix) is read through
+:mod:`rpm._pyro_compat`.
 """
 
 from __future__ import annotations
 
+import contextvars
 import copy
+import functools
+import itertools
 import threading
 
+import pyro.nn
 import torch
-from pyro.nn import PyroModule
-from pyro.params.param_store import _MODULE_NAMESPACE_DIVIDER
+from pyro.nn import PyroModule, PyroModuleList
 
-__all__ = ["NamedModule", "check_name", "unique_name"]
+from rpm._pyro_compat import MODULE_NAMESPACE_DIVIDER as _MODULE_NAMESPACE_DIVIDER
+from rpm._pyro_compat import pyro_name, set_pyro_name
+
+__all__ = ["NamedModule", "NamedModuleList", "check_name", "pyro_method", "registration_scope",
+           "structure_version", "unique_name"]
 
 _TAKEN: set[str] = set()  # every name handed out or given in this process
 _LOCK = threading.Lock()
+_VERSIONS = itertools.count(1)
+_version = 0
+# The recognition modules whose networks were registered with Pyro in the current outermost
+# call of a model's method (None outside one): see pyro_method.
+_REGISTERED: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "rpm_registered_networks", default=None)
+
+
+def structure_version() -> int:
+    """A number that changes whenever an attribute of a :class:`NamedModule` or a
+    :class:`NamedModuleList` is assigned or deleted (a prior, an energy, a recognition model,
+    a network, ``noise_scale``, ...; attributes whose names begin with ``_`` only when the
+    value is a module). A model's checks and dispatch decided under one version hold while it
+    is current; any assignment, in any model, makes them be decided again."""
+    return _version
+
+
+def _structure_changed() -> None:
+    global _version
+    _version = next(_VERSIONS)
+
+
+def _changes_structure(name: str, value) -> bool:
+    return not name.startswith("_") or isinstance(value, torch.nn.Module)
+
+
+def pyro_method(fn):
+    """:func:`pyro.nn.pyro_method` (the method runs in the module's Pyro context), and the
+    outermost such call of the package's modules opens a registration scope: a recognition
+    network is registered with Pyro (``pyro.module``) once per outermost call, however many
+    views it encodes (:func:`registration_scope`)."""
+    inner = pyro.nn.pyro_method(fn)
+
+    @functools.wraps(fn)
+    def method(self, *args, **kwargs):
+        if _REGISTERED.get() is not None:
+            return inner(self, *args, **kwargs)
+        token = _REGISTERED.set([])
+        try:
+            return inner(self, *args, **kwargs)
+        finally:
+            _REGISTERED.reset(token)
+
+    return method
+
+
+def registration_scope() -> list | None:
+    """The list of the modules whose networks the current outermost :func:`pyro_method` call
+    registered with Pyro (to be appended to), or None outside such a call."""
+    return _REGISTERED.get()
 
 
 def check_name(name: str) -> str:
@@ -94,15 +160,17 @@ class NamedModule(PyroModule):
         super().__init__(name)
         self.__dict__["_name_base"] = base
 
-    def __call__(self, *args, **kwargs):
-        """:meth:`PyroModule.__call__ <pyro.nn.PyroModule.__call__>`; inside a call of its tree
-        (its Pyro context active) it only re-enters the context, so the module is called
-        directly then, without Pyro's settings lookups of the outermost call."""
-        context = self.__dict__["_pyro_context"]
-        if context.active:
-            with context:
-                return torch.nn.Module.__call__(self, *args, **kwargs)
-        return super().__call__(*args, **kwargs)
+    def __setattr__(self, name: str, value) -> None:
+        """:meth:`PyroModule.__setattr__ <pyro.nn.PyroModule.__setattr__>`, and a new
+        :func:`structure_version` (the checks and dispatch of every model are decided again)."""
+        super().__setattr__(name, value)
+        if _changes_structure(name, value):
+            _structure_changed()
+
+    def __delattr__(self, name: str) -> None:
+        """:meth:`PyroModule.__delattr__`, and a new :func:`structure_version`."""
+        super().__delattr__(name)
+        _structure_changed()
 
     def __deepcopy__(self, memo: dict) -> NamedModule:
         """A copy with its own tensors and, when this module is the root of its tree, its own
@@ -113,11 +181,25 @@ class NamedModule(PyroModule):
         new = type(self).__new__(type(self))
         memo[id(self)] = new
         new.__setstate__(copy.deepcopy(self.__getstate__(), memo))  # as pickling does
-        old = self._pyro_name
+        old = pyro_name(self)
         if "." not in old:
             name = unique_name(self.__dict__.get("_name_base", old))
             for module in new.modules():
-                if isinstance(module, PyroModule) and (module._pyro_name == old or
-                                                       module._pyro_name.startswith(old + ".")):
-                    module._pyro_name = name + module._pyro_name[len(old):]
+                if isinstance(module, PyroModule) and (pyro_name(module) == old or
+                                                       pyro_name(module).startswith(old + ".")):
+                    set_pyro_name(module, name + pyro_name(module)[len(old):])
         return new
+
+
+class NamedModuleList(PyroModuleList):
+    """A :class:`~pyro.nn.PyroModuleList` whose item assignments (``models[0] = module``) give
+    a new :func:`structure_version`, as a :class:`NamedModule`'s attribute assignments do."""
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        if _changes_structure(name, value) or name.isdigit():
+            _structure_changed()
+
+    def __delattr__(self, name: str) -> None:
+        super().__delattr__(name)
+        _structure_changed()

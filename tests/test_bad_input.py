@@ -378,12 +378,13 @@ def test_wrong_kinds_of_objects(build, error, message):
         build()
 
 
-def test_elbo_of_something_that_is_not_an_rpm():
+def test_global_batch_elbo_of_something_that_is_not_an_rpm():
+    """Another program is evaluated by Trace_ELBO, which cannot gather a global batch."""
     def model(x, x2):
         pass
 
-    with pytest.raises(TypeError, match="For any other model use pyro.infer.Trace_ELBO"):
-        rpm.RPMELBO().loss(model, model, torch.randn(N, IN), torch.randn(N, IN))
+    with pytest.raises(NotImplementedError, match="global_batch=True.*model.model, model.guide"):
+        rpm.RPMELBO(global_batch=True).loss(model, model, torch.randn(N, IN), torch.randn(N, IN))
 
 
 def test_gaussian_network_that_returns_only_a_location():

@@ -31,106 +31,63 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
-import numbers
 
 import torch
-from pyro.infer import ELBO
+from pyro.infer import ELBO, Trace_ELBO
 from pyro.infer.util import is_validation_enabled
-from pyro.nn import pyro_method
-from pyro.poutine.block_messenger import BlockMessenger
-from pyro.poutine.messenger import Messenger
-from pyro.poutine.runtime import _PYRO_STACK
-from pyro.poutine.scale_messenger import ScaleMessenger
-from pyro.poutine.seed_messenger import SeedMessenger
-from pyro.poutine.trace_messenger import TraceMessenger
+from pyro.poutine.runtime import Message, am_i_wrapped, apply_stack
 
 from rpm._validation import check_bool, check_positive_int, check_positive_int_or_none
 from rpm.inference import fast_step
 from rpm.inference.objective import elbo as objective_elbo
 from rpm.models.base import RPMBase
 from rpm.models.checked_batches import full_checks
+from rpm.nn import pyro_method
 
 __all__ = ["RPMELBO", "rpm_log_ratio"]
 
-# Handlers around the model or on the stack that do not change the value of the loss: a trace
-# records the param sites (SVI's), a block hides sites from outer handlers, a seed fixes the RNG.
-_NEUTRAL_HANDLERS = (BlockMessenger, SeedMessenger, TraceMessenger)
-
-
-def _unwrap(fn) -> tuple[object, list[Messenger]]:
-    """Splits ``poutine.handler(fn)`` wrappers into the innermost callable and its handlers."""
-    handlers = []
-    while isinstance(fn, functools.partial):
-        if len(fn.args) >= 2 and isinstance(fn.args[0], Messenger):  # partial(_context_wrap, h, f)
-            handlers.append(fn.args[0])
-            fn = fn.args[1]
-        elif not fn.args and not fn.keywords:  # Pyro's _bound_partial around the above
-            fn = fn.func
-        else:
-            break
-    return fn, handlers
-
-
-def _scale_of(handlers, where: str) -> float:
-    """The product of the scales of ``poutine.scale`` handlers; raises for handlers that change
-    the ELBO in a way RPMELBO does not compute."""
-    scale = 1.0
-    for handler in handlers:
-        if isinstance(handler, ScaleMessenger):
-            factor = handler.scale
-            if isinstance(factor, torch.Tensor) and factor.numel() == 1:
-                factor = factor.item()
-            if isinstance(factor, bool) or not isinstance(factor, numbers.Real):
-                raise NotImplementedError(
-                    f"RPMELBO honours poutine.scale with one number; the scale {where} is a "
-                    f"{type(factor).__name__} of shape {tuple(getattr(factor, 'shape', ()))} (a "
-                    "per-pair scale does not apply to the mixture marginal, which couples the "
-                    "pairs). Use pyro.infer.Trace_ELBO"
-                )
-            scale *= float(factor)
-        elif not isinstance(handler, _NEUTRAL_HANDLERS):
-            raise NotImplementedError(
-                f"RPMELBO evaluates the RPM directly (each encoder once, cancellations by hand) "
-                f"and cannot honour the handler {type(handler).__name__} {where}; it honours "
-                "poutine.scale (one number) and ignores poutine.trace, block and seed. Use "
-                "pyro.infer.Trace_ELBO on the wrapped model, which runs every handler"
-            )
-    return scale
-
-
-def _owning_model(model, guide) -> tuple[RPMBase, float]:
-    """The model object behind ``(model, guide)`` and the scale their handlers apply."""
+def _owning_model(model, guide) -> RPMBase | None:
+    """The model whose bound ``model`` and ``guide`` methods ``(model, guide)`` are, or None
+    (a plain Pyro program, or one wrapped in handlers such as ``poutine.scale(m.model, 2)``)."""
     owner = getattr(model, "__self__", None)
-    if (isinstance(owner, RPMBase) and getattr(guide, "__self__", None) is owner
-            and not _PYRO_STACK):
-        return owner, 1.0  # bound methods of one model, no handler: what the loop below finds
-    model_fn, model_handlers = _unwrap(model)
-    guide_fn, guide_handlers = _unwrap(guide)
-    owner = getattr(model_fn, "__self__", None)
-    if not isinstance(owner, RPMBase) or getattr(guide_fn, "__self__", None) is not owner:
-        raise TypeError(
-            "RPMELBO evaluates an rpm.RPM (or another rpm.models.base.RPMBase) directly: pass "
-            f"rpm.model and rpm.guide of the same model (got model={model!r}, guide={guide!r}). "
-            "For any other model use pyro.infer.Trace_ELBO"
-        )
-    model_scale = _scale_of(model_handlers, "around the model")
-    guide_scale = _scale_of(guide_handlers, "around the guide")
-    if model_scale != guide_scale:
-        raise NotImplementedError(
-            f"RPMELBO honours poutine.scale applied alike to the model and the guide; got "
-            f"{model_scale} around the model and {guide_scale} around the guide (the "
-            "recognition log-densities then no longer cancel). Scale both, or use "
-            "pyro.infer.Trace_ELBO"
-        )
-    stack_scale = _scale_of(list(_PYRO_STACK), "active around the call")
-    return owner, model_scale * stack_scale
+    if isinstance(owner, RPMBase) and getattr(guide, "__self__", None) is owner:
+        return owner
+    return None
+
+
+def _handlers_scale() -> float | None:
+    """The scale that the Pyro handlers active around the call apply to every log-density
+    (the product of ``poutine.scale`` factors, 1.0 without handlers), or None when they do
+    more than scale by one number (``poutine.mask``, a ``pyro.plate``, a tensor of scales).
+
+    Asked as Pyro's own :func:`pyro.poutine.runtime.get_mask` asks: one message sent through
+    the active handlers with :func:`~pyro.poutine.runtime.apply_stack`. Its type is no site
+    type, so traces do not record it and handlers of named sites (``condition``, ``replay``,
+    ``do``) do not act on it."""
+    if not am_i_wrapped():
+        return 1.0
+    msg = Message(type="rpm_scale", name="_rpm_scale", fn=_nothing, is_observed=False, args=(),
+                  kwargs={}, value=None, infer={}, scale=1.0, mask=None, cond_indep_stack=(),
+                  done=False, stop=False, continuation=None)
+    apply_stack(msg)
+    scale = msg["scale"]
+    if isinstance(scale, torch.Tensor):
+        if scale.numel() != 1:
+            return None
+        scale = scale.item()
+    if msg["mask"] is not None or msg["cond_indep_stack"]:
+        return None
+    return float(scale)
+
+
+def _nothing() -> None:
+    return None
 
 
 def _check_arguments(model, owner, args: tuple, kwargs: dict) -> None:
     """Raises a TypeError naming the model's signature when ``args`` do not fit it (e.g. two
     views given to a model that takes one tensor of stacked views)."""
-    fn, _ = _unwrap(model)
+    fn = model
     func = getattr(fn, "__func__", None)  # a bound method: its function, self bound to None
     try:
         if func is not None:
@@ -233,22 +190,21 @@ class RPMELBO(ELBO):
     in the model's Pyro context (:func:`pyro.nn.pyro_method`: its parameters, and those of its
     prior and energy, are read through Pyro's param store under the model's name).
 
-    Handlers active around the call are read from Pyro's handler stack
-    (``pyro.poutine.runtime._PYRO_STACK``): Pyro has no public way to list the active
-    handlers or to ask for their combined scale without sending a message through them (which
-    an outer trace would record as a site), and ``Trace_ELBO`` itself applies them through that
-    stack.
+    Checks: under ``pyro.enable_validation`` every batch is checked (the views, the encoders'
+    latents, the prior's requirements; :mod:`rpm.models.checked_batches`); on the fast path
+    the value checks are one fused reduction, and a batch it refuses is evaluated again with
+    every check, so the error names the input rows or the encoder that are not finite.
 
-    Checks: under ``pyro.enable_validation`` the model checks the first batch of each shape,
-    dtype and device (:mod:`rpm.models.checked_batches`); every step's ELBO is checked to be
-    finite, and a step that is not (or that a check refuses) is evaluated again with every
-    check, so the error names the input rows or the encoder that are not finite.
-
-    Handlers: ``poutine.scale`` with one number, around the model and the guide alike or
-    active around the call, multiplies the loss, as it does under ``Trace_ELBO``;
-    ``poutine.trace``, ``block`` and ``seed`` do not change it. Any other handler (``condition``,
-    ``mask``, ``replay``, ``do``, ...) changes what the model computes in a way the direct
-    evaluation does not follow, and raises ``NotImplementedError``: use ``Trace_ELBO`` there.
+    Handlers: with ``(m.model, m.guide)`` of one model, ``poutine.scale`` by one number
+    active around the call multiplies the loss, as it does under ``Trace_ELBO``, and
+    ``poutine.trace``, ``block`` and ``seed`` do not change it (the active handlers are asked
+    with one message, as :func:`pyro.poutine.runtime.get_mask` asks them). Any other program
+    (a plain Pyro model and guide, or ``m.model`` wrapped in handlers such as
+    ``poutine.scale(m.model, 2.0)`` or ``poutine.condition``), and any call under handlers
+    that do more than scale by one number (``poutine.mask``, a ``pyro.plate``, a tensor
+    scale), is evaluated by Pyro's ``Trace_ELBO``, which honours every handler: the same ELBO,
+    with each encoder evaluated twice. Handlers of named sites (``condition``, ``replay``,
+    ``do``) act on a program they wrap, not on a call they are active around.
 
     :param int num_particles: number of samples per step (averaged).
     :param bool global_batch: under ``torch.distributed``, use every rank's batch: the
@@ -280,7 +236,10 @@ class RPMELBO(ELBO):
     def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
         """The negative ELBO as a differentiable scalar tensor; ``args`` are the model's data
         (``(x, x2)`` for an :class:`~rpm.RPM`)."""
-        owner, scale = _owning_model(model, guide)
+        owner = _owning_model(model, guide)
+        scale = _handlers_scale() if owner is not None else None
+        if scale is None:  # another program, or handlers that do more than scale
+            return self._trace_elbo(model, guide, args, kwargs)
         tracing = _tracing()
         validating = is_validation_enabled() and not tracing
         step = fast_step.plan(owner, self, args, kwargs, tracing) if self.fast_path else None
@@ -293,18 +252,23 @@ class RPMELBO(ELBO):
             else:
                 loss = -_evaluate(owner, self, args, kwargs)
         except ValueError:
-            if not validating:
-                raise
-            loss = None  # a check downstream of a skipped one refused the batch
-        # On the fast path under validation the implicit prior's range check has read the sum
-        # of the terms, which is minus the loss: it returned only if that is finite
-        if validating and (loss is None or (step is None
-                                            and not math.isfinite(loss.detach().item()))):
-            # The model checks the first batch of each shape only (rpm.models.checked_batches):
-            # evaluate again with every check, so that the error names what is not finite
+            if not validating or step is None:
+                raise  # the generic path ran every check under validation
+            # the fast path's fused check refused the batch: evaluate it again with every
+            # check, so that the error names the input rows or the encoder
             with full_checks():
                 loss = -_evaluate(owner, self, args, kwargs)
         return loss if scale == 1.0 else scale * loss
+
+    def _trace_elbo(self, model, guide, args: tuple, kwargs: dict) -> torch.Tensor:
+        """Pyro's ``Trace_ELBO`` of ``(model, guide)`` with this ELBO's particles."""
+        if self.global_batch:
+            raise NotImplementedError(
+                "RPMELBO(global_batch=True) evaluates the bound model and guide of an rpm.RPM "
+                "without Pyro handlers around them (other than poutine.scale by one number); "
+                f"got model={model!r}, guide={guide!r}: call it with model.model, model.guide")
+        elbo = Trace_ELBO(num_particles=self.num_particles, vectorize_particles=False)
+        return elbo.differentiable_loss(model, guide, *args, **kwargs)
 
     def _get_trace(self, model, guide, args, kwargs):
         """Pyro's ELBO hook; RPMELBO evaluates the RPM directly, so there is no trace to get."""

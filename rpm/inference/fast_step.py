@@ -39,16 +39,19 @@ is the library's own, so that skipping it changes nothing:
   Delta encoders are evaluated inline; the others are called as the generic path calls them);
 * the modules whose call is skipped (the energy, the recognition models) have no forward or
   backward hooks, global ones included, are not compiled, and share the model's Pyro context;
-* the batch's signature passed the model's checks before (:mod:`rpm.models.checked_batches`):
-  the first batch of each shape, dtype, device and validation state, and every step that
-  :class:`~rpm.RPMELBO` evaluates again with all checks, take the generic path, so every check
-  fires where it fired before; the implicit priors' range check
-  (:func:`~rpm.priors.energy_range.check_implicit_log_ratio`) runs on every step, as in the
-  generic path;
+* the batch's signature passed the model's structural checks before, under the current
+  :func:`~rpm.nn.structure_version` (:mod:`rpm.models.checked_batches`): the first batch of
+  each shape, dtype and device after an assignment takes the generic path. Under
+  ``pyro.enable_validation`` every step checks its values too: the latents' shapes, and the
+  finiteness of the views and latents in the one reduction of the implicit priors' range
+  check (:func:`~rpm.priors.energy_range.check_implicit_log_ratio`); a step it refuses is
+  evaluated again by :class:`~rpm.RPMELBO` with every check, which names what is wrong;
 * no call arguments beyond the views (no ``mask``), not while tracing or compiling.
 
-Anything else is the generic path, unchanged. The class checks are decided once per set of
-modules (cached on the model, decided again when one is replaced); the rest at every step.
+Anything else is the generic path, unchanged. The class checks are decided once per
+:func:`~rpm.nn.structure_version` (cached on the model, decided again after any assignment);
+the hooks, the batch's signature and the sizes at every step. The private torch and Pyro
+state these checks read is read through :mod:`rpm._pyro_compat`.
 The evaluation runs in the model's Pyro context, as the generic path does, unless nothing in
 it reads Pyro state (:func:`needs_context`). Pyro's messages are the same on both paths (the
 recognition networks' registration, the energy's parameters), so ``SVI``'s parameter capture
@@ -60,16 +63,21 @@ from __future__ import annotations
 
 import math
 import weakref
+from contextlib import nullcontext
 from typing import NamedTuple
 
 import pyro
 import torch
-import torch.nn.modules.module as torch_module
 from pyro.infer.util import is_validation_enabled
 from pyro.nn import PyroModule
-from pyro.nn.module import _is_module_local_param_enabled
-from pyro.poutine.runtime import _PYRO_STACK
+from pyro.poutine.runtime import am_i_wrapped
 
+from rpm._pyro_compat import (
+    calls_forward_only,
+    has_pyro_samples,
+    pyro_name,
+    shares_pyro_context,
+)
 from rpm.inference.objective import _rsample
 from rpm.models.checked_batches import passed, signature, skipped_checks
 from rpm.models.recognition import (
@@ -81,7 +89,7 @@ from rpm.models.recognition import (
 )
 from rpm.models.rpm import RPM
 from rpm.models.views import call_encoder, encode_views
-from rpm.nn import NamedModule
+from rpm.nn import structure_version
 from rpm.ops.dispatch import use_streaming
 from rpm.priors.energies import (
     AnisotropicEnergy,
@@ -111,10 +119,6 @@ _ENERGIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _PAIR_NAMES = ("x", "x2")
 #: The attribute of a model holding :func:`plan`'s decision for its modules.
 _CACHE = "_rpm_fast_step"
-# torch's global module hooks (dictionaries changed in place by the register functions): any of
-# them makes every module call run code the fast path would skip.
-_GLOBAL_HOOKS = (torch_module._global_forward_hooks, torch_module._global_forward_pre_hooks,
-                 torch_module._global_backward_hooks, torch_module._global_backward_pre_hooks)
 
 
 class Plan(NamedTuple):
@@ -167,35 +171,28 @@ def _builtin_energy(cls: type) -> bool:
     cached = _ENERGIES.get(cls)
     if cached is None:
         cached = (_owner(cls, "forward") in _BUILTIN_ENERGIES
-                  and _owner(cls, "__call__") is NamedModule
+                  and _owner(cls, "__call__") is PyroModule
                   and _owner(cls, "_call_impl") is torch.nn.Module
                   and _owner(cls, "_wrapped_call_impl") is torch.nn.Module)
         _ENERGIES[cls] = cached
     return cached
 
 
-def _called_plainly(module, context) -> bool:
-    """True when calling ``module`` would run its ``forward`` and nothing else: no hooks of its
-    own, not compiled, in the model's Pyro context."""
-    return (isinstance(module, PyroModule) and module._pyro_context is context
-            and not (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                     or module._backward_pre_hooks)
-            and module.__dict__.get("_compiled_call_impl") is None)
-
-
 class _Decision(NamedTuple):
-    """What :func:`plan` decides once for a model's modules (decided again when the prior, its
-    energy or a recognition model is replaced): whether their classes allow the fast path."""
+    """What :func:`plan` decides once for a model's modules, under one
+    :func:`~rpm.nn.structure_version` (decided again after any assignment of a module or an
+    attribute): whether their classes allow the fast path."""
 
-    #: The modules it was decided for (compared by identity at every step).
+    #: The structure version it was decided under.
+    version: int
+    #: The prior, its pair prior (itself for a pair prior) and the energy.
     prior: object
-    recognition: object
-    recognition2: object
     pair: object
     energy: object
     #: The recognition models in the order ``groups`` indexes them.
     modules: tuple
-    #: Whether every class is the library's own (module docstring).
+    #: Whether every class is the library's own (module docstring) and every module whose
+    #: call is skipped runs in the model's Pyro context.
     eligible: bool
     #: A prior over J views (MarkovImplicitPrior) rather than a pair prior.
     joint: bool
@@ -206,19 +203,18 @@ class _Decision(NamedTuple):
 
 
 def _children(model) -> tuple:
-    """The model's prior, its pair prior (itself for a pair prior), its energy and its
-    recognition models, read from the modules' dictionaries."""
-    children = model._modules
-    prior = children.get("prior")
+    """The model's prior, its pair prior (itself for a pair prior) and its energy, read from
+    the modules' dictionaries."""
+    prior = model._modules.get("prior")
     inner = getattr(prior, "_modules", {})
     pair = inner.get("pair") if isinstance(prior, MarkovImplicitPrior) else prior
     energy = getattr(pair, "_modules", {}).get("energy")
-    return prior, pair, energy, children.get("recognition"), children.get("recognition2")
+    return prior, pair, energy
 
 
-def _decide(model, children: tuple) -> _Decision:
-    """The class checks of :func:`plan` for the modules ``children`` (:func:`_children`)."""
-    prior, pair, energy, recognition, recognition2 = children
+def _decide(model, version: int) -> _Decision:
+    """The class checks of :func:`plan` for the model's current modules."""
+    prior, pair, energy = _children(model)
     modules = tuple(model.modules_list)
     eligible = (unmodified(type(model), RPM) and isinstance(pair, ImplicitPrior)
                 and unmodified(type(pair), ImplicitPrior)
@@ -230,20 +226,20 @@ def _decide(model, children: tuple) -> _Decision:
             delta_classes = False
         elif not unmodified(type(module), DeltaRecognition):
             eligible = False
-    return _Decision(prior, recognition, recognition2, pair, energy, modules, eligible,
-                     pair is not prior, delta_classes, (energy, *modules))
+    plain = (energy, *modules)
+    eligible = eligible and all(isinstance(module, PyroModule)
+                                and shares_pyro_context(module, model) for module in plain)
+    return _Decision(version, prior, pair, energy, modules, eligible, pair is not prior,
+                     delta_classes, plain)
 
 
 def _decision(model) -> _Decision:
-    """The model's :class:`_Decision`, cached on the model while its modules are the same."""
-    children = _children(model)
-    prior, pair, energy, recognition, recognition2 = children
+    """The model's :class:`_Decision`, cached on the model while the structure version is the
+    same."""
+    version = structure_version()
     decision = model.__dict__.get(_CACHE)
-    if (decision is None or decision.prior is not prior or decision.pair is not pair
-            or decision.energy is not energy or decision.recognition is not recognition
-            or decision.recognition2 is not recognition2
-            or (model.per_view and tuple(recognition) != decision.modules)):
-        decision = _decide(model, children)
+    if decision is None or decision.version != version:
+        decision = _decide(model, version)
         model.__dict__[_CACHE] = decision
     return decision
 
@@ -262,16 +258,15 @@ def plan(model, elbo, args: tuple, kwargs: dict, tracing: bool | None = None) ->
     :param tracing: whether torch is tracing or compiling (None: asked here).
     """
     if (kwargs or elbo.num_particles != 1 or elbo.block_size is not None or elbo.global_batch
-            or model.queue is not None or any(_GLOBAL_HOOKS)):
+            or model.queue is not None):
         return None
     if tracing is None:
         tracing = torch.jit.is_tracing() or torch.compiler.is_compiling()
     decision = _decision(model)
     if tracing or not decision.eligible or decision.joint == (len(args) == 2):
         return None  # a pair prior takes (x, x2), a prior over J views a list or a stack
-    context = model._pyro_context
-    for module in decision.plain:
-        if not _called_plainly(module, context):
+    for module in decision.plain:  # hooks are registered without an assignment: every step
+        if not calls_forward_only(module):
             return None
     modules = decision.modules
     try:
@@ -283,9 +278,7 @@ def plan(model, elbo, args: tuple, kwargs: dict, tracing: bool | None = None) ->
         num, frames = views[0].shape[0], len(views) - 1
     except (AttributeError, IndexError, TypeError, ValueError):
         return None
-    key = signature(views, is_validation_enabled(), id(decision.prior), *map(id, modules),
-                    model.encoder_calls)
-    if not passed(model, key):
+    if not passed(model, signature(views, decision.version)):
         return None  # the first batch of a signature runs every check, on the generic path
     if frames > 1 and (num * frames) ** 2 > _STACKED_LIMIT:
         return None  # MarkovImplicitPrior's steps one by one
@@ -310,16 +303,15 @@ def needs_context(step: Plan) -> bool:
     without parameters or submodules, deterministic Delta encoders whose plain ``torch.nn``
     networks the store holds (the check of :func:`rpm.models.recognition._network`, which then
     returns the network and registers nothing, inside the context or not)."""
-    if _PYRO_STACK or not step.deltas or _is_module_local_param_enabled():
+    if am_i_wrapped() or not step.deltas or pyro.settings.get("module_local_params"):
         return True
-    energy = step.energy.__dict__
-    if (energy["_parameters"] or energy["_modules"] or energy.get("_pyro_params")
-            or energy.get("_pyro_samples")):
+    energy = step.energy.__dict__  # a PyroParam is held as the parameter "<name>_unconstrained"
+    if energy["_parameters"] or energy["_modules"] or has_pyro_samples(step.energy):
         return True
     store = pyro.get_param_store()
     for module in step.modules:
         cached = module.__dict__.get("_registration")
-        if (cached is None or cached[0] != module._pyro_name
+        if (cached is None or cached[0] != pyro_name(module)
                 or isinstance(module._modules["net"], PyroModule)
                 or (cached[1] is not None and cached[1] not in store)):
             return True
@@ -335,10 +327,11 @@ def _delta_latents(step: Plan, encoder_calls: str, batch_size: int) -> list[torc
         module = modules[0]
         net = _network(module)
         latents = [call_encoder(net, view, name) for view, name in zip(views, names, strict=True)]
-        if module.validate:  # None: the model's checks, passed for this signature; False: none
+        if _checks_latents(module):  # finiteness: in the range check's reduction
             for loc, view in zip(latents, views, strict=True):
                 _check_batch("latents", loc, view.shape[0])
-                _check_finite("latents", loc)
+                if module.validate:
+                    _check_finite("latents", loc)
         return latents
     if encoder_calls == "per_view" or len(views) == 1:
         return [_delta(modules[g], view, name) for name, view, g in zip(names, views, groups,
@@ -360,9 +353,10 @@ def _delta(module: DeltaRecognition, value: torch.Tensor, name: str) -> torch.Te
     """``module(value).v``: the latents of a deterministic :class:`~rpm.DeltaRecognition` as its
     ``forward`` computes them on a batch whose signature passed the checks."""
     loc = call_encoder(_network(module), value, name)
-    if module.validate:  # None: the model's checks, passed for this signature; False: none
+    if _checks_latents(module):  # finiteness: in the range check's reduction
         _check_batch("latents", loc, value.shape[0])
-        _check_finite("latents", loc)
+        if module.validate:
+            _check_finite("latents", loc)
     return loc
 
 
@@ -374,16 +368,18 @@ def _views_latents(model, step: Plan, batch_size: int) -> torch.Tensor:
         if step.stacked is not None and encoder_calls == "concat" and len(step.modules) == 1:
             flat = step.stacked.reshape(batch_size * len(step.views), *step.stacked.shape[2:])
             loc = call_encoder(_network(step.modules[0]), flat, "x")               # (N J, D)
-            if step.modules[0].validate:
+            if _checks_latents(step.modules[0]):
                 _check_batch("latents", loc, flat.shape[0])
-                _check_finite("latents", loc)
+                if step.modules[0].validate:
+                    _check_finite("latents", loc)
             return loc.reshape(batch_size, len(step.views), -1).transpose(0, 1).reshape(
                 batch_size * len(step.views), -1)
         return torch.cat(_delta_latents(step, encoder_calls, batch_size))
     # stochastic recognition: the generic path's distributions and one draw of "z" (N, J, D)
-    with skipped_checks():
+    validating = is_validation_enabled()
+    with nullcontext() if validating else skipped_checks():  # validation: every batch
         _, q = model._encode_views(step.names, step.views, step.stacked, step.modules,
-                                   step.groups, batch_size, True, check=False)
+                                   step.groups, batch_size, True, check=validating)
     z = q.to_event(1).rsample()
     return z.transpose(0, 1).reshape(z.shape[0] * z.shape[1], z.shape[2])
 
@@ -402,13 +398,15 @@ def evaluate(model, step: Plan) -> torch.Tensor:
         if step.deltas:
             z, z2 = _delta_latents(step, model.encoder_calls, batch_size)
         else:
-            with skipped_checks():  # the recognition models' own checks, as on a passed batch
+            validating = is_validation_enabled()
+            with nullcontext() if validating else skipped_checks():  # validation: every batch
                 q, q2 = encode_views(step.names, step.views, step.modules, step.groups,
-                                     model.encoder_calls, batch_size, check=False)
+                                     model.encoder_calls, batch_size, check=validating)
             z, z2 = _rsample(q), _rsample(q2)
         # ImplicitPrior.log_ratio, dense, the batch's own candidates
         negative = _negative_terms(energy.forward(z, z2))                              # (N,)
-        check_implicit_log_ratio(type(step.prior).__name__, energy, [z, z2], negative)
+        check_implicit_log_ratio(type(step.prior).__name__, energy, [z, z2], negative,
+                                 _inputs(step))
         return negative.sum()
     frames = _views_latents(model, step, batch_size)                       # (J N, D)
     steps = len(step.views) - 1
@@ -416,14 +414,26 @@ def evaluate(model, step: Plan) -> torch.Tensor:
     if steps == 1:  # MarkovImplicitPrior.log_ratio through the pair prior's dense path
         negative = _negative_terms(energy.forward(anchors, partners))
         check_implicit_log_ratio(type(step.prior.pair).__name__, energy, [anchors, partners],
-                                 negative)
+                                 negative, _inputs(step))
         return negative.sum()
     # MarkovImplicitPrior._stacked_log_ratio: step t's (N, N) block of one energy matrix
     full = energy.forward(anchors, partners).reshape(steps, batch_size, steps, batch_size)
     blocks = full.diagonal(dim1=0, dim2=2).permute(2, 0, 1)                    # (T - 1, N, N)
     negative = _negative_terms(blocks).sum(0)                                  # (N,)
-    check_implicit_log_ratio(type(step.prior).__name__, energy, [frames], negative)
+    check_implicit_log_ratio(type(step.prior).__name__, energy, [frames], negative,
+                             _inputs(step))
     return negative.sum()
+
+
+def _inputs(step: Plan) -> list[torch.Tensor]:
+    """The views whose finiteness the implicit prior's range check reads in its reduction."""
+    return [step.stacked] if step.stacked is not None else list(step.views)
+
+
+def _checks_latents(module) -> bool:
+    """Whether the latents of a recognition model are checked on this step: asked to
+    (``validate=True``), or following Pyro's validation (``None``, every batch)."""
+    return module.validate or (module.validate is None and is_validation_enabled())
 
 
 def _negative_terms(logits: torch.Tensor) -> torch.Tensor:

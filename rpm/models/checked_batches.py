@@ -1,27 +1,24 @@
-r"""Which batches the per-batch checks of a model run on: the first batch of each kind, and every
-batch whose loss is not finite (private).
+r"""Which batches the per-batch checks of a model run on (private).
 
-Under ``pyro.enable_validation`` (on by default) a model checks each batch before its step:
-the views are tensors with one batch size N >= 2 and finite entries, the recognition models
-return N finite latents of the prior's dimension, a deterministic encoder meets a prior that
-accepts it. Each check costs a reduction, a synchronisation or a few Python calls; together
-they were about 7 % of a training step of a small model (``benchmarks/README.md``, step
-overhead), which the issue's rule (validation costing more than a few percent runs once, not
-every step) does not allow.
+The checks of a batch: the views are tensors with one batch size N >= 2 and, under
+``pyro.enable_validation``, finite entries; the recognition models return N latents (finite,
+under validation) of the prior's dimension; a deterministic encoder meets a prior that accepts
+it (Appendix B of Aitchison & Ganev).
 
-So a model remembers the **signature** of every batch whose checks passed: the shapes, dtypes
-and devices of its views and the identity of its modules (:func:`signature`). A later batch
-with a remembered signature skips the checks that depend only on the signature (every
-structural one) and the value checks (finite inputs and latents); a batch of a new shape,
-dtype or device, or after a module was replaced, is checked in full. Values can still go bad
-later (a NaN in a later batch, an encoder that starts to overflow): :class:`~rpm.RPMELBO`
-checks the ELBO of every step (one synchronisation) and, when it is not finite or a check
-downstream refused the batch, evaluates the step again under :func:`full_checks`, where every
-check runs, so the error names the input rows or the encoder, as on the first batch. (Pyro's
-own ELBOs run the model and guide, whose checks follow the same rule, but do not evaluate a
-step again: there a later NaN shows as a non-finite loss.) The implicit priors' range check
-(:func:`~rpm.priors.energy_range.check_implicit_log_ratio`) runs on every batch; it guards the
-gradients too, which a finite loss does not.
+* Under ``pyro.enable_validation`` (Pyro's default) **every batch** runs every check.
+  :class:`~rpm.RPMELBO`'s specialised step (:mod:`rpm.inference.fast_step`) makes the value
+  checks one fused reduction and, when it refuses a batch, evaluates it again under
+  :func:`full_checks`, so that the error names the input rows or the encoder.
+* Without validation the structural checks run on the first batch of each **signature** and
+  no value check runs. A signature (:func:`signature`) is the shapes, dtypes and devices of the
+  views and the :func:`~rpm.nn.structure_version`, which changes with every assignment of a
+  module or attribute of the package's modules (a prior, an energy, a recognition model,
+  ``noise_scale``): the checks are decided by what was assigned, never by object identities,
+  so no sequence of assignments skips the checks of the modules assigned last.
+
+The implicit priors' range check (:func:`~rpm.priors.energy_range.check_implicit_log_ratio`)
+runs on every batch under validation; it guards the gradients too, which a finite loss does
+not.
 """
 
 from __future__ import annotations
@@ -43,8 +40,8 @@ _ATTRIBUTE = "_rpm_checked_batches"
 
 def signature(tensors, *extra: Hashable) -> tuple | None:
     """The signature of a batch: ``(shape, dtype, device)`` of each tensor, then ``extra`` (the
-    identities of the modules the checks concern); None when an entry is not a tensor (such a
-    batch is always checked: the checks name what is wrong)."""
+    :func:`~rpm.nn.structure_version`); None when an entry is not a tensor (such a batch is
+    always checked: the checks name what is wrong)."""
     parts = []
     for tensor in tensors:
         if not isinstance(tensor, torch.Tensor):

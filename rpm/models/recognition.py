@@ -32,11 +32,12 @@ import pyro
 import torch
 from pyro.distributions import Delta, Normal, TorchDistribution
 from pyro.infer.util import is_validation_enabled
-from pyro.params.param_store import _MODULE_NAMESPACE_DIVIDER, param_with_module_name
+from pyro.params.param_store import param_with_module_name
 from pyro.poutine.runtime import am_i_wrapped
 
+from rpm._pyro_compat import pyro_name
 from rpm.models.checked_batches import checks_skipped
-from rpm.nn import NamedModule
+from rpm.nn import NamedModule, registration_scope
 from rpm.ops.finite import all_finite
 
 __all__ = ["DeltaRecognition", "GaussianRecognition", "ScaleFloorWarning"]
@@ -50,39 +51,43 @@ def _network(module: NamedModule) -> torch.nn.Module:
     capture, ``poutine.trace``) and puts the tensors in the param store under the model's
     names, where a name already present keeps its tensor. So it is skipped
 
-    * on a second evaluation within one call of the outermost module of its tree (an RPM's
+    * on a second evaluation within one outermost call of a model's method (an RPM's
       ``model``, ``guide`` or ``elbo`` evaluates the recognition model once per view): the
-      param sites of that call are recorded already. The mark lives in the tree's Pyro context
-      cache, which Pyro clears when the outermost call returns (as for
-      :class:`~pyro.nn.PyroSample` values);
+      param sites of that call are recorded already (:func:`rpm.nn.registration_scope`);
     * when no Pyro handler is active (a ``torch.optim`` loop over :class:`~rpm.RPMELBO`'s loss)
       and the store holds the network under this name already: it would change nothing.
 
     A frozen parameter (``requires_grad=False``, e.g. a pretrained backbone) is left out of
     the registration, as intended; Pyro's warning about it at every step is silenced here."""
-    context = module._pyro_context
     net = module._modules["net"]
-    mark = module._pyro_name + ".net" + _MODULE_NAMESPACE_DIVIDER  # not a site or param name
-    if context.get(mark) is not None:
+    scope = registration_scope()
+    if scope is not None and any(seen is module for seen in scope):
         return net
-    if not am_i_wrapped():
-        # the store name of the network's first parameter (None without parameters), cached
-        # per model name: pyro.module never replaces an entry, so a present name suffices
-        cached = module.__dict__.get("_registration")
-        if cached is None or cached[0] != module._pyro_name:
-            first = next(iter(net.named_parameters()), None)
-            name = first and param_with_module_name(module._pyro_name + ".net", first[0])
-            cached = (module._pyro_name, name)
-            module.__dict__["_registration"] = cached
-        if cached[1] is None or cached[1] in pyro.get_param_store():
-            context.set(mark, net)  # only while a call is active
-            return net
+    if not am_i_wrapped() and _registered(module, net):
+        if scope is not None:
+            scope.append(module)
+        return net
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*not registered in the param store because "
                                                   "requires_grad=False")
         net = module.net
-    context.set(mark, net)
+    if scope is not None:
+        scope.append(module)
     return net
+
+
+def _registered(module: NamedModule, net: torch.nn.Module) -> bool:
+    """True when Pyro's param store holds ``net`` under ``module``'s current name (the store
+    name of its first parameter, cached per name: ``pyro.module`` never replaces an entry, so
+    a present name suffices), or ``net`` has no parameters."""
+    name = pyro_name(module)
+    cached = module.__dict__.get("_registration")
+    if cached is None or cached[0] != name:
+        first = next(iter(net.named_parameters()), None)
+        stored = first and param_with_module_name(name + ".net", first[0])
+        cached = (name, stored)
+        module.__dict__["_registration"] = cached
+    return cached[1] is None or cached[1] in pyro.get_param_store()
 
 
 def _check_network(net: torch.nn.Module) -> torch.nn.Module:
@@ -95,7 +100,7 @@ def _check_network(net: torch.nn.Module) -> torch.nn.Module:
 
 def _validating(flag: bool | None) -> bool:
     """``validate`` given: that; None: Pyro's validation, except for a model's batch whose
-    signature passed its checks before (:mod:`rpm.models.checked_batches`)."""
+    signature passed its checks before with validation off (:mod:`rpm.models.checked_batches`)."""
     if flag is None:
         return is_validation_enabled() and not checks_skipped()
     return flag
@@ -156,8 +161,7 @@ class GaussianRecognition(NamedModule):
         (N, D), scale positive (e.g. through ``softplus``).
     :param validate: check shapes, positivity and finiteness on every call (cheap reductions,
         but each synchronises with the device); ``None`` follows
-        :func:`pyro.enable_validation` (on by default), where an RPM checks the first batch
-        of each shape (:mod:`rpm.models.checked_batches`).
+        :func:`pyro.enable_validation` (on by default; :mod:`rpm.models.checked_batches`).
     :param min_scale: :math:`\sigma_\text{min} > 0`, the floor of the network's scale, or
         None (no floor check).
     """
@@ -238,8 +242,7 @@ class DeltaRecognition(NamedModule):
     :param torch.nn.Module net: maps a batch x (N, ...) to the latent means, shape (N, D).
     :param float noise_scale: :math:`\epsilon \ge 0`.
     :param validate: check shapes and finiteness on every call; ``None`` follows
-        :func:`pyro.enable_validation`, where an RPM checks the first batch of each shape
-        (:mod:`rpm.models.checked_batches`).
+        :func:`pyro.enable_validation` (:mod:`rpm.models.checked_batches`).
     """
 
     def __init__(self, net: torch.nn.Module, noise_scale: float = 0.0, validate: bool | None = None):

@@ -32,7 +32,7 @@ import pyro
 import torch
 from pyro.distributions import Delta, TorchDistribution
 from pyro.infer.util import is_validation_enabled
-from pyro.nn import PyroModule, PyroModuleList, pyro_method
+from pyro.nn import PyroModule
 from torch.distributions import Distribution
 
 from rpm._validation import check_bool
@@ -49,6 +49,7 @@ from rpm.models.views import (
     encode_views,
     stack_components,
 )
+from rpm.nn import NamedModuleList, pyro_method, structure_version
 from rpm.priors.base import (
     Prior,
     declare_prior,
@@ -134,11 +135,11 @@ class RPM(RPMBase):
     Pyro does not copy a loaded param store back into a module's ``nn.Parameter`` s (see the
     README's section on parameters).
 
-    **Checks.** The views, the recognition models' outputs and the prior's requirements are
-    checked (under ``pyro.enable_validation`` also for finite values) on the first batch of
-    each signature: the shapes, dtypes and devices of the views and the model's modules; later
-    batches of a signature that passed skip them, and :class:`~rpm.RPMELBO` evaluates a step
-    whose ELBO is not finite again with every check (:mod:`rpm.models.checked_batches`).
+    **Checks.** Under ``pyro.enable_validation`` every batch is checked: the views, the
+    recognition models' outputs (finite, of the prior's dimension) and the prior's
+    requirements. Without validation the structural checks run on the first batch of each
+    shape, dtype and device after the last assignment of a module or attribute (assigning
+    ``model.prior`` or a recognition model runs them again; :mod:`rpm.models.checked_batches`).
 
     **Missing frames.** ``model``, ``guide``, ``encode`` (and :class:`~rpm.RPMELBO` through
     ``objective_inputs``) take ``mask=``, a bool tensor (N, J), True where view j of instance i
@@ -235,7 +236,7 @@ class RPM(RPMBase):
                 "pooled_marginal and guide='structured' belong to priors over J views (the joint "
                 f"form, e.g. StateSpacePrior); {type(prior).__name__} is a pair prior (its "
                 "likelihood_marginals hook chooses the marginals)")
-        self.adopt(recognition=PyroModuleList(modules) if per_view else recognition,
+        self.adopt(recognition=NamedModuleList(modules) if per_view else recognition,
                    recognition2=recognition2, prior=prior)
         self.per_view = per_view
         self.groups = groups
@@ -344,9 +345,9 @@ class RPM(RPMBase):
         joint form: None and the J views' as one distribution (batch (N, J)), masked over the
         views by ``mask`` (N, J) when given (Pyro's ``q.mask(mask)``).
 
-        The checks of a batch run on the first batch of each signature (shapes, dtypes and
-        devices of the views, the modules, validation on or off) and are skipped for later
-        batches of a signature that passed (:mod:`rpm.models.checked_batches`)."""
+        Under validation every batch runs every check; without it the structural checks run
+        on the first batch of each signature (shapes, dtypes and devices of the views, the
+        structure version) and are skipped for later ones (:mod:`rpm.models.checked_batches`)."""
         names, views, stacked = self._views(args)
         modules = self.modules_list
         groups = self._groups(len(views), modules)
@@ -361,9 +362,8 @@ class RPM(RPMBase):
     def _encode_checked(self, names, views, stacked, modules, groups, prior):
         """:meth:`_encode` without a mask."""
         joint = hook(prior, "joint_views")
-        key = signature(views, is_validation_enabled(), id(prior), *map(id, modules),
-                        self.encoder_calls)
-        if passed(self, key):
+        key = signature(views, structure_version())
+        if passed(self, key) and not is_validation_enabled():
             with skipped_checks():
                 return self._encode_views(names, views, stacked, modules, groups,
                                           views[0].shape[0], joint, check=False)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 
 import torch
 from pyro.infer.util import is_validation_enabled
@@ -80,7 +81,8 @@ def _window(dtype: torch.dtype) -> tuple[float, float]:
 
 
 def check_implicit_log_ratio(
-    prior_name: str, energy, latents: list[torch.Tensor], ratio: torch.Tensor
+    prior_name: str, energy, latents: list[torch.Tensor], ratio: torch.Tensor,
+    inputs: Sequence[torch.Tensor] = (),
 ) -> None:
     r"""Raises ValueError if the implicit prior's per-pair terms ``ratio`` (shape (N,)) or their
     gradients are not finite in the latents' dtype, naming the valid range of latent norms and
@@ -101,6 +103,9 @@ def check_implicit_log_ratio(
     :param latents: every latent the energy saw (z, z2, the negatives), each (., D).
     :param torch.Tensor ratio: the per-pair terms, shape (N,), or minus them (only their
         finiteness, number and dtype are read).
+    :param inputs: tensors checked to be finite in the same reduction (the views of a batch
+        whose other checks the caller made before); a non-finite one raises ValueError
+        without naming rows (the caller evaluates the batch again with every check).
     """
     if not is_validation_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
         return
@@ -114,8 +119,13 @@ def check_implicit_log_ratio(
     maxima = rows.abs().amax(-1)
     if maxima.dtype != ratio.dtype:
         maxima = maxima.to(ratio.dtype)
-    total, smallest, largest = torch.stack(
-        [ratio.detach().sum(), *torch.aminmax(maxima)]).tolist()
+    extra = [value.detach().abs().amax() for value in inputs
+             if value.is_floating_point() and value.numel()]
+    extra = [m if m.dtype == ratio.dtype else m.to(ratio.dtype) for m in extra]
+    total, smallest, largest, *input_maxima = torch.stack(
+        [ratio.detach().sum(), *torch.aminmax(maxima), *extra]).tolist()
+    if not all(math.isfinite(m) for m in input_maxima):
+        raise ValueError(f"{prior_name}: the inputs hold NaN or infinite entries")
     dtype, num_pairs, dim = ratio.dtype, ratio.numel(), unique[0].shape[-1]
     if math.isfinite(total) and math.isfinite(largest):
         low, high = _window(dtype)

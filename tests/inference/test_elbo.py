@@ -159,12 +159,17 @@ def test_trace_shows_sites_and_likelihood_factors(batch):
     torch.testing.assert_close(trace.nodes["x"]["log_prob"], expected)
 
 
-def test_rpmelbo_refuses_other_models(batch):
+def test_rpmelbo_of_another_program_is_trace_elbo(batch):
     def model(x, x2):
-        pass
+        pyro.sample("u", pyro.distributions.Normal(0.0, 1.0))
 
-    with pytest.raises(TypeError, match="Trace_ELBO"):
-        rpm.RPMELBO().loss(model, model, *batch)
+    def guide(x, x2):
+        pyro.sample("u", pyro.distributions.Normal(0.5, 2.0))
+
+    torch.manual_seed(0)
+    got = rpm.RPMELBO().loss(model, guide, *batch)
+    torch.manual_seed(0)
+    assert got == pyro.infer.Trace_ELBO().loss(model, guide, *batch)
     with pytest.raises(ValueError, match="num_particles"):
         rpm.RPMELBO(num_particles=0)
 

@@ -1,7 +1,7 @@
-"""The checks of a batch run on the first batch of each signature (rpm.models.checked_batches):
-bad input is caught on the first call with a new shape, a changed shape, dtype or module is
-checked again, and a value that goes bad on a later batch of a checked shape still gets the
-error that names it (RPMELBO evaluates a non-finite step again with every check)."""
+"""Which batches a model checks (rpm.models.checked_batches): under pyro.enable_validation
+every batch; without it, the structural checks on the first batch of each shape, dtype and
+device after the last assignment of a module or attribute. Bad input is named on any batch,
+and no sequence of assignments skips the checks of the modules assigned last."""
 
 import math
 
@@ -38,31 +38,39 @@ def counting_checks(monkeypatch):
     return calls
 
 
-def test_first_batch_of_each_shape_is_checked_once(monkeypatch):
+def test_validation_checks_every_batch_and_without_it_the_first_of_each_shape(monkeypatch):
     calls = counting_checks(monkeypatch)
     model = delta_rpm()
     x, x2 = torch.randn(6, IN), torch.randn(6, IN)
+    generic = rpm.RPMELBO(fast_path=False)  # (the fast path fuses the value checks)
     for _ in range(3):
-        loss(model, x, x2)
-    assert calls == [((6, IN), (6, IN))]
-    loss(model, torch.randn(7, IN), torch.randn(7, IN))          # a new batch size: checked
-    assert calls == [((6, IN), (6, IN)), ((7, IN), (7, IN))]
-    loss(model, torch.randn(6, IN), torch.randn(6, IN))          # remembered
-    assert len(calls) == 2
+        generic.loss(model.model, model.guide, x, x2)            # validation: every batch
+    assert len(calls) == 3
+    with pyro.validation_enabled(False):
+        for _ in range(3):
+            loss(model, x, x2)                                   # a remembered signature
+        assert len(calls) == 3
+        loss(model, torch.randn(7, IN), torch.randn(7, IN))      # a new batch size: checked
+        assert calls[-1] == ((7, IN), (7, IN))
+        loss(model, torch.randn(6, IN), torch.randn(6, IN))      # remembered
+        assert len(calls) == 4
 
 
-def test_a_new_dtype_validation_state_or_module_is_checked_again(monkeypatch):
+def test_a_new_dtype_or_an_assignment_is_checked_again(monkeypatch):
     calls = counting_checks(monkeypatch)
     model = delta_rpm()
     x, x2 = torch.randn(6, IN), torch.randn(6, IN)
-    loss(model, x, x2)
     with pyro.validation_enabled(False):
-        loss(model, x, x2)                                       # remembered without values
-    with pytest.raises(TypeError, match="dtype torch.float64"):
-        loss(model, x.double(), x2.double())                     # a new dtype: checked, refused
-    model.prior = ImplicitPrior(CosineEnergy())                  # a new module: checked
-    loss(model, x, x2)
-    assert len(calls) == 4
+        loss(model, x, x2)
+        loss(model, x, x2)                                       # remembered
+        assert len(calls) == 1
+        with pytest.raises(TypeError, match="dtype torch.float64"):
+            loss(model, x.double(), x2.double())                 # a new dtype: checked, refused
+        model.prior = ImplicitPrior(CosineEnergy())              # an assignment: checked
+        loss(model, x, x2)
+        model.recognition.validate = None                        # any assignment
+        loss(model, x, x2)
+        assert len(calls) == 4
 
 
 def test_bad_input_of_a_new_shape_is_caught_on_its_first_call():
@@ -117,3 +125,67 @@ def test_full_checks_run_every_check():
         assert not checked_batches.passed(model, key)
     assert checked_batches.signature([x, "not a tensor"]) is None
     assert not checked_batches.passed(model, None)
+
+
+def test_swapping_priors_never_skips_the_checks_of_the_prior_assigned_last():
+    """The checks are decided by assignment, not by object identities: after 20 swaps of
+    implicit priors (each checked and trained on), an explicit density prior assigned to a
+    model with a deterministic encoder gets the error a fresh model raises."""
+    model = delta_rpm()
+    x, x2 = torch.randn(6, IN), torch.randn(6, IN)
+    for _ in range(20):
+        model.prior = ImplicitPrior(CosineEnergy())
+        loss(model, x, x2)
+    with pytest.raises(ValueError, match=r"ill-defined \(Appendix B"):
+        delta_rpm(GaussianRandomWalkPrior(DIM))
+    model.prior = GaussianRandomWalkPrior(DIM)
+    for validation in (True, False):
+        with pyro.validation_enabled(validation), pytest.raises(
+                ValueError, match=r"ill-defined \(Appendix B"):
+            loss(model, x, x2)
+
+
+@pytest.mark.parametrize("validation", [True, False])
+def test_an_assigned_attribute_runs_the_checks_again(validation):
+    """Setting ``noise_scale`` to 0 makes the encoder deterministic; with an explicit prior the
+    next batch of a signature that passed before is refused, validation on or off."""
+    model = rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(IN, DIM), noise_scale=0.1),
+                    GaussianRandomWalkPrior(DIM))
+    x, x2 = torch.randn(6, IN), torch.randn(6, IN)
+    with pyro.validation_enabled(validation):
+        assert math.isfinite(loss(model, x, x2))
+        model.recognition.noise_scale = 0.0
+        with pytest.raises(ValueError, match=r"ill-defined \(Appendix B"):
+            loss(model, x, x2)
+
+
+def test_an_assigned_recognition_model_in_a_list_runs_the_checks_again():
+    model = rpm.RPM([rpm.DeltaRecognition(torch.nn.Linear(IN, DIM), noise_scale=0.1)] * 2,
+                    GaussianRandomWalkPrior(DIM))
+    x, x2 = torch.randn(6, IN), torch.randn(6, IN)
+    with pyro.validation_enabled(False):
+        loss(model, x, x2)
+        model.recognition[1] = rpm.DeltaRecognition(torch.nn.Linear(IN, DIM))
+        with pytest.raises(ValueError, match=r"recognition2 is deterministic.*Appendix B"):
+            loss(model, x, x2)
+
+
+@pytest.mark.parametrize("elbo", ["RPMELBO", "RPMELBO-generic", "Trace_ELBO"])
+@pytest.mark.parametrize("prior", ["implicit", "random-walk"])
+def test_validation_checks_every_batch(elbo, prior):
+    """Under ``pyro.enable_validation`` a bad second batch of a signature that passed is
+    refused with the error that names it, by RPMELBO (fast and generic evaluation) and by
+    Pyro's own Trace_ELBO on the model and guide."""
+    if prior == "implicit":
+        model = delta_rpm()
+    else:
+        model = rpm.RPM(rpm.GaussianRecognition(GaussianHead(IN, DIM)), GaussianRandomWalkPrior(DIM))
+    objective = {"RPMELBO": rpm.RPMELBO(), "RPMELBO-generic": rpm.RPMELBO(fast_path=False),
+                 "Trace_ELBO": pyro.infer.Trace_ELBO()}[elbo]
+    x, x2 = torch.randn(6, IN), torch.randn(6, IN)
+    for _ in range(2):
+        objective.loss(model.model, model.guide, x, x2)
+    bad = x2.clone()
+    bad[2, 1] = math.nan
+    with pytest.raises(ValueError, match=r"x2 has NaN or infinite entries in 1 of its 6 rows \(rows 2\)"):
+        objective.loss(model.model, model.guide, x, bad)
