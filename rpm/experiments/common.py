@@ -602,9 +602,11 @@ class Run:
         line that started it; ``segments``, one per process that wrote the folder (the fresh
         start and every ``--resume``) with its command line, start time, wall time (seconds;
         ``None`` for a process that was killed before it could say) and end (``finished``,
-        ``interrupted``, ``failed (ERROR)``, ``killed``, or ``running`` for the process writing
-        the results; the run record gets its final end); ``wall_time``, the sum of the
-        segments' wall times, this one's up to now."""
+        ``interrupted``, ``failed (ERROR)``, ``killed``); ``wall_time``, the sum of the
+        segments' wall times, this one's up to now. The segment of the process writing the
+        results says ``running`` until its block of :func:`open_run` ends, which records how
+        it ended in the run record and in ``results.json`` (a process killed before then
+        leaves ``running``)."""
         segments = [dict(segment) for segment in self.record["segments"]]
         self._reported = self.elapsed()  # a finished segment records the same number
         segments[self._segment]["wall_time"] = self._reported
@@ -624,6 +626,25 @@ class Run:
             write_record(self.path, record)
         except (OSError, RunFolderError):
             pass  # the folder became unwritable: the error that ends the run says so
+        if self._reported is not None:
+            self._record_end_in_results(segment)
+
+    def _record_end_in_results(self, segment: dict) -> None:
+        """How this segment ended, in the ``results.json`` it wrote (its provenance said
+        ``running``)."""
+        path = self.path / "results.json"
+        try:
+            results = json.loads(path.read_text())
+            written = results["segments"][self._segment]
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            return  # no results of this segment (or not ours): nothing to correct
+        if written.get("start") != segment.get("start") or written.get("end") != "running":
+            return
+        written["end"] = segment["end"]
+        try:
+            write_json_atomic(path, results)
+        except OSError:
+            pass  # the folder became unwritable: the error that ends the run says so
 
 
 def _command_line(args: argparse.Namespace) -> str:
@@ -640,10 +661,11 @@ def open_run(args: argparse.Namespace, may_change: Iterable[str] = (),
     segment; yields a :class:`Run`.
 
     The order makes every refusal leave the folder as it was: a fresh run or ``--overwrite``
-    calls ``validate(args)`` before creating or touching ``--out``; ``--resume`` takes the lock,
-    checks the recorded command (another experiment's run is refused) and the integrity of
-    ``config.json`` (:func:`~rpm.training.run_folder.verify_config`), gives ``args`` the saved
-    flags, calls ``validate(args)``, and only then writes. The lock (:class:`~rpm.training.
+    checks ``--device`` (:func:`resolve_device`) and calls ``validate(args)`` before creating
+    or touching ``--out``; ``--resume`` takes the lock, checks the recorded command (another
+    experiment's run is refused) and the integrity of ``config.json``
+    (:func:`~rpm.training.run_folder.verify_config`), gives ``args`` the saved flags, checks
+    ``--device`` and calls ``validate(args)``, and only then writes. The lock (:class:`~rpm.training.
     run_folder.RunLock`) refuses a second process on the same folder, naming the holder, and is
     released at the end of the block (or by the operating system when the process dies). At
     the end the segment's wall time and how it ended (``finished``, ``interrupted``,
@@ -662,7 +684,8 @@ def open_run(args: argparse.Namespace, may_change: Iterable[str] = (),
         raise ConfigurationError("--resume and --overwrite exclude each other: choose one")
     if out.exists() and not out.is_dir():
         raise ConfigurationError(f"--out {out} is a file, not a folder: choose another --out")
-    if not args.resume and validate is not None:
+    validate = _with_device_check(validate)
+    if not args.resume:
         validate(args)
     created = not out.exists()
     if args.resume and created:
@@ -685,8 +708,7 @@ def open_run(args: argparse.Namespace, may_change: Iterable[str] = (),
             if args.resume:
                 config = _resumed_config(out / CONFIG_NAME, args, _saved_config(out), may_change,
                                          may_grow)
-                if validate is not None:
-                    validate(args)
+                validate(args)
             else:
                 config = _config_of(args)
             _write_config(out, config)
@@ -717,6 +739,18 @@ def open_run(args: argparse.Namespace, may_change: Iterable[str] = (),
         run._finish("finished")
     finally:
         lock.release()
+
+
+def _with_device_check(validate: Callable[[argparse.Namespace], Any] | None
+                       ) -> Callable[[argparse.Namespace], None]:
+    """``validate`` preceded by the check of ``--device`` (:func:`resolve_device`), so that a
+    device this machine lacks is refused before the run folder is created or written."""
+    def check(args: argparse.Namespace) -> None:
+        if getattr(args, "device", None) is not None:
+            resolve_device(args.device)
+        if validate is not None:
+            validate(args)
+    return check
 
 
 def check_models_resumable(out: str | os.PathLike, names: Iterable[str]) -> None:
