@@ -20,6 +20,8 @@ The run folder (``--out DIR``) of every experiment::
         checkpoint.pt.sha256   its SHA-256 (and the previous one's), checked on load,
         checkpoint.pt.prev     the previous checkpoint, used when the latest is damaged
         history.json     losses and held-out scores by step
+        model.json       the model record: what rpm.load rebuilds the model from
+                         (rpm.experiments.trained)
 
 An experiment's ``run(args)`` is::
 
@@ -111,9 +113,9 @@ RUN_MARKER = RECORD_NAME
 CONFIG_NAME = "config.json"
 #: Files an rpm run writes, recognised in a folder (or a model's subfolder) without the marker.
 _RUN_FILES = frozenset({"checkpoint.pt", "checkpoint.pt.prev", "checkpoint.pt.sha256",
-                        "history.json", CONFIG_NAME, "results.json", LOCK_NAME})
+                        "history.json", "model.json", CONFIG_NAME, "results.json", LOCK_NAME})
 _RUN_TEMPORARY = re.compile(
-    r"^\.(checkpoint\.pt|history\.json|config\.json|results\.json|rpm-run)\..*\.tmp$"
+    r"^\.(checkpoint\.pt|history\.json|model\.json|config\.json|results\.json|rpm-run)\..*\.tmp$"
 )
 #: Attribute of the parsed arguments holding the names of the flags written on the command
 #: line (set by :func:`rpm.cli.main`); on resume the others are read from ``config.json``.
