@@ -22,6 +22,7 @@ _LAZY = {
     "ScaleFloorWarning": "rpm.models",
     "SequenceRPM": "rpm.models",
     "info_nce": "rpm.inference",
+    "load": "rpm.experiments.trained",
 }
 _SUBPACKAGES = frozenset({"data", "distributed", "evaluation", "experiments", "inference", "losses",
                           "marginals", "metrics", "models", "nn", "ops", "priors", "training"})
@@ -35,6 +36,7 @@ __all__ = [
     "ScaleFloorWarning",
     "SequenceRPM",
     "info_nce",
+    "load",
     "marginals",
     "priors",
 ]
@@ -57,6 +59,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs
     from rpm import marginals, priors
+    from rpm.experiments.trained import load
     from rpm.inference import RPMELBO, info_nce
     from rpm.marginals import MixtureMarginal
     from rpm.models import RPM, DeltaRecognition, GaussianRecognition, ScaleFloorWarning, SequenceRPM

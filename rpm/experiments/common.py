@@ -20,6 +20,8 @@ The run folder (``--out DIR``) of every experiment::
         checkpoint.pt.sha256   its SHA-256 (and the previous one's), checked on load,
         checkpoint.pt.prev     the previous checkpoint, used when the latest is damaged
         history.json     losses and held-out scores by step
+        model.json       the model record: what rpm.load rebuilds the model from
+                         (rpm.experiments.trained)
 
 An experiment's ``run(args)`` is::
 
@@ -111,9 +113,9 @@ RUN_MARKER = RECORD_NAME
 CONFIG_NAME = "config.json"
 #: Files an rpm run writes, recognised in a folder (or a model's subfolder) without the marker.
 _RUN_FILES = frozenset({"checkpoint.pt", "checkpoint.pt.prev", "checkpoint.pt.sha256",
-                        "history.json", CONFIG_NAME, "results.json", LOCK_NAME})
+                        "history.json", "model.json", CONFIG_NAME, "results.json", LOCK_NAME})
 _RUN_TEMPORARY = re.compile(
-    r"^\.(checkpoint\.pt|history\.json|config\.json|results\.json|rpm-run)\..*\.tmp$"
+    r"^\.(checkpoint\.pt|history\.json|model\.json|config\.json|results\.json|rpm-run)\..*\.tmp$"
 )
 #: Attribute of the parsed arguments holding the names of the flags written on the command
 #: line (set by :func:`rpm.cli.main`); on resume the others are read from ``config.json``.
@@ -604,9 +606,11 @@ class Run:
         line that started it; ``segments``, one per process that wrote the folder (the fresh
         start and every ``--resume``) with its command line, start time, wall time (seconds;
         ``None`` for a process that was killed before it could say) and end (``finished``,
-        ``interrupted``, ``failed (ERROR)``, ``killed``, or ``running`` for the process writing
-        the results; the run record gets its final end); ``wall_time``, the sum of the
-        segments' wall times, this one's up to now."""
+        ``interrupted``, ``failed (ERROR)``, ``killed``); ``wall_time``, the sum of the
+        segments' wall times, this one's up to now. The segment of the process writing the
+        results says ``running`` until its block of :func:`open_run` ends, which records how
+        it ended in the run record and in ``results.json`` (a process killed before then
+        leaves ``running``)."""
         segments = [dict(segment) for segment in self.record["segments"]]
         self._reported = self.elapsed()  # a finished segment records the same number
         segments[self._segment]["wall_time"] = self._reported
@@ -626,6 +630,25 @@ class Run:
             write_record(self.path, record)
         except (OSError, RunFolderError):
             pass  # the folder became unwritable: the error that ends the run says so
+        if self._reported is not None:
+            self._record_end_in_results(segment)
+
+    def _record_end_in_results(self, segment: dict) -> None:
+        """How this segment ended, in the ``results.json`` it wrote (its provenance said
+        ``running``)."""
+        path = self.path / "results.json"
+        try:
+            results = json.loads(path.read_text())
+            written = results["segments"][self._segment]
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            return  # no results of this segment (or not ours): nothing to correct
+        if written.get("start") != segment.get("start") or written.get("end") != "running":
+            return
+        written["end"] = segment["end"]
+        try:
+            write_json_atomic(path, results)
+        except OSError:
+            pass  # the folder became unwritable: the error that ends the run says so
 
 
 def _command_line(args: argparse.Namespace) -> str:
@@ -642,10 +665,11 @@ def open_run(args: argparse.Namespace, may_change: Iterable[str] = (),
     segment; yields a :class:`Run`.
 
     The order makes every refusal leave the folder as it was: a fresh run or ``--overwrite``
-    calls ``validate(args)`` before creating or touching ``--out``; ``--resume`` takes the lock,
-    checks the recorded command (another experiment's run is refused) and the integrity of
-    ``config.json`` (:func:`~rpm.training.run_folder.verify_config`), gives ``args`` the saved
-    flags, calls ``validate(args)``, and only then writes. The lock (:class:`~rpm.training.
+    checks ``--device`` (:func:`resolve_device`) and calls ``validate(args)`` before creating
+    or touching ``--out``; ``--resume`` takes the lock, checks the recorded command (another
+    experiment's run is refused) and the integrity of ``config.json``
+    (:func:`~rpm.training.run_folder.verify_config`), gives ``args`` the saved flags, checks
+    ``--device`` and calls ``validate(args)``, and only then writes. The lock (:class:`~rpm.training.
     run_folder.RunLock`) refuses a second process on the same folder, naming the holder, and is
     released at the end of the block (or by the operating system when the process dies). At
     the end the segment's wall time and how it ended (``finished``, ``interrupted``,
@@ -664,7 +688,8 @@ def open_run(args: argparse.Namespace, may_change: Iterable[str] = (),
         raise ConfigurationError("--resume and --overwrite exclude each other: choose one")
     if out.exists() and not out.is_dir():
         raise ConfigurationError(f"--out {out} is a file, not a folder: choose another --out")
-    if not args.resume and validate is not None:
+    validate = _with_device_check(validate)
+    if not args.resume:
         validate(args)
     created = not out.exists()
     if args.resume and created:
@@ -687,8 +712,7 @@ def open_run(args: argparse.Namespace, may_change: Iterable[str] = (),
             if args.resume:
                 config = _resumed_config(out / CONFIG_NAME, args, _saved_config(out), may_change,
                                          may_grow)
-                if validate is not None:
-                    validate(args)
+                validate(args)
             else:
                 config = _config_of(args)
             _write_config(out, config)
@@ -719,6 +743,18 @@ def open_run(args: argparse.Namespace, may_change: Iterable[str] = (),
         run._finish("finished")
     finally:
         lock.release()
+
+
+def _with_device_check(validate: Callable[[argparse.Namespace], Any] | None
+                       ) -> Callable[[argparse.Namespace], None]:
+    """``validate`` preceded by the check of ``--device`` (:func:`resolve_device`), so that a
+    device this machine lacks is refused before the run folder is created or written."""
+    def check(args: argparse.Namespace) -> None:
+        if getattr(args, "device", None) is not None:
+            resolve_device(args.device)
+        if validate is not None:
+            validate(args)
+    return check
 
 
 def check_models_resumable(out: str | os.PathLike, names: Iterable[str]) -> None:

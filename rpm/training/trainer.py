@@ -113,25 +113,36 @@ def _is_terminal(stream: Any) -> bool:
 
 class _LineProgress:
     """The progress display when stderr is not a terminal (a log file, a pipe): one line at
-    every 10% of the steps, instead of a bar redrawn with carriage returns."""
+    every 10% of the steps, instead of a bar redrawn with carriage returns. A line shows the
+    latest loss, and the evaluation's metrics only on the line of the step they were computed
+    at (a line between evaluations does not repeat an older score)."""
 
     def __init__(self, total: int, initial: int, description: str, every: float = 0.1) -> None:
         self.total, self.n, self.description = total, initial, description
         self._stride = max(1, math.ceil(every * total))
         self._next = (initial // self._stride + 1) * self._stride
         self._postfix: dict[str, str] = {}
+        self._metrics: dict[str, str] = {}
+        self._metrics_step: int | None = None
 
     def update(self, n: int = 1) -> None:
         self.n += n
         if self.n >= self._next or self.n == self.total:
             while self._next <= self.n:
                 self._next += self._stride
-            fields = "".join(f", {key} {value}" for key, value in self._postfix.items())
+            shown = dict(self._postfix)
+            if self._metrics_step == self.n:
+                shown.update(self._metrics)
+            fields = "".join(f", {key} {value}" for key, value in shown.items())
             print(f"{self.description}: step {self.n}/{self.total} "
                   f"({100 * self.n // self.total}%){fields}", file=sys.stderr, flush=True)
 
     def set_postfix(self, postfix: Mapping[str, str], refresh: bool = False) -> None:
         self._postfix = dict(postfix)
+
+    def set_metrics(self, metrics: Mapping[str, str], step: int | None) -> None:
+        """The latest evaluation's fields and the step it was computed at."""
+        self._metrics, self._metrics_step = dict(metrics), step
 
     def __enter__(self) -> _LineProgress:
         return self
@@ -192,8 +203,10 @@ class Trainer:
         checking them and appending their mean to the history; >= 1.
     :param dict generators: extra random generators the losses draw from, by name
         (``torch.Generator`` or ``numpy.random.Generator``), saved and restored.
-    :param bool progress: show a tqdm progress bar with the loss and the latest metrics; when
-        stderr is not a terminal, one line every 10% of the steps instead.
+    :param bool progress: show a tqdm progress bar with the loss and the latest metrics (named
+        with their step when it is not the current one); when stderr is not a terminal, one
+        line every 10% of the steps instead, with the metrics on the lines of the steps they
+        were computed at.
     :param float grad_clip: if given, clip the global gradient norm to this value (> 0).
     :param str description: label of the progress bar.
     :param bool eval_at_start: also evaluate before the first step (not repeated on resume).
@@ -326,6 +339,7 @@ class Trainer:
         self._pending: torch.Tensor | None = None  # CPU window restored from a checkpoint
         self._last_checkpoint_step: int | None = None
         self._latest_metrics: dict[str, float] = {}
+        self._latest_step: int | None = None  # the step of the latest evaluation
         self._signal_received: int | None = None
 
     def _elapsed(self) -> float:
@@ -391,6 +405,7 @@ class Trainer:
             if evaluations
             else {}
         )
+        self._latest_step = evaluations[-1]["step"] if evaluations else None
 
     def has_checkpoint(self) -> bool:
         """Whether ``out_dir`` holds a checkpoint to resume from: the file exists, or its
@@ -599,16 +614,35 @@ class Trainer:
         self.history["losses"].append([self.step, values.mean().item()])
         self._count = 0
         self._pending = None
-        bar.set_postfix(self._postfix(), refresh=False)
+        self._show(bar)
 
     def _postfix(self) -> dict[str, str]:
-        postfix = {}
-        if self.history["losses"]:
-            postfix["loss"] = f"{self.history['losses'][-1][1]:.4g}"
-        prefix = f"{self.eval_label} " if self.eval_label else ""
-        for key, value in self._latest_metrics.items():
-            postfix[prefix + key] = f"{value:.4g}" if isinstance(value, float) else str(value)
+        """The progress bar's fields: the latest logged loss and the latest evaluation's
+        metrics, each name followed by ``(step S)`` when they were computed at an earlier step
+        S than the current one."""
+        postfix = self._loss_postfix()
+        stale = self._latest_step is not None and self._latest_step != self.step
+        suffix = f" (step {self._latest_step})" if stale else ""
+        for key, value in self._metric_postfix().items():
+            postfix[key + suffix] = value
         return postfix
+
+    def _loss_postfix(self) -> dict[str, str]:
+        if not self.history["losses"]:
+            return {}
+        return {"loss": f"{self.history['losses'][-1][1]:.4g}"}
+
+    def _metric_postfix(self) -> dict[str, str]:
+        prefix = f"{self.eval_label} " if self.eval_label else ""
+        return {prefix + key: f"{value:.4g}" if isinstance(value, float) else str(value)
+                for key, value in self._latest_metrics.items()}
+
+    def _show(self, bar: tqdm | _LineProgress) -> None:
+        if isinstance(bar, _LineProgress):
+            bar.set_postfix(self._loss_postfix())
+            bar.set_metrics(self._metric_postfix(), self._latest_step)
+        else:
+            bar.set_postfix(self._postfix(), refresh=False)
 
     def _evaluate(self, bar: tqdm) -> None:
         was_training = self.module.training
@@ -637,8 +671,9 @@ class Trainer:
             {"step": self.step, **clean, "wall_time": self._elapsed()}
         )
         self._latest_metrics = clean
+        self._latest_step = self.step
         self._write_history()
-        bar.set_postfix(self._postfix(), refresh=False)
+        self._show(bar)
 
     def _save(self) -> None:
         self._check_parameters_finite()

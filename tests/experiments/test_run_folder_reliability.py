@@ -18,6 +18,7 @@ import rpm.cli
 import rpm.experiments.bouncing_balls.command as bb
 import rpm.experiments.identifiability.command as ident
 from rpm.cli import _say, build_parser, main
+from rpm.experiments.common import write_json_atomic
 from rpm.training.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -274,6 +275,37 @@ def test_every_parser_refuses_abbreviations():
             assert action.choices and all(not p.allow_abbrev for p in action.choices.values())
 
 
+LDS_TINY = ["--steps", "2", "--sequences", "4", "--test-sequences", "2", "--length", "12",
+            "--batch-size", "2", "--window", "4", "--eval-every", "0", "--checkpoint-every", "0",
+            "--no-progress"]
+PENDULUM_TINY = ["--steps", "2", "--sequences", "3", "--test-sequences", "2", "--length", "12",
+                 "--image-size", "8", "--batch-size", "2", "--window", "4", "--channels", "2",
+                 "--keypoints", "2", "--latent-dim", "2", "--eval-every", "0",
+                 "--checkpoint-every", "0", "--eval-drop-frames", "0", "--no-progress"]
+
+
+@pytest.mark.parametrize("command, tiny", [("lds", LDS_TINY), ("pendulum", PENDULUM_TINY)])
+def test_a_device_this_machine_lacks_is_refused_before_the_folder_is_written(
+        tmp_path, capsys, monkeypatch, command, tiny):
+    """--device cuda without CUDA: one line, nothing written, so the corrected command runs in
+    the same --out; --resume --device cuda leaves the finished run as it was."""
+    out = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.cuda, "is_available", lambda: False)
+        line = _one_line_error(*_main(capsys, [command, "--out", str(out), *tiny, "--device",
+                                               "cuda"])[::2])
+    assert "--device cuda: CUDA is not available" in line and "use --device cpu" in line
+    assert not out.exists()
+    assert status_ok(_main(capsys, [command, "--out", str(out), *tiny, "--device", "cpu"]))
+    before = _snapshot(out)
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.cuda, "is_available", lambda: False)
+        line = _one_line_error(*_main(capsys, [command, "--out", str(out), "--resume",
+                                               "--device", "cuda"])[::2])
+    assert "CUDA is not available" in line
+    assert _snapshot(out) == before
+
+
 # --------------------------------------------------------------------------- 7. provenance
 def test_results_keep_the_original_command_and_every_segment(toy, toy_run, capsys):
     first = json.loads((toy_run / "results.json").read_text())
@@ -292,6 +324,35 @@ def status_ok(result):
     return result[0] == 0
 
 
+def test_results_of_a_finished_run_say_how_each_segment_ended(toy, toy_run, capsys):
+    """The segment that writes results.json is still running when it writes them; when it ends
+    results.json says how, as the run record does."""
+    from rpm.training.run_folder import read_record
+
+    results = json.loads((toy_run / "results.json").read_text())
+    assert [s["end"] for s in results["segments"]] == ["finished"]
+    assert status_ok(_main(capsys, ["toy", "--out", str(toy_run), "--resume", "--num-steps",
+                                    "16"], [toy]))
+    results = json.loads((toy_run / "results.json").read_text())
+    record = read_record(toy_run)
+    assert [s["end"] for s in results["segments"]] == ["finished", "finished"]
+    assert results["segments"] == record["segments"]
+
+
+def test_a_run_that_fails_after_writing_its_results_says_so_in_them(toy, tmp_path, capsys,
+                                                                     monkeypatch):
+    def failing(args, run):
+        write_json_atomic(run.path / "results.json", run.provenance())
+        raise RuntimeError("the figures failed")
+
+    monkeypatch.setattr(toy, "_run", failing)
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="the figures failed"):
+        main(["toy", "--out", str(out), *TOY_FLAGS], modules=[toy])
+    results = json.loads((out / "results.json").read_text())
+    assert [s["end"] for s in results["segments"]] == ["failed (RuntimeError)"]
+
+
 # --------------------------------------------------------------------------- 8. output
 def test_progress_off_a_terminal_is_one_line_per_tenth(toy, tmp_path, capsys):
     flags = [f for f in TOY_FLAGS if f != "--no-progress"]
@@ -302,6 +363,20 @@ def test_progress_off_a_terminal_is_one_line_per_tenth(toy, tmp_path, capsys):
     assert [line.split(",")[0] for line in lines] == [
         f"toy: step {4 * k}/40 ({10 * k}%)" for k in range(1, 11)]
     assert "mse" in lines[-1]
+
+
+def test_progress_lines_show_a_held_out_score_only_at_the_step_it_was_computed(
+        toy, tmp_path, capsys):
+    """Lines every 4 steps, evaluations every 10: the score is on the lines of steps 20 and 40
+    alone, never repeated on the lines between evaluations."""
+    flags = [f for f in TOY_FLAGS if f != "--no-progress"]
+    status, _, err = _main(capsys, ["toy", "--out", str(tmp_path / "run"), *flags,
+                                    "--num-steps", "40", "--eval-every", "10"], [toy])
+    assert status == 0
+    lines = err.strip().splitlines()
+    scored = [line.split(":")[1].split()[1] for line in lines if "mse" in line]
+    assert len(lines) == 10 and scored == ["20/40", "40/40"]
+    assert all("loss" in line for line in lines)
 
 
 @pytest.mark.slow
@@ -353,7 +428,7 @@ def test_an_interrupted_run_says_so_on_its_own_lines_and_its_resume_keeps_both_s
         "rerun with --resume to continue"]
     assert _main(capsys, ["toy", "--out", str(out), "--resume"], [toy])[0] == 0
     results = json.loads((out / "results.json").read_text())
-    assert [s["end"] for s in results["segments"]] == ["interrupted", "running"]
+    assert [s["end"] for s in results["segments"]] == ["interrupted", "finished"]
     assert "--resume" not in results["command"] and "--resume" in results["segments"][1]["command"]
     assert results["wall_time"] == pytest.approx(sum(s["wall_time"] for s in results["segments"]))
 

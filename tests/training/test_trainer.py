@@ -482,6 +482,17 @@ def test_eval_label_prefixes_the_metrics_in_the_progress_bar(tmp_path):
         _run(tmp_path / "bad", num_steps=4, eval_label=1)
 
 
+def test_metrics_from_an_earlier_step_are_named_with_their_step(tmp_path):
+    """The progress bar keeps the latest evaluation between evaluations, marked with the step
+    it was computed at, so that an older score never reads as the current one."""
+    trainer, _ = _run(tmp_path, num_steps=4, eval_label="val")
+    fresh = trainer._postfix()
+    trainer.step += 3  # steps taken since the evaluation at step 4
+    stale = trainer._postfix()
+    assert set(stale) == {"loss", "val loss_all (step 4)", "val probe (step 4)"}
+    assert stale["val loss_all (step 4)"] == fresh["val loss_all"]
+
+
 @pytest.mark.parametrize("grad_clip, error", [(0.0, ValueError), (float("inf"), ValueError),
                                               ("1", TypeError), (True, TypeError)])
 def test_bad_grad_clip_is_refused(tmp_path, grad_clip, error):

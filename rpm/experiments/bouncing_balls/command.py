@@ -106,8 +106,8 @@ from rpm.experiments.common import (
     write_json_atomic,
 )
 
-__all__ = ["PRIORS", "add_parser", "build_model", "converged", "epoch_permutation",
-           "prior_parameters", "run"]
+__all__ = ["MODEL_FLAGS", "PRIORS", "add_parser", "build_model", "converged", "epoch_permutation",
+           "model_arguments", "model_from_arguments", "prior_parameters", "run"]
 
 #: The priors of ``--prior``, in the order ``--prior all`` runs them.
 PRIORS = ("rbf", "bilinear", "cosine", "dynamics", "state-space")
@@ -381,21 +381,48 @@ def _windows_per_batch(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- model
+#: The flags the models are built from (:func:`model_arguments`); the last three are absent
+#: from the configurations of runs older than them.
+MODEL_FLAGS = ("hidden_channels", "image_size", "ball_diameter", "noise_scale",
+               "state_space_noise", "state_space_guide", "learn_recognition_noise",
+               "state_space_prior", "state_space_emission", "state_space_emission_noise")
+
+
+def model_arguments(name: str, args: argparse.Namespace, in_channels: int) -> dict:
+    """The model record of prior ``name`` (:mod:`rpm.experiments.trained`): ``prior``,
+    ``in_channels`` and ``flags``, the values of :data:`MODEL_FLAGS` in ``args``, from which
+    :func:`model_from_arguments` builds the model (the run builds it from them too, so that
+    every flag the model reads is recorded)."""
+    return {"prior": name, "in_channels": int(in_channels),
+            "flags": {flag: getattr(args, flag) for flag in MODEL_FLAGS if hasattr(args, flag)}}
+
+
 def build_model(name: str, args: argparse.Namespace, in_channels: int):
     """The RPM of prior ``name`` with a fresh :class:`BallEncoder` (6 outputs, pixel units);
     for ``"state-space"`` the :class:`~rpm.SequenceRPM` of
-    :func:`~rpm.experiments.bouncing_balls.state_space.build_state_space_model`.
+    :func:`~rpm.experiments.bouncing_balls.state_space.build_state_space_model`:
+    :func:`model_from_arguments` of :func:`model_arguments`.
 
     :param str name: one of :data:`PRIORS`.
-    :param argparse.Namespace args: the parsed flags (``hidden_channels``, ``image_size``,
-        ``ball_diameter``, ``noise_scale``).
+    :param argparse.Namespace args: the parsed flags (those of :data:`MODEL_FLAGS`).
     :param int in_channels: colour channels of the frames.
+    :rtype: rpm.RPM or rpm.SequenceRPM
+    """
+    return model_from_arguments(model_arguments(name, args, in_channels))
+
+
+def model_from_arguments(arguments: dict):
+    """The untrained model of a model record of ``rpm bouncing-balls`` (:func:`model_arguments`).
+
+    :param dict arguments: ``prior`` (one of :data:`PRIORS`), ``in_channels``, ``flags``.
     :rtype: rpm.RPM or rpm.SequenceRPM
     """
     import rpm
     from rpm.models.bouncing_balls import BallEncoder
     from rpm.priors import BallDynamicsPrior, BilinearEnergy, CosineEnergy, ImplicitPrior, RBFEnergy
 
+    name, in_channels = arguments["prior"], arguments["in_channels"]
+    args = argparse.Namespace(**arguments["flags"])
     if name == "state-space":
         from rpm.experiments.bouncing_balls.state_space import build_state_space_model
 
@@ -545,11 +572,15 @@ def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train
     from rpm.experiments.bouncing_balls.evaluate import evaluate
     from rpm.experiments.bouncing_balls.missing_frames import evaluate_missing_frames
     from rpm.experiments.bouncing_balls.state_space import evaluate_dynamics, window_batch
+    from rpm.experiments.trained import write_model_record
     from rpm.inference.rp_gssm import rp_gssm_elbo
     from rpm.training.trainer import Trainer
 
     seed_everything(args.seed)  # each prior's run is the same whichever others run with it
-    model = build_model(name, args, frames.shape[1]).to(frames.device)
+    arguments = model_arguments(name, args, frames.shape[1])
+    model = model_from_arguments(arguments).to(frames.device)
+    if distributed.is_main_process():  # what rpm.load rebuilds the model from
+        write_model_record(out, "bouncing-balls", arguments)
     sequence = isinstance(model, rpm.SequenceRPM)
     rp_gssm = sequence and getattr(args, "state_space_objective", "rpm") == "rp-gssm"
     # the network of the 6 position numbers (of the state-space prior's Gaussian encoder: the means)

@@ -75,7 +75,7 @@ from rpm.priors import (
 )
 
 __all__ = ["METHODS", "QUEUE_SIZE", "RPM_METHODS", "VIEWS", "DigitsEncoder", "build_method",
-           "torch_ntxent_loss"]
+           "model_from_arguments", "torch_ntxent_loss"]
 
 #: The RPM methods (module table), then the plain-torch reference.
 RPM_METHODS = ("infonce", "ntxent", "rbf", "gaussian", "star4", "mixture4", "multicrop", "queue")
@@ -121,6 +121,15 @@ class DigitsEncoder(nn.Module):
             return out
         loc, raw = out.chunk(2, dim=-1)
         return loc, F.softplus(raw) + MIN_SCALE
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """The latents z of images x (the means for a Gaussian encoder), as
+        :meth:`rpm.RPM.encode` gives them for the RPMs built on this encoder.
+
+        :param torch.Tensor x: images. Shape: (N, 1, s, s), s >= 2.
+        :returns: shape (N, D)."""
+        out = self(x)
+        return out[0] if self.gaussian else out
 
 
 def torch_ntxent_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -185,3 +194,16 @@ def build_method(name: str, width: int, latent_dim: int,
     else:
         raise ValueError(f"method must be one of {METHODS}, got {name!r}")
     return model, encoder
+
+
+def model_from_arguments(arguments: dict) -> nn.Module:
+    """The untrained module of an ``rpm digits`` method from its model record
+    (:mod:`rpm.experiments.trained`): the first of :func:`build_method` ``(method, width,
+    latent_dim, temperature)``, an :class:`rpm.RPM` or, for ``torch_ntxent``, the
+    :class:`DigitsEncoder`.
+
+    :param dict arguments: ``method``, ``width``, ``latent_dim``, ``temperature``.
+    """
+    module, _ = build_method(arguments["method"], arguments["width"], arguments["latent_dim"],
+                             arguments["temperature"])
+    return module

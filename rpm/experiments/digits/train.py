@@ -61,6 +61,7 @@ from rpm.experiments.digits.model import (
     build_method,
     torch_ntxent_loss,
 )
+from rpm.experiments.trained import write_model_record
 from rpm.training.schedule import cosine_schedule
 from rpm.training.trainer import Trainer
 
@@ -188,6 +189,10 @@ def train_method(name: str, args: argparse.Namespace, data, device, out: Path, s
     seed_everything(seed)  # the same initialisation for every method
     module, encoder = build_method(name, args.width, args.latent_dim, args.temperature)
     module = module.to(device)
+    if distributed.is_main_process():  # what rpm.load rebuilds the module from
+        write_model_record(out, "digits", {"method": name, "width": args.width,
+                                           "latent_dim": args.latent_dim,
+                                           "temperature": args.temperature})
     transform = method_views(name)
     images = data.train.images.to(device)
     ref, query = validation_rows(data.train.labels, seed)

@@ -37,7 +37,7 @@ from rpm.priors import (
     RBFEnergy,
 )
 
-__all__ = ["ENERGIES", "build_energy", "build_rpm", "energy_parameters"]
+__all__ = ["ENERGIES", "build_energy", "build_rpm", "energy_parameters", "model_from_arguments"]
 
 ENERGIES = ("cosine", "anisotropic", "lp", "rbf", "bilinear")
 
@@ -72,6 +72,27 @@ def build_rpm(encoder: nn.Module, energy) -> rpm.RPM:
     """The RPM with Delta recognition ``encoder`` and the implicit prior of ``energy``.
     Recognition-output validation is off: it would synchronise with the device every step."""
     return rpm.RPM(rpm.DeltaRecognition(encoder, validate=False), ImplicitPrior(energy))
+
+
+def model_from_arguments(arguments: dict, compile: bool = False) -> rpm.RPM:
+    r"""The untrained model of ``rpm identifiability`` from its model record
+    (:mod:`rpm.experiments.trained`): :func:`build_rpm` of the
+    :class:`~rpm.models.MLPEncoder` ``(dim, hidden, depth, encoder_space)`` and
+    :func:`build_energy` ``(energy, dim, tau, p, learn_temperature, encoder_space)``.
+
+    :param dict arguments: ``energy``, ``dim``, ``hidden``, ``depth``, ``encoder_space``,
+        ``tau``, ``p``, ``learn_temperature``.
+    :param bool compile: compile the encoder's MLP (:class:`~rpm.models.MLPEncoder`; the same
+        parameters either way).
+    """
+    from rpm.models.mlp import MLPEncoder
+
+    encoder = MLPEncoder(arguments["dim"], arguments["hidden"], arguments["depth"],
+                         arguments["encoder_space"], compile=compile)
+    energy = build_energy(arguments["energy"], arguments["dim"], tau=arguments["tau"],
+                          p=arguments["p"], learn_temperature=arguments["learn_temperature"],
+                          encoder_space=arguments["encoder_space"])
+    return build_rpm(encoder, energy)
 
 
 @torch.no_grad()

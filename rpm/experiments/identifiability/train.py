@@ -30,12 +30,12 @@ from rpm.data.synthetic import InvertibleMLP, LatentProcess
 from rpm.experiments.common import derived_seed, seed_everything
 from rpm.experiments.identifiability.data import PairStream
 from rpm.experiments.identifiability.model import (
-    build_energy,
     build_rpm,
     energy_parameters,
+    model_from_arguments,
 )
+from rpm.experiments.trained import write_model_record
 from rpm.metrics import mcc, mcc_per_dimension, r2, r2_per_dimension
-from rpm.models.mlp import MLPEncoder
 from rpm.priors import AnisotropicEnergy
 from rpm.training.schedule import cosine_schedule
 from rpm.training.trainer import Trainer
@@ -110,12 +110,13 @@ def train_energy(name: str, args: argparse.Namespace, process: LatentProcess,
     """
     seed_everything(args.seed)  # same encoder initialisation whichever energies run together
     device = process.device
-    encoder = MLPEncoder(args.dim, args.hidden, args.depth, args.encoder_space,
-                         compile=args.compile)
-    energy = build_energy(name, args.dim, tau=args.tau, p=args.p,
-                          learn_temperature=args.learn_temperature,
-                          encoder_space=args.encoder_space)
-    model = build_rpm(encoder, energy).to(device)
+    arguments = {"energy": name, "dim": args.dim, "hidden": args.hidden, "depth": args.depth,
+                 "encoder_space": args.encoder_space, "tau": args.tau, "p": args.p,
+                 "learn_temperature": args.learn_temperature}
+    model = model_from_arguments(arguments, compile=args.compile).to(device)
+    energy = model.prior.energy
+    if distributed.is_main_process():  # what rpm.load rebuilds the model from
+        write_model_record(out, "identifiability", arguments)
     z_eval, x_eval = held_out["eval"]
     z_test, x_test = held_out["test"]
     untrained = _scores(z_test, _encoder_outputs(model, x_test))

@@ -33,9 +33,11 @@ Results (:mod:`rpm.experiments.lds.evaluate`), in ``results.json``:
   the means (``var_forecast_error``), the untrained model's scores, the history;
 
 ``dynamics.png`` shows the eigenvalues (learned and true) and a held-out sequence's true state
-against its smoothed latents mapped to it. The floors of issue 20 are ``r2`` >= 0.99 and
-``eigenvalue_error`` <= 0.02; the measured numbers, times and machine are in
-``benchmarks/README.md``.
+against its smoothed latents mapped to it, ``training.png`` the loss and the held-out
+:math:`R^2` against the step. The model's folder ``rpm/`` holds its checkpoint, history and
+model record (``rpm.load(DIR)`` returns the trained model, :mod:`rpm.experiments.trained`).
+The floors of issue 20 are ``r2`` >= 0.99 and ``eigenvalue_error`` <= 0.02; the measured
+numbers, times and machine are in ``benchmarks/README.md``.
 
 References:
     M. Hromadka et al., "Recognition-parametrised Gaussian state-space models" (RP-GSSM), 2025.
@@ -145,10 +147,12 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
 
     from rpm.data.lds import LDS_SIZES, generate_lds
     from rpm.experiments.common import derived_seed, seed_everything
+    from rpm.experiments.figures import plot_training
     from rpm.experiments.lds.evaluate import decoded_states, forecast_errors
-    from rpm.experiments.lds.model import GaussianMLPEncoder, build_sequence_model
+    from rpm.experiments.lds.model import model_from_arguments
     from rpm.experiments.lds.plots import plot_dynamics
     from rpm.experiments.lds.train import train_sequence_model
+    from rpm.experiments.trained import write_model_record
 
     out = run.path
     if args.resume:
@@ -157,11 +161,12 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
     data = generate_lds(args.sequences + args.test_sequences, args.length, state_dim, obs_dim,
                         seed=derived_seed(args.seed, "data"))
     x = data.observations.to(device, torch.get_default_dtype())  # (N, T, P)
+    arguments = {"obs_dim": int(x.shape[-1]), "dim": state_dim, "hidden": args.hidden,
+                 "recognition_noise": args.recognition_noise, "marginal": args.marginal,
+                 "prior": args.prior}
     seed_everything(args.seed)
-    encoder = GaussianMLPEncoder(obs_dim, state_dim, args.hidden, args.recognition_noise)
-    model = build_sequence_model(encoder, state_dim,
-                                 marginal=args.marginal,
-                                 prior=args.prior).to(device)
+    model = model_from_arguments(arguments).to(device)
+    write_model_record(out / MODEL, "lds", arguments)  # what rpm.load rebuilds it from
     untrained = _scores(model, data, args.sequences)
 
     latest = {}  # the scores of the latest evaluation, reused below if it is the last step's
@@ -188,6 +193,9 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
     decoded = decoded_states(inference.smoothed, data.states, args.sequences)[args.sequences]  # (T, H)
     plot_dynamics(out / "dynamics.png", learned, true, data.states[args.sequences], decoded,
                   scores)
+    plot_training(out / "training.png", {f"lds {args.size}": history},
+                  baselines={f"lds {args.size}": untrained["r2"]}, baseline_label="untrained",
+                  loss_label="negative ELBO / frame")
     evaluations = history["evaluations"]
     results = {
         "config": json.loads((out / "config.json").read_text()),

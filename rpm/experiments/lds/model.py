@@ -38,7 +38,7 @@ from rpm.marginals.moment_matched import MomentMatchedMarginal
 from rpm.priors import StateSpacePrior, StationaryStateSpacePrior
 
 __all__ = ["MARGINALS", "PRIORS", "GaussianMLPEncoder", "MomentMatchedSequenceRPM",
-           "build_sequence_model"]
+           "build_sequence_model", "model_from_arguments"]
 
 #: The state-space priors of ``--prior``: the free chain (the default) and the stationary,
 #: scale-pinned one.
@@ -137,3 +137,17 @@ def build_sequence_model(encoder: nn.Module, dim: int, state_dim: int | None = N
                                         guide="structured")
     return rpm.SequenceRPM(recognition, chain, guide="structured",
                            pooled_marginal=marginal == "pooled")
+
+
+def model_from_arguments(arguments: dict) -> rpm.SequenceRPM:
+    r"""The untrained model of ``rpm lds`` from its model record (:mod:`rpm.experiments.trained`):
+    :class:`GaussianMLPEncoder` ``(obs_dim, dim, hidden, recognition_noise)`` and
+    :func:`build_sequence_model` ``(encoder, dim, marginal=..., prior=...)``.
+
+    :param dict arguments: ``obs_dim`` (P), ``dim`` (D = H), ``hidden``,
+        ``recognition_noise``, ``marginal``, ``prior``.
+    """
+    encoder = GaussianMLPEncoder(arguments["obs_dim"], arguments["dim"], arguments["hidden"],
+                                 arguments["recognition_noise"])
+    return build_sequence_model(encoder, arguments["dim"], marginal=arguments["marginal"],
+                                prior=arguments["prior"])

@@ -37,9 +37,12 @@ Results (:mod:`rpm.experiments.lds.evaluate`), in ``results.json``:
   read-outs with every frame seen (:mod:`rpm.experiments.pendulum.missing_frames`);
 * the learned A's eigenvalues, the untrained model's scores, the history;
 
-``pendulum.png`` shows held-out frames and the state read out from the smoothed latents. The
-floor of issue 20 is ``r2`` >= 0.93 with and without ``--distractors``; the measured numbers,
-times and machine are in ``benchmarks/README.md``.
+``pendulum.png`` shows held-out frames and the state read out from the smoothed latents,
+``training.png`` the loss and the held-out :math:`R^2` against the step. The model's folder
+``rpm/`` holds its checkpoint, history and model record (``rpm.load(DIR)`` returns the trained
+model, :mod:`rpm.experiments.trained`). The floor of issue 20 is ``r2`` >= 0.93 with and
+without ``--distractors``; the measured numbers, times and machine are in
+``benchmarks/README.md``.
 
 References:
     M. Hromadka et al., "Recognition-parametrised Gaussian state-space models" (RP-GSSM), 2025.
@@ -174,13 +177,14 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
 
     from rpm.data.pendulum import generate_pendulum
     from rpm.experiments.common import derived_seed, seed_everything
+    from rpm.experiments.figures import plot_training
     from rpm.experiments.lds.evaluate import decoded_states, forecast_errors
-    from rpm.experiments.lds.model import build_sequence_model
     from rpm.experiments.lds.train import train_sequence_model
     from rpm.experiments.pendulum.missing_frames import evaluate_missing_frames
-    from rpm.experiments.pendulum.model import build_encoder
+    from rpm.experiments.pendulum.model import model_from_arguments
     from rpm.experiments.pendulum.plots import plot_pendulum
     from rpm.experiments.pendulum.readout import knn_heldout_r2
+    from rpm.experiments.trained import write_model_record
 
     out = run.path
     if args.resume:
@@ -190,14 +194,15 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
                                seed=derived_seed(args.seed, "data"))
     frames = videos.frames.to(device)  # (N, T, 1, S, S)
     states = videos.states  # (N, T, 3), float64
-    seed_everything(args.seed)
     hidden = args.hidden if args.hidden is not None else (0 if args.encoder == "keypoints" else 64)
-    encoder = build_encoder(args.encoder, args.image_size, args.latent_dim, args.channels,
-                            hidden, args.keypoints, args.recognition_noise)
-    model = build_sequence_model(encoder, args.latent_dim,
-                                 args.state_dim or 3 * args.latent_dim,
-                                 marginal=args.marginal,
-                                 prior=args.prior).to(device)
+    arguments = {"encoder": args.encoder, "image_size": int(frames.shape[-1]),
+                 "latent_dim": args.latent_dim, "channels": args.channels, "hidden": hidden,
+                 "keypoints": args.keypoints, "recognition_noise": args.recognition_noise,
+                 "state_dim": args.state_dim or 3 * args.latent_dim, "marginal": args.marginal,
+                 "prior": args.prior}
+    seed_everything(args.seed)
+    model = model_from_arguments(arguments).to(device)
+    write_model_record(out / MODEL, "pendulum", arguments)  # what rpm.load rebuilds it from
     num_train = args.sequences
     untrained = _scores(model, frames, states, num_train)
 
@@ -227,6 +232,9 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
     decoded = decoded_states(inference.smoothed, states, num_train)[num_train]  # (T, 3)
     plot_pendulum(out / "pendulum.png", videos.frames[num_train].cpu(), states[num_train],
                   decoded, scores["r2"])
+    label = "pendulum" + (" with distractors" if args.distractors else "")
+    plot_training(out / "training.png", {label: history}, baselines={label: untrained["r2"]},
+                  baseline_label="untrained", loss_label="negative ELBO / frame")
     learned = torch.linalg.eigvals(inference.transition_matrix)
     missing = {}
     if args.eval_drop_frames > 0:

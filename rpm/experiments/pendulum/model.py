@@ -51,7 +51,8 @@ from torch import nn
 from rpm._validation import check_int, check_positive, check_positive_int
 from rpm.models.center_of_mass import CenterOfMass
 
-__all__ = ["ENCODERS", "GaussianConvEncoder", "GaussianKeypointEncoder", "build_encoder"]
+__all__ = ["ENCODERS", "GaussianConvEncoder", "GaussianKeypointEncoder", "build_encoder",
+           "model_from_arguments"]
 
 #: The encoders of ``--encoder``.
 ENCODERS = ("keypoints", "flat")
@@ -159,3 +160,23 @@ def build_encoder(kind: str, image_size: int, out_dim: int, channels: int, hidde
     if kind == "flat":
         return GaussianConvEncoder(image_size, out_dim, channels, hidden, noise)
     raise ValueError(f"encoder must be one of {ENCODERS}, got {kind!r}")
+
+
+def model_from_arguments(arguments: dict):
+    r"""The untrained model of ``rpm pendulum`` from its model record
+    (:mod:`rpm.experiments.trained`): the encoder of :func:`build_encoder` and the
+    :class:`~rpm.SequenceRPM` of :func:`~rpm.experiments.lds.model.build_sequence_model` with D
+    = ``latent_dim`` latents and H = ``state_dim`` hidden states.
+
+    :param dict arguments: ``encoder``, ``image_size``, ``latent_dim``, ``channels``,
+        ``hidden``, ``keypoints``, ``recognition_noise`` (:func:`build_encoder`), ``state_dim``,
+        ``marginal``, ``prior``.
+    :rtype: rpm.SequenceRPM
+    """
+    from rpm.experiments.lds.model import build_sequence_model
+
+    encoder = build_encoder(arguments["encoder"], arguments["image_size"],
+                            arguments["latent_dim"], arguments["channels"], arguments["hidden"],
+                            arguments["keypoints"], arguments["recognition_noise"])
+    return build_sequence_model(encoder, arguments["latent_dim"], arguments["state_dim"],
+                                marginal=arguments["marginal"], prior=arguments["prior"])

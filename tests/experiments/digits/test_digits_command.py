@@ -198,3 +198,32 @@ def test_scale_information_benchmark_runs_every_prior(capsys, tmp_path):
         assert all(v > 1e-3 for v in row["median_scale_by_strength"].values())  # above the floor
         assert -1.0 <= row["spearman"] <= 1.0 and 0.0 <= row["at_floor"] <= 1.0
     assert len(capsys.readouterr().out.splitlines()) == 1 + len(bench.PRIORS)
+
+
+@pytest.mark.slow
+def test_rpm_load_gives_each_method_in_eval_mode(tmp_path):
+    """``rpm.load`` of a toy run of an RPM method and the plain-torch one: each embeds new
+    images as the CNN given the checkpoint's weights in eval mode (batch normalisation with its
+    running statistics); in train mode the same images get other codes, so eval mode matters."""
+    import torch
+
+    import rpm
+    from rpm.experiments.digits.model import DigitsEncoder
+    from rpm.training.checkpoint import load_checkpoint
+
+    assert _run(tmp_path, *TINY, "--methods", "ntxent,torch_ntxent") == 0
+    out = tmp_path / "run"
+    x = torch.rand(16, 1, 8, 8)  # new images
+    for name, prefix, kind in (("ntxent", "recognition.net.", rpm.RPM),
+                               ("torch_ntxent", "", DigitsEncoder)):
+        model = rpm.load(out, model=name)
+        assert isinstance(model, kind) and not model.training
+        weights = load_checkpoint(out / name / "checkpoint.pt")["module"]
+        encoder = DigitsEncoder(width=4, latent_dim=8)
+        encoder.load_state_dict({key[len(prefix):]: value for key, value in weights.items()
+                                 if key.startswith(prefix)})
+        encoder.eval()
+        with torch.no_grad():
+            z = model.encode(x)
+            torch.testing.assert_close(z, encoder(x))
+            assert (model.train().encode(x) - z).abs().max() > 1e-3

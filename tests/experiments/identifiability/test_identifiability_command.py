@@ -124,3 +124,47 @@ def test_benchmark_script_runs_every_setting_and_summarises(tmp_path, capsys):
     assert set(summary) == {"sphere", "box", "aninfonce"}
     assert " +- " in summary["sphere"]["r2"] and " +- " in summary["box"]["mcc"]
     assert " +- " in summary["aninfonce"]["anisotropic"]["group_ratio_learned"]
+
+
+def test_rpm_load_gives_each_trained_energy_in_eval_mode(tmp_path):
+    """``rpm.load`` of a toy run of two energies: asked without a name it lists them; each is
+    an RPM in eval mode whose encoding of new inputs is the MLP encoder given the checkpoint's
+    weights, and whose encoding of the run's test set gives the run's own test R^2."""
+    import rpm
+    import rpm.experiments.identifiability.command as ident
+    from rpm.cli import build_parser
+    from rpm.data.synthetic import InvertibleMLP
+    from rpm.experiments.common import derived_seed
+    from rpm.experiments.identifiability.data import held_out_set
+    from rpm.metrics import r2
+    from rpm.models.mlp import MLPEncoder
+    from rpm.training.checkpoint import load_checkpoint
+    from rpm.training.run_folder import RunFolderError
+
+    argv = ["--dim", "3", "--steps", "3", "--batch-size", "8", "--hidden", "4", "--depth", "1",
+            "--eval-samples", "20", "--eval-every", "0", "--checkpoint-every", "0",
+            "--compare-energies", "cosine,rbf"]
+    assert _run(tmp_path, *argv) == 0
+    out = tmp_path / "run"
+    with pytest.raises(RunFolderError, match="holds 2 trained models: choose one with model=, "
+                                             "one of 'cosine', 'rbf'"):
+        rpm.load(out)
+    with pytest.raises(RunFolderError, match="has no model 'lp': choose one of 'cosine', 'rbf'"):
+        rpm.load(out, model="lp")
+    args = build_parser().parse_args(["identifiability", "--out", str(out), *argv])
+    process = ident._process(ident._resolve(args), torch.device("cpu"))
+    mixing = InvertibleMLP(3, seed=derived_seed(0, "mixing"))
+    z_test, x_test = held_out_set(process, mixing, 20, derived_seed(0, "test"))
+    results = json.loads((out / "results.json").read_text())["runs"]
+    x = torch.randn(10, 3)
+    for name in ("cosine", "rbf"):
+        model = rpm.load(out, model=name)
+        assert isinstance(model, rpm.RPM) and not model.training
+        assert model.trained["model"] == name and model.config["compare_energies"] == ["cosine", "rbf"]
+        weights = load_checkpoint(out / name / "checkpoint.pt")["module"]
+        encoder = MLPEncoder(3, 4, 1, "sphere")
+        encoder.load_state_dict({key[len("recognition.net."):]: value for key, value
+                                 in weights.items() if key.startswith("recognition.net.")})
+        with torch.no_grad():
+            torch.testing.assert_close(model.encode(x), encoder(x))
+            assert r2(z_test, model.encode(x_test)) == results[name]["r2"]

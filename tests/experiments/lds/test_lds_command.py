@@ -140,7 +140,7 @@ def test_end_to_end_run_writes_results_and_resumes(tmp_path, capsys):
     assert len(results["eigenvalues"]["true"]) == 3
     assert 0.0 < results["r2"] <= 1.0 and results["eigenvalue_error"] >= 0.0
     assert [e["step"] for e in results["history"]["evaluations"]] == [3, 6]
-    assert (out / "dynamics.png").stat().st_size > 0
+    assert (out / "dynamics.png").stat().st_size > 0 and (out / "training.png").stat().st_size > 0
     state = torch.load(out / "rpm" / "checkpoint.pt", weights_only=True)["state"]
     assert state["step"] == 6
     capsys.readouterr()
@@ -177,3 +177,34 @@ def test_marginal_flag_builds_its_estimate():
             assert marginal.pooled == pooled
     with pytest.raises(ValueError, match="marginal"):
         build_sequence_model(GaussianMLPEncoder(5, 2, hidden=0), 2, marginal="mixture")
+
+
+def test_rpm_load_gives_the_trained_model_in_eval_mode(tmp_path):
+    """``rpm.load`` of a toy run: a SequenceRPM in eval mode with the run's configuration and
+    every tensor of its checkpoint; its means of new sequences are the affine map of the
+    checkpoint's weights, and its smoothed latents give the run's own held-out R^2."""
+    import rpm
+    from rpm.experiments.common import derived_seed
+    from rpm.training.checkpoint import load_checkpoint
+
+    argv = ["--steps", "4", "--sequences", "12", "--test-sequences", "6", "--length", "16",
+            "--batch-size", "4", "--window", "8", "--eval-every", "0", "--checkpoint-every", "0"]
+    assert _run(tmp_path, *argv) == 0
+    out = tmp_path / "run"
+    model = rpm.load(out, device=torch.device("cpu"))
+    assert isinstance(model, rpm.SequenceRPM) and not model.training
+    assert model.config == json.loads((out / "config.json").read_text())
+    assert model.trained == {"command": "lds", "model": "rpm", "step": 4, "folder": str(out)}
+    weights = load_checkpoint(out / "rpm" / "checkpoint.pt")["module"]
+    loaded = model.state_dict()
+    assert set(loaded) == set(weights)
+    assert all(torch.equal(loaded[key], weights[key]) for key in weights)
+    x = torch.randn(3, 7, 5)  # new sequences of observations, (N, T, P)
+    expected = (x.double() @ weights["recognition.net.linear.weight"].double().T
+                + weights["recognition.net.linear.bias"].double())  # W x + c, affine encoder
+    with torch.no_grad():
+        torch.testing.assert_close(model.encode(x).double(), expected, atol=1e-5, rtol=1e-5)
+    data = generate_lds(18, 16, 3, 5, seed=derived_seed(0, "data"))
+    smoothed = infer_states(model, data.observations.float()).smoothed
+    results = json.loads((out / "results.json").read_text())
+    assert heldout_r2(data.states, smoothed, 12).mean().item() == results["r2"]

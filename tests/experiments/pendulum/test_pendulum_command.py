@@ -65,7 +65,7 @@ def test_end_to_end_run_with_distractors_writes_results_and_resumes(tmp_path, ca
     assert set(results["forecast_error"]) == set(results["var_forecast_error"]) == {"1", "10"}
     assert results["config"]["distractors"] is True
     assert len(results["eigenvalues"]) == 5  # H = --state-dim
-    assert (out / "pendulum.png").stat().st_size > 0
+    assert (out / "pendulum.png").stat().st_size > 0 and (out / "training.png").stat().st_size > 0
     capsys.readouterr()
     assert main(["pendulum", "--resume", "--out", str(out), "--no-progress"]) == 0
     assert "finished earlier (4/4 steps), reloaded" in capsys.readouterr().out
@@ -231,3 +231,50 @@ def test_knn_read_out_against_a_brute_force_loop():
     # a read-out of the latents themselves is exact with one neighbour of identical copies
     copies = torch.cat([latents[:3], latents[:1]])
     assert knn_heldout_r2(copies, copies, num_train=3, k=1).tolist() == pytest.approx([1.0] * 3)
+
+
+def _keypoint_means(weights: dict, x: torch.Tensor) -> torch.Tensor:
+    """The keypoint encoder's means written out in float64 from its weights: the three
+    convolutions, a softmax over each map's pixels, the centres of mass at pixel-centre
+    coordinates in (-1, 1), interleaved (x_1, y_1, ...), then the affine map."""
+    w = {key[len("recognition.net."):]: value.double() for key, value in weights.items()
+         if key.startswith("recognition.net.")}
+    h = torch.relu(torch.nn.functional.conv2d(x, w["maps.0.weight"], w["maps.0.bias"], padding=2))
+    h = torch.relu(torch.nn.functional.conv2d(h, w["maps.2.weight"], w["maps.2.bias"], padding=1))
+    logits = torch.nn.functional.conv2d(h, w["maps.4.weight"], w["maps.4.bias"])  # (M, K, S, S)
+    m, k, s, _ = logits.shape
+    p = logits.reshape(m, k, s * s).softmax(-1).reshape(m, k, s, s)
+    grid = 2 * (torch.arange(s, dtype=torch.float64) + 0.5) / s - 1
+    points = torch.stack([(p.sum(2) * grid).sum(-1), (p.sum(3) * grid).sum(-1)], -1).reshape(m, 2 * k)
+    return points @ w["linear.weight"].T + w["linear.bias"]
+
+
+def test_rpm_load_gives_the_trained_model_in_eval_mode(tmp_path):
+    """``rpm.load`` of a toy run: a SequenceRPM in eval mode with the run's configuration; its
+    means of new videos are the keypoint encoder written out from the checkpoint's weights,
+    and its smoothed latents give the run's own held-out R^2."""
+    import rpm
+    from rpm.experiments.common import derived_seed
+    from rpm.experiments.lds.evaluate import heldout_r2
+    from rpm.training.checkpoint import load_checkpoint
+
+    argv = ["--steps", "3", "--sequences", "4", "--test-sequences", "2", "--length", "12",
+            "--image-size", "10", "--batch-size", "2", "--window", "4", "--channels", "3",
+            "--keypoints", "2", "--latent-dim", "2", "--eval-every", "0",
+            "--checkpoint-every", "0", "--eval-drop-frames", "0"]
+    assert _run(tmp_path, *argv) == 0
+    out = tmp_path / "run"
+    model = rpm.load(out)
+    assert isinstance(model, rpm.SequenceRPM) and not model.training
+    assert model.config["image_size"] == 10 and model.trained["step"] == 3
+    weights = load_checkpoint(out / "rpm" / "checkpoint.pt")["module"]
+    x = torch.rand(2, 5, 1, 10, 10)  # new videos, (N, T, 1, S, S)
+    with torch.no_grad():
+        z = model.encode(x)
+    assert z.shape == (2, 5, 2)
+    expected = _keypoint_means(weights, x.double().flatten(0, 1)).reshape(2, 5, 2)
+    torch.testing.assert_close(z.double(), expected, atol=1e-5, rtol=1e-5)
+    videos = generate_pendulum(6, 12, 10, 0.05, False, seed=derived_seed(0, "data"))
+    smoothed = infer_states(model, videos.frames).smoothed
+    results = json.loads((out / "results.json").read_text())
+    assert heldout_r2(videos.states, smoothed, 4).mean().item() == results["r2"]
