@@ -117,7 +117,7 @@ def test_a_bad_file_is_refused_in_one_line_before_the_run_folder(tmp_path, capsy
     np.savez(path, **arrays)
     assert _run(tmp_path, "--data", str(path), "--batch-size", "16") == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"rpm identifiability: error: --data {path}: ") and message in err
+    assert err.startswith(f"python -m rpm identifiability: error: --data {path}: ") and message in err
     assert err.count("\n") == 1
     assert not (tmp_path / "run").exists()
 

@@ -118,7 +118,7 @@ def test_a_bad_file_is_refused_in_one_line_before_the_run_folder(tmp_path, capsy
     np.savez(path, **arrays)
     assert _run(tmp_path, "--data", str(path), "--window", "6") == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"rpm pendulum: error: --data {path}: ") and message in err
+    assert err.startswith(f"python -m rpm pendulum: error: --data {path}: ") and message in err
     assert err.count("\n") == 1
     assert not (tmp_path / "run").exists()
 
