@@ -63,30 +63,33 @@ class MLPEncoder(nn.Module):
     the nonlinear correction. In the sphere / vMF setting this roughly halves the number of
     steps to a given :math:`R^2`.
 
-    :param int dim: input and output dimension n.
+    :param int dim: output dimension n (and the input's, unless ``in_dim`` is given).
     :param int hidden: width H of the hidden layers.
     :param int depth: number L >= 1 of hidden layers.
     :param str space: ``"sphere"``, ``"box"`` or ``"unbounded"``.
     :param bool compile: run :func:`residual_mlp` through :func:`torch.compile` (the parameters
         are still fetched eagerly, e.g. from Pyro's param store).
+    :param int in_dim: input dimension P (default n); for P != n the linear path starts at the
+        rectangular identity (:math:`S_{ij} = [i = j]`: the first min(P, n) coordinates).
     """
 
     def __init__(self, dim: int, hidden: int = 256, depth: int = 3, space: str = "sphere",
-                 compile: bool = False) -> None:
+                 compile: bool = False, in_dim: int | None = None) -> None:
         super().__init__()
         dim = check_positive_int("dim", dim)
+        in_dim = dim if in_dim is None else check_positive_int("in_dim", in_dim)
         hidden = check_positive_int("hidden", hidden)
         depth = check_positive_int("depth", depth)
         check_choice("space", space, ENCODER_SPACES)
         check_bool("compile", compile)
         self.space = space
-        self.skip = nn.Linear(dim, dim)
-        self.inp = nn.Linear(dim, hidden)
+        self.skip = nn.Linear(in_dim, dim)
+        self.inp = nn.Linear(in_dim, hidden)
         self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(depth))
         self.blocks = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(depth - 1))
         self.out = nn.Linear(hidden, dim)
         with torch.no_grad():
-            self.skip.weight.copy_(torch.eye(dim))
+            self.skip.weight.copy_(torch.eye(dim, in_dim))
             self.skip.bias.zero_()
             self.out.weight.zero_()
             self.out.bias.zero_()
@@ -101,5 +104,5 @@ class MLPEncoder(nn.Module):
                          self.out.bias]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Encodes a batch. Shape: (N, n) -> (N, n)."""
+        """Encodes a batch. Shape: (N, P) -> (N, n)."""
         return self.function(x, self.parameter_list(), self.space)

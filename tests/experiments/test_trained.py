@@ -126,3 +126,129 @@ def test_a_cpu_run_loads_on_the_gpu(lds_run):
     with torch.no_grad():
         torch.testing.assert_close(gpu.encode(x.cuda()).cpu(), cpu.encode(x), atol=1e-5,
                                    rtol=1e-5)
+
+
+# ---------------------------------------------------------------- runs on your own data (--data)
+# A run trained with --data records the sizes read from the file (the observation dimension, the
+# input dimension, the channels, the frame size) in its model record, and rpm.load rebuilds the
+# model from them: each command's toy run on a file of a shape its defaults do not have loads,
+# and embeds new inputs as the encoder written out from (or rebuilt from) the checkpoint.
+
+def _run_on_file(tmp_path, command, arrays, *argv):
+    """The run folder of ``rpm COMMAND --data FILE.npz`` on the ``arrays`` (a toy run: one
+    thread, the CPU, no evaluation during training, one checkpoint at the end)."""
+    import numpy as np
+
+    path = tmp_path / f"{command}.npz"
+    np.savez(path, **arrays)
+    out = tmp_path / "run"
+    assert main([command, "--data", str(path), "--out", str(out), "--no-progress", "--device",
+                 "cpu", "--threads", "1", "--eval-every", "0", "--checkpoint-every", "0",
+                 *argv]) == 0
+    return out
+
+
+def _loaded(out, command, arguments, model=None):
+    """``rpm.load`` of the run: the model, in eval mode, of the command, whose record holds
+    ``arguments`` (a subset); and the weights of its checkpoint."""
+    from rpm.training.checkpoint import load_checkpoint
+
+    loaded = rpm.load(out, model=model)
+    name = model or "rpm"
+    assert not loaded.training and loaded.trained["command"] == command
+    record = json.loads((out / name / MODEL_RECORD).read_text())["arguments"]
+    assert {key: record[key] for key in arguments} == arguments
+    weights = load_checkpoint(out / name / "checkpoint.pt")["module"]
+    state = loaded.state_dict()
+    assert set(state) == set(weights)
+    assert all(torch.equal(state[key], weights[key]) for key in weights)
+    return loaded, weights
+
+
+def _prefixed(weights, prefix):
+    return {key[len(prefix):]: value for key, value in weights.items() if key.startswith(prefix)}
+
+
+def test_an_lds_run_on_observations_of_another_dimension_loads(tmp_path):
+    """Observations of D = 7 numbers (the default sizes have 5, 10 or 20) and --latent-dim 2: the
+    record holds them and the loaded model's means of new sequences are the affine encoder of the
+    checkpoint's weights."""
+    observations = torch.randn(6, 12, 7, generator=torch.Generator().manual_seed(0))
+    out = _run_on_file(tmp_path, "lds", {"observations": observations.numpy()},
+                       "--latent-dim", "2", "--steps", "2", "--batch-size", "2", "--window",
+                       "4")
+    model, weights = _loaded(out, "lds", {"obs_dim": 7, "dim": 2})
+    assert isinstance(model, rpm.SequenceRPM)
+    x = torch.randn(3, 5, 7)
+    expected = (x.double() @ weights["recognition.net.linear.weight"].double().T
+                + weights["recognition.net.linear.bias"].double())
+    with torch.no_grad():
+        z = model.encode(x)
+    assert z.shape == (3, 5, 2)
+    torch.testing.assert_close(z.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_pendulum_run_on_colour_non_square_videos_loads(tmp_path):
+    """Videos of 3 channels and 10 x 14 pixels with the flat encoder (whose linear layer depends
+    on the frame size): the record holds the channels and the frame size, and the loaded model's
+    means of new videos are the convolutions written out from the checkpoint's weights."""
+    frames = torch.rand(4, 8, 3, 10, 14, generator=torch.Generator().manual_seed(0))
+    out = _run_on_file(tmp_path, "pendulum", {"observations": frames.numpy()},
+                       "--encoder", "flat", "--steps", "2", "--batch-size", "2", "--window", "4",
+                       "--channels", "2", "--hidden", "4", "--latent-dim", "2",
+                       "--eval-drop-frames", "0")
+    model, weights = _loaded(out, "pendulum", {"encoder": "flat", "in_channels": 3,
+                                               "image_size": [10, 14], "latent_dim": 2})
+    assert isinstance(model, rpm.SequenceRPM)
+    w = {key: value.double() for key, value in _prefixed(weights, "recognition.net.").items()}
+    x = torch.rand(2, 5, 3, 10, 14)  # new videos, (N, T, C, H, W)
+    h = torch.relu(torch.nn.functional.conv2d(x.double().flatten(0, 1), w["net.0.weight"],
+                                              w["net.0.bias"], stride=2, padding=2))
+    h = torch.relu(torch.nn.functional.conv2d(h, w["net.2.weight"], w["net.2.bias"], stride=2,
+                                              padding=2))  # (M, 4, 3, 4)
+    h = torch.relu(h.flatten(1) @ w["net.5.weight"].T + w["net.5.bias"])
+    expected = (h @ w["net.7.weight"].T + w["net.7.bias"]).reshape(2, 5, 2)
+    with torch.no_grad():
+        torch.testing.assert_close(model.encode(x).double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_an_identifiability_run_on_pairs_of_another_dimension_loads(tmp_path):
+    """Pairs of P = 5 numbers for n = 3 latents (in_dim != dim): the record holds in_dim, and the
+    loaded model encodes new inputs as the MLP encoder P -> n given the checkpoint's weights."""
+    from rpm.models.mlp import MLPEncoder
+
+    views = torch.randn(40, 2, 5, generator=torch.Generator().manual_seed(0))
+    out = _run_on_file(tmp_path, "identifiability", {"views": views.numpy()}, "--dim", "3",
+                       "--steps", "3", "--batch-size", "8", "--hidden", "4", "--depth", "1")
+    model, weights = _loaded(out, "identifiability", {"dim": 3, "in_dim": 5}, model="cosine")
+    assert isinstance(model, rpm.RPM)
+    encoder = MLPEncoder(3, 4, 1, "sphere", in_dim=5)
+    encoder.load_state_dict(_prefixed(weights, "recognition.net."))
+    x = torch.randn(10, 5)
+    with torch.no_grad():
+        z = model.encode(x)
+        assert z.shape == (10, 3)
+        torch.testing.assert_close(z, encoder(x))
+
+
+def test_a_digits_run_on_colour_images_of_another_size_loads(tmp_path):
+    """Images of 3 channels and 12 x 12 pixels (the bundled digits: 1 x 8 x 8): the record holds
+    the channels, and the loaded RPM embeds new images as the CNN given the checkpoint's weights
+    in eval mode."""
+    from rpm.experiments.digits.model import DigitsEncoder
+
+    images = torch.rand(48, 3, 12, 12, generator=torch.Generator().manual_seed(0))
+    out = _run_on_file(tmp_path, "digits", {"images": images.numpy()}, "--steps", "2",
+                       "--batch-size", "16", "--width", "4", "--latent-dim", "8", "--draws", "1",
+                       "--methods", "ntxent")
+    model, weights = _loaded(out, "digits", {"method": "ntxent", "in_channels": 3},
+                             model="ntxent")
+    assert isinstance(model, rpm.RPM)
+    encoder = DigitsEncoder(width=4, latent_dim=8, in_channels=3)
+    encoder.load_state_dict(_prefixed(weights, "recognition.net."))
+    encoder.eval()
+    x = torch.rand(6, 3, 12, 12)
+    with torch.no_grad():
+        z = model.encode(x)
+        assert z.shape == (6, 8)
+        torch.testing.assert_close(z, encoder(x))

@@ -51,3 +51,12 @@ def test_encoder_rejects_bad_arguments():
         MLPEncoder(True)
     with pytest.raises(ValueError, match="space"):
         MLPEncoder(3, space="ball")
+
+
+def test_in_dim_starts_at_the_rectangular_identity():
+    """P inputs to n outputs: the untrained unbounded encoder keeps the first min(P, n)
+    coordinates (and pads with zeros)."""
+    x = torch.randn(6, 5)
+    torch.testing.assert_close(MLPEncoder(2, 8, 2, "unbounded", in_dim=5)(x), x[:, :2])
+    wide = MLPEncoder(7, 8, 2, "unbounded", in_dim=5)(x)
+    torch.testing.assert_close(wide, torch.cat([x, torch.zeros(6, 2)], 1))

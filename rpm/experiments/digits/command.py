@@ -52,6 +52,13 @@ class) and ``training.png`` (loss and validation kNN accuracy against the step).
 per method with its ``checkpoint.pt`` and ``history.json`` (``seed{s}/`` above them with several
 seeds); ``--resume`` continues (``--steps`` may grow).
 
+Your own images: ``--data FILE.npz`` (arrays ``images`` (N, H, W) or (N, C, H, W), optional
+``labels`` (N,) and ``held_out`` (N,)) trains on them instead and scores with the labels when the
+file has them (:mod:`rpm.experiments.digits.fitting`, whose :func:`fit
+<rpm.experiments.digits.fitting.fit>` does the same on arrays); without labels the scores are
+skipped (``scores_skipped`` in ``results.json``). The floors of :data:`FLOORS` are the bundled
+digits'.
+
 The measured scores and times are in ``benchmarks/README.md``.
 
 References:
@@ -125,6 +132,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     add_common_arguments(parser, default_out="runs/digits", default_checkpoint_every=500,
                          grow_flag="--steps")
+    data = parser.add_argument_group(
+        "data", "scikit-learn's digits by default; --data FILE.npz trains on your own images: "
+        "arrays 'images' (N, H, W) or (N, C, H, W) (channels first, intensities in [0, 1]; "
+        "uint8 images are divided by 255), optional 'labels' (N,) integer classes to score "
+        "with and 'held_out' (N,) boolean (the test images, never trained on; default: a "
+        "stratified quarter with labels, none without); without labels the scores are skipped")
+    data.add_argument("--data", metavar="FILE.npz", default=None,
+                      help="train on the arrays of this NumPy archive (numpy.savez) instead of "
+                      "the bundled digits")
     model = parser.add_argument_group("model")
     model.add_argument("--methods", type=_method_list, default=list(DEFAULT_METHODS), metavar="LIST",
                        help=f"methods to train, separated by commas, from {','.join(METHODS)}; "
@@ -165,7 +181,14 @@ def _validate(args: argparse.Namespace) -> None:
     if args.batch_size % world:
         raise ConfigurationError(f"--batch-size {args.batch_size} is the global batch of the {world} "
                                  f"processes: make it a multiple of {world}")
-    if args.batch_size > 1347:
+    if args.data is not None:
+        from rpm.experiments.digits.fitting import load_data
+
+        try:
+            load_data(args.data, args.batch_size, args.methods)
+        except ValueError as err:
+            raise ConfigurationError(f"--data {args.data}: {err}") from None
+    elif args.batch_size > 1347:
         raise ConfigurationError(f"--batch-size {args.batch_size} is more than the 1347 training "
                                  "images: use at most 1347 (default 256)")
     if "temperature" in getattr(args, GIVEN_FLAGS, ()) and not set(args.methods) & set(_COSINE):
@@ -225,6 +248,8 @@ def _mean_over_seeds(runs: list[dict]) -> dict:
 
     if len(runs) == 1:
         return runs[0]
+    if "linear_probe" not in runs[0]:  # images without labels: nothing scored
+        return {**runs[0], "train_seconds": sum(r["train_seconds"] for r in runs)}
 
     def merge(parts: list[dict]) -> dict:
         merged = dict(parts[0])
@@ -315,26 +340,39 @@ def _train_and_report(args: argparse.Namespace, out: Path, device, run: Run | No
     from rpm.experiments.digits.train import train_method
     from rpm.experiments.figures import plot_training
 
-    data = load_digits_split()
+    if args.data is not None:
+        from rpm.experiments.digits.fitting import load_data
+
+        data = load_data(args.data, args.batch_size)
+    else:
+        data = load_digits_split()
+    labelled = data.train.labels is not None
     seeds = _seeds(args)
     per_seed = {}
     for seed in seeds:
-        trained = {name: train_method(name, args, data, device, _folder(out, name, seed, seeds), seed)
+        trained = {name: train_method(name, args, data, device, _folder(out, name, seed, seeds),
+                                      seed)[0]
                    for name in args.methods}
         if distributed.is_main_process():
-            per_seed[seed] = {**trained, **_baselines(args, data, device, seed)}
+            per_seed[seed] = {**trained,
+                              **(_baselines(args, data, device, seed) if labelled else {})}
     if not distributed.is_main_process():
         return 0
     methods = {name: _mean_over_seeds([per_seed[seed][name] for seed in seeds])
                for name in per_seed[seeds[0]]}
-    plot_label_efficiency(out / "label_efficiency.png", methods,
-                          title="rpm digits: test accuracy against labelled images per class")
+    skipped = None if labelled else f"no labels in {args.data}"
+    if labelled:
+        plot_label_efficiency(out / "label_efficiency.png", methods,
+                              title="rpm digits: test accuracy against labelled images per class")
     plot_training(out / "training.png",
-                  {n: {"losses": m["reported_losses"], "evaluations": m["evaluations"]}
+                  {n: {"losses": m["reported_losses"],
+                       "evaluations": m["evaluations"] if labelled else []}
                    for n, m in methods.items() if "reported_losses" in m},
                   score="knn", score_label="validation kNN accuracy",
                   loss_label="loss (NT-Xent, InfoNCE or -ELBO / N)")
-    checks = _checks(methods)
+    checks = _checks(methods) if labelled else {}
+    if args.data is not None:
+        checks.pop("floors", None)  # the floors are the bundled digits
     summary = {
         "config": json.loads((out / "config.json").read_text()),
         "environment": environment(device),
@@ -342,8 +380,10 @@ def _train_and_report(args: argparse.Namespace, out: Path, device, run: Run | No
                        "batch normalisation in eval mode",
                        "labels_per_class": ["1", "5", "10", "all"], "draws": args.draws,
                        "accuracy": "test accuracy in [0, 1], mean over the draws",
-                       "train_images": int(data.train.labels.shape[0]),
-                       "test_images": int(data.test.labels.shape[0])},
+                       "train_images": int(data.train.images.shape[0]),
+                       "test_images": int(data.test.images.shape[0]),
+                       "data": args.data or "scikit-learn's digits"},
+        **({"scores_skipped": skipped} if skipped else {}),
         "seeds": seeds,
         "methods": methods,
         **({"per_seed": {str(seed): per_seed[seed] for seed in seeds}} if len(seeds) > 1 else {}),
@@ -351,7 +391,11 @@ def _train_and_report(args: argparse.Namespace, out: Path, device, run: Run | No
         **run.provenance(),
     }
     write_json_atomic(out / "results.json", summary)
-    print(_table(methods))
+    if skipped:
+        print(f"trained {', '.join(methods)} on {args.data}; scores skipped: {skipped} (give "
+              "'labels' (N,) in the file to score the representations)")
+    else:
+        print(_table(methods))
     for line in _messages(checks):
         print(line, file=sys.stderr)
     print(f"results and figures in {out} ({run.elapsed():.0f} s"

@@ -75,7 +75,7 @@ from rpm.priors import (
 )
 
 __all__ = ["METHODS", "QUEUE_SIZE", "RPM_METHODS", "VIEWS", "DigitsEncoder", "build_method",
-           "model_from_arguments", "torch_ntxent_loss"]
+           "method_from_arguments", "model_from_arguments", "torch_ntxent_loss"]
 
 #: The RPM methods (module table), then the plain-torch reference.
 RPM_METHODS = ("infonce", "ntxent", "rbf", "gaussian", "star4", "mixture4", "multicrop", "queue")
@@ -96,15 +96,18 @@ class DigitsEncoder(nn.Module):
     :param int latent_dim: dimension D of :math:`z`.
     :param bool gaussian: the head also outputs a standard deviation per dimension, and
         ``forward`` returns ``(loc, scale)``.
+    :param int in_channels: C, the images' channels.
     """
 
-    def __init__(self, width: int = 16, latent_dim: int = 64, gaussian: bool = False) -> None:
+    def __init__(self, width: int = 16, latent_dim: int = 64, gaussian: bool = False,
+                 in_channels: int = 1) -> None:
         super().__init__()
         w = check_positive_int("width", width)
+        check_positive_int("in_channels", in_channels)
         self.latent_dim = check_positive_int("latent_dim", latent_dim)
         self.gaussian = bool(gaussian)
         self.backbone = nn.Sequential(
-            nn.Conv2d(1, w, 3, padding=1), nn.BatchNorm2d(w), nn.ReLU(),  # (N, w, s, s)
+            nn.Conv2d(in_channels, w, 3, padding=1), nn.BatchNorm2d(w), nn.ReLU(),  # (N, w, s, s)
             nn.Conv2d(w, 2 * w, 3, padding=1), nn.BatchNorm2d(2 * w), nn.ReLU(),
             nn.MaxPool2d(2),  # (N, 2w, s/2, s/2)
             nn.Conv2d(2 * w, 4 * w, 3, padding=1), nn.BatchNorm2d(4 * w), nn.ReLU(),
@@ -114,7 +117,7 @@ class DigitsEncoder(nn.Module):
         self.head = nn.Sequential(nn.Linear(4 * w, 128), nn.BatchNorm1d(128), nn.ReLU(), nn.Linear(128, out))
 
     def forward(self, x: torch.Tensor):
-        """:param torch.Tensor x: images. Shape: (N, 1, s, s), s >= 2.
+        """:param torch.Tensor x: images. Shape: (N, C, H, W), H, W >= 2.
         :returns: the latents, shape (N, D); or ``(loc, scale)``, each (N, D), when Gaussian."""
         out = self.head(self.backbone(x))
         if not self.gaussian:
@@ -126,7 +129,7 @@ class DigitsEncoder(nn.Module):
         """The latents z of images x (the means for a Gaussian encoder), as
         :meth:`rpm.RPM.encode` gives them for the RPMs built on this encoder.
 
-        :param torch.Tensor x: images. Shape: (N, 1, s, s), s >= 2.
+        :param torch.Tensor x: images. Shape: (N, C, H, W), H, W >= 2.
         :returns: shape (N, D)."""
         out = self(x)
         return out[0] if self.gaussian else out
@@ -157,8 +160,8 @@ def torch_ntxent_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float) ->
     return F.cross_entropy(logits, targets) - math.log(2 * n - 1)
 
 
-def build_method(name: str, width: int, latent_dim: int,
-                 temperature: float) -> tuple[nn.Module, DigitsEncoder]:
+def build_method(name: str, width: int, latent_dim: int, temperature: float,
+                 in_channels: int = 1) -> tuple[nn.Module, DigitsEncoder]:
     """The trained module of method ``name`` (an :class:`rpm.RPM`, or the encoder itself for
     ``torch_ntxent``) and its encoder (whose ``backbone`` is evaluated).
 
@@ -166,9 +169,11 @@ def build_method(name: str, width: int, latent_dim: int,
     :param int width: the encoder's width.
     :param int latent_dim: D.
     :param float temperature: :math:`\\tau` of the cosine energy (:math:`\\kappa = 1/\\tau`).
+    :param int in_channels: the images' channels.
     """
     temperature = check_positive("temperature", temperature)
-    encoder = DigitsEncoder(width, latent_dim, gaussian=name == "gaussian")
+    encoder = DigitsEncoder(width, latent_dim, gaussian=name == "gaussian",
+                            in_channels=in_channels)
     if name == "torch_ntxent":
         return encoder, encoder
     cosine = CosineEnergy(kappa=1.0 / temperature)
@@ -196,14 +201,23 @@ def build_method(name: str, width: int, latent_dim: int,
     return model, encoder
 
 
+def method_from_arguments(arguments: dict) -> tuple[nn.Module, DigitsEncoder]:
+    """:func:`build_method` ``(method, width, latent_dim, temperature, in_channels)`` of a
+    model record of ``rpm digits`` (:mod:`rpm.experiments.trained`): the module and its
+    encoder. ``in_channels`` is 1 if absent (the records of the one-channel bundled digits
+    written before ``--data``)."""
+    return build_method(arguments["method"], arguments["width"], arguments["latent_dim"],
+                        arguments["temperature"], in_channels=arguments.get("in_channels", 1))
+
+
 def model_from_arguments(arguments: dict) -> nn.Module:
     """The untrained module of an ``rpm digits`` method from its model record
-    (:mod:`rpm.experiments.trained`): the first of :func:`build_method` ``(method, width,
-    latent_dim, temperature)``, an :class:`rpm.RPM` or, for ``torch_ntxent``, the
-    :class:`DigitsEncoder`.
+    (:mod:`rpm.experiments.trained`): the first of :func:`method_from_arguments`, an
+    :class:`rpm.RPM` or, for ``torch_ntxent``, the :class:`DigitsEncoder`.
 
-    :param dict arguments: ``method``, ``width``, ``latent_dim``, ``temperature``.
+    :param dict arguments: ``method``, ``width``, ``latent_dim``, ``temperature``,
+        ``in_channels`` (the images' channels; the size of the images does not change the
+        network).
     """
-    module, _ = build_method(arguments["method"], arguments["width"], arguments["latent_dim"],
-                             arguments["temperature"])
+    module, _ = method_from_arguments(arguments)
     return module

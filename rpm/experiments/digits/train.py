@@ -58,7 +58,7 @@ from rpm.experiments.digits.model import (
     MIN_SCALE,
     VIEWS,
     DigitsEncoder,
-    build_method,
+    method_from_arguments,
     torch_ntxent_loss,
 )
 from rpm.experiments.trained import write_model_record
@@ -174,28 +174,34 @@ def reported_loss(name: str, batch_size: int) -> tuple[str, float]:
     return "-ELBO/N", 0.0
 
 
-def train_method(name: str, args: argparse.Namespace, data, device, out: Path, seed: int) -> dict:
+def train_method(name: str, args: argparse.Namespace, data, device, out: Path,
+                 seed: int) -> tuple[dict | None, DigitsEncoder]:
     """Trains (or resumes, or reloads) method ``name`` in ``out`` and scores its backbone.
 
     :param str name: one of :data:`~rpm.experiments.digits.model.METHODS`.
     :param argparse.Namespace args: the flags.
-    :param data: the :class:`~rpm.data.digits.DigitsSplit`, on the CPU.
+    :param data: the :class:`~rpm.data.digits.DigitsSplit`, on the CPU; with labels None
+        (images without labels) nothing is scored: the validation records the time only and
+        the result has no scores.
     :param torch.device device: the training device.
     :param Path out: the method's folder (checkpoint, history).
     :param int seed: the seed of the initialisation, the batches and the label draws.
-    :returns: the JSON-ready result (scores, losses, time); under ``torch.distributed``, the
-        processes other than 0 return None after training.
+    :returns: the JSON-ready result (scores, losses, time) and the trained encoder, in
+        evaluation mode; under ``torch.distributed``, the processes other than 0 return None
+        for the result.
     """
     seed_everything(seed)  # the same initialisation for every method
-    module, encoder = build_method(name, args.width, args.latent_dim, args.temperature)
+    images = data.train.images.to(device)
+    arguments = {"method": name, "width": args.width, "latent_dim": args.latent_dim,
+                 "temperature": args.temperature, "in_channels": int(images.shape[1])}
+    module, encoder = method_from_arguments(arguments)
     module = module.to(device)
     if distributed.is_main_process():  # what rpm.load rebuilds the module from
-        write_model_record(out, "digits", {"method": name, "width": args.width,
-                                           "latent_dim": args.latent_dim,
-                                           "temperature": args.temperature})
+        write_model_record(out, "digits", arguments)
     transform = method_views(name)
-    images = data.train.images.to(device)
-    ref, query = validation_rows(data.train.labels, seed)
+    labelled = data.train.labels is not None
+    if labelled:
+        ref, query = validation_rows(data.train.labels, seed)
     parallel = distributed.is_distributed()
     rows = distributed.local_slice(args.batch_size)  # all rows in one process
     elbo = rpm.RPMELBO(global_batch=parallel)
@@ -214,6 +220,8 @@ def train_method(name: str, args: argparse.Namespace, data, device, out: Path, s
         return loss + share
 
     def eval_fn(step: int) -> dict:
+        if not labelled:
+            return {}  # nothing to score: the evaluation records the time only
         features = representations(encoder.backbone, images)
         return {"knn": knn_accuracy(features[ref], data.train.labels[ref], features[query],
                                     data.train.labels[query], k=5)}
@@ -233,12 +241,13 @@ def train_method(name: str, args: argparse.Namespace, data, device, out: Path, s
         print(f"{name}: finished earlier ({step}/{args.steps} steps), reloaded"
               if step == args.steps else f"{name}: resuming at step {step}/{args.steps}", flush=True)
     history = trainer.fit(resume=resume)
+    encoder.eval()
     if not distributed.is_main_process():
-        return None
+        return None, encoder
     result = {
         "kind": "plain torch" if name == "torch_ntxent" else "rpm",
         "views": list(VIEWS[name]),
-        **score_encoder(encoder, data, device, args.draws, seed),
+        **(score_encoder(encoder, data, device, args.draws, seed) if labelled else {}),
         "losses": [[step, value - offset] for step, value in history["losses"]],  # -ELBO/N
         "reported_losses": history["losses"],
         "loss_name": loss_name,
@@ -253,7 +262,7 @@ def train_method(name: str, args: argparse.Namespace, data, device, out: Path, s
         result["min_scale_floor"] = MIN_SCALE
         # rpm.ScaleFloorWarning (docs/theory.md#stochastic-encoders), issued during training?
         result["scale_floor_warning"] = bool(module.recognition.floor_warned)
-    return result
+    return result, encoder
 
 
 class _Output(torch.nn.Module):

@@ -23,7 +23,7 @@ from rpm._validation import check_int, check_positive_int
 from rpm.data.synthetic import InvertibleMLP, LatentProcess
 from rpm.experiments.common import derived_seed
 
-__all__ = ["PairStream", "held_out_set"]
+__all__ = ["ArrayPairStream", "PairStream", "held_out_set"]
 
 def _generator(device: torch.device, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
@@ -97,3 +97,29 @@ class PairStream:
             self._chunk_index = index
         x, x2 = self._chunk
         return x[position], x2[position]
+
+
+class ArrayPairStream:
+    r"""Minibatches of given positive pairs (``rpm identifiability --data``): step ``step``
+    takes ``batch_size`` distinct pairs, uniformly, from a CPU generator seeded by
+    ``derived_seed(seed, "train", step)`` alone (so a resumed run draws the same minibatches).
+
+    :param torch.Tensor views: the training pairs, on the training device. Shape: (M, 2, P).
+    :param int batch_size: pairs per minibatch, at most M.
+    :param int seed: the run seed.
+    """
+
+    def __init__(self, views: torch.Tensor, batch_size: int, seed: int) -> None:
+        if views.dim() != 3 or views.shape[1] != 2:
+            raise ValueError(f"views must have shape (M, 2, P), got {tuple(views.shape)}")
+        self.batch_size = check_int("batch_size", batch_size, minimum=1, maximum=len(views))
+        self.views = views
+        self.seed = seed
+
+    def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The observed pairs ``(x, x2)`` of training step ``step`` (>= 0). Shape: (N, P) each."""
+        step = check_int("step", step, minimum=0)
+        generator = torch.Generator().manual_seed(derived_seed(self.seed, "train", step))
+        rows = torch.randperm(len(self.views), generator=generator)[:self.batch_size]
+        pairs = self.views[rows.to(self.views.device)]  # (N, 2, P)
+        return pairs[:, 0], pairs[:, 1]

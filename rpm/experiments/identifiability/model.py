@@ -77,18 +77,20 @@ def build_rpm(encoder: nn.Module, energy) -> rpm.RPM:
 def model_from_arguments(arguments: dict, compile: bool = False) -> rpm.RPM:
     r"""The untrained model of ``rpm identifiability`` from its model record
     (:mod:`rpm.experiments.trained`): :func:`build_rpm` of the
-    :class:`~rpm.models.MLPEncoder` ``(dim, hidden, depth, encoder_space)`` and
+    :class:`~rpm.models.MLPEncoder` ``(dim, hidden, depth, encoder_space, in_dim=in_dim)`` and
     :func:`build_energy` ``(energy, dim, tau, p, learn_temperature, encoder_space)``.
 
-    :param dict arguments: ``energy``, ``dim``, ``hidden``, ``depth``, ``encoder_space``,
-        ``tau``, ``p``, ``learn_temperature``.
+    :param dict arguments: ``energy``, ``dim`` (the latents n), ``in_dim`` (P, the dimension of
+        an observation; n if absent, as in the records written before ``--data``), ``hidden``,
+        ``depth``, ``encoder_space``, ``tau``, ``p``, ``learn_temperature``.
     :param bool compile: compile the encoder's MLP (:class:`~rpm.models.MLPEncoder`; the same
         parameters either way).
     """
     from rpm.models.mlp import MLPEncoder
 
     encoder = MLPEncoder(arguments["dim"], arguments["hidden"], arguments["depth"],
-                         arguments["encoder_space"], compile=compile)
+                         arguments["encoder_space"], compile=compile,
+                         in_dim=arguments.get("in_dim"))
     energy = build_energy(arguments["energy"], arguments["dim"], tau=arguments["tau"],
                           p=arguments["p"], learn_temperature=arguments["learn_temperature"],
                           encoder_space=arguments["encoder_space"])

@@ -19,6 +19,8 @@ learned one is compared.
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pyro
@@ -26,9 +28,8 @@ import torch
 
 import rpm
 from rpm import distributed
-from rpm.data.synthetic import InvertibleMLP, LatentProcess
+from rpm.data.synthetic import LatentProcess
 from rpm.experiments.common import derived_seed, seed_everything
-from rpm.experiments.identifiability.data import PairStream
 from rpm.experiments.identifiability.model import (
     build_rpm,
     energy_parameters,
@@ -50,6 +51,11 @@ def _scores(z: torch.Tensor, h: torch.Tensor) -> dict:
     return {"r2": r2(z, h), "mcc": mcc(z, h)}
 
 
+def _identity_scores(z: torch.Tensor, x: torch.Tensor) -> dict:
+    """The identity encoder's scores; its MCC needs at least as many coordinates as latents."""
+    return {"r2": r2(z, x), "mcc": mcc(z, x) if x.shape[-1] >= z.shape[-1] else None}
+
+
 def _encoder_outputs(model: rpm.RPM, x: torch.Tensor) -> torch.Tensor:
     model.eval()
     with torch.no_grad():
@@ -58,7 +64,7 @@ def _encoder_outputs(model: rpm.RPM, x: torch.Tensor) -> torch.Tensor:
 
 def _time_to(evaluations: list, level: float) -> float | None:
     for evaluation in evaluations:
-        if evaluation["r2"] >= level:
+        if evaluation.get("r2", -math.inf) >= level:
             return evaluation["wall_time"]
     return None
 
@@ -89,8 +95,9 @@ def _concentration_report(energy_params: dict, matched: torch.Tensor,
     return report
 
 
-def train_energy(name: str, args: argparse.Namespace, process: LatentProcess,
-                 mixing: InvertibleMLP, held_out: dict, out: Path) -> dict:
+def train_energy(name: str, args: argparse.Namespace, stream: Callable, held_out: dict | None,
+                 out: Path, device: torch.device, in_dim: int | None = None,
+                 process: LatentProcess | None = None) -> tuple[dict, rpm.RPM]:
     """Trains (or resumes, or reloads) the RPM with energy ``name`` in ``out`` and scores it.
 
     Under ``torchrun`` (``torch.distributed`` initialised with W > 1 processes) every process
@@ -101,26 +108,33 @@ def train_energy(name: str, args: argparse.Namespace, process: LatentProcess,
     parameters follow those of one process on the whole batch.
 
     :param str name: one of :data:`~rpm.experiments.identifiability.model.ENERGIES`.
-    :param argparse.Namespace args: the resolved flags.
-    :param LatentProcess process: the latent process, on the training device.
-    :param InvertibleMLP mixing: the mixing g, on the training device.
-    :param dict held_out: ``{"eval": (z, x), "test": (z, x)}``, fresh held-out sets.
+    :param argparse.Namespace args: the resolved flags (``args.dim``: the latents n).
+    :param stream: ``stream(step) -> (x, x2)``, the global minibatch of a step, each (B, P) on
+        the training device (:class:`~rpm.experiments.identifiability.data.PairStream`, or
+        :class:`~rpm.experiments.identifiability.data.ArrayPairStream` for given pairs).
+    :param held_out: ``{"eval": (z, x), "test": (z, x)}``, the held-out latents (M, K) and
+        observations (M, P) for the validation and the test scores; or None: nothing to score
+        (the scores, baselines and trajectories of R^2 and MCC are None).
     :param Path out: the run folder of this energy (checkpoint, history).
-    :return: the JSON-ready result (scores, baselines, trajectories, energy parameters).
+    :param torch.device device: the training device.
+    :param int in_dim: P, the dimension of an observation (default n).
+    :param process: the latent process of generated data (its anisotropic concentrations are
+        reported against the learned ones), or None.
+    :return: the JSON-ready result (scores, baselines, trajectories, energy parameters) and the
+        trained model, in evaluation mode.
     """
     seed_everything(args.seed)  # same encoder initialisation whichever energies run together
-    device = process.device
-    arguments = {"energy": name, "dim": args.dim, "hidden": args.hidden, "depth": args.depth,
-                 "encoder_space": args.encoder_space, "tau": args.tau, "p": args.p,
-                 "learn_temperature": args.learn_temperature}
+    arguments = {"energy": name, "dim": args.dim, "in_dim": int(in_dim or args.dim),
+                 "hidden": args.hidden, "depth": args.depth, "encoder_space": args.encoder_space,
+                 "tau": args.tau, "p": args.p, "learn_temperature": args.learn_temperature}
     model = model_from_arguments(arguments, compile=args.compile).to(device)
     energy = model.prior.energy
     if distributed.is_main_process():  # what rpm.load rebuilds the model from
         write_model_record(out, "identifiability", arguments)
-    z_eval, x_eval = held_out["eval"]
-    z_test, x_test = held_out["test"]
-    untrained = _scores(z_test, _encoder_outputs(model, x_test))
-    stream = PairStream(process, mixing, args.batch_size, args.seed, args.chunk_steps)
+    if held_out is not None:
+        z_eval, x_eval = held_out["eval"]
+        z_test, x_test = held_out["test"]
+        untrained = _scores(z_test, _encoder_outputs(model, x_test))
     parallel = distributed.is_distributed()
     rows = distributed.local_slice(args.batch_size)  # all rows in one process
     elbo = rpm.RPMELBO(global_batch=parallel)
@@ -134,7 +148,7 @@ def train_energy(name: str, args: argparse.Namespace, process: LatentProcess,
                                             x2[rows]) / args.batch_size
 
     def eval_fn(step: int) -> dict:
-        scores = _scores(z_eval, _encoder_outputs(model, x_eval))
+        scores = {} if held_out is None else _scores(z_eval, _encoder_outputs(model, x_eval))
         scalars = {k: v for k, v in energy_parameters(energy).items() if isinstance(v, float)}
         return {**scores, **scalars}
 
@@ -158,24 +172,34 @@ def train_energy(name: str, args: argparse.Namespace, process: LatentProcess,
         print(f"{name}: finished earlier ({step}/{args.steps} steps), reloaded" if step == args.steps
               else f"{name}: resuming at step {step}/{args.steps}", flush=True)
     history = trainer.fit(resume=resume)
+    model.eval()
 
-    h_test = _encoder_outputs(model, x_test)
-    matched = mcc_per_dimension(z_test, h_test)
     params = energy_parameters(energy)
     evaluations = history["evaluations"]
-    truth = process.concentrations
+    if held_out is None:
+        scores = {"r2": None, "mcc": None, "r2_per_dimension": None, "mcc_per_dimension": None,
+                  "baseline": None}
+        matched_index, truth = None, None
+    else:
+        h_test = _encoder_outputs(model, x_test)
+        matched = mcc_per_dimension(z_test, h_test)
+        matched_index = matched.index
+        scores = {**_scores(z_test, h_test),
+                  "r2_per_dimension": r2_per_dimension(z_test, h_test).tolist(),
+                  "mcc_per_dimension": matched.abs_correlation.tolist(),
+                  "baseline": {"identity": _identity_scores(z_test, x_test),
+                               "untrained": untrained}}
+        truth = None if process is None else process.concentrations
     oracle = None
     if truth is not None and isinstance(energy, AnisotropicEnergy):
         oracle = oracle_concentrations(process, min(args.steps, 2000), max(args.batch_size, 1024),
                                        args.seed, args.energy_lr, energy.normalize)
     result = {
         "energy": name,
-        **_scores(z_test, h_test),
-        "r2_per_dimension": r2_per_dimension(z_test, h_test).tolist(),
-        "mcc_per_dimension": matched.abs_correlation.tolist(),
-        "baseline": {"identity": _scores(z_test, x_test), "untrained": untrained},
+        **scores,
         "energy_parameters": params,
-        **_concentration_report(params, matched.index, truth, oracle),
+        **(_concentration_report(params, matched_index, truth, oracle)
+           if matched_index is not None else {}),
         "trajectory": {key: [e.get(key) for e in evaluations]
                        for key in ("step", "r2", "mcc", "wall_time", *(
                            k for k in evaluations[-1] if k not in ("step", "r2", "mcc",
@@ -186,7 +210,7 @@ def train_energy(name: str, args: argparse.Namespace, process: LatentProcess,
         "steps": args.steps,
         "pairs_per_second": args.steps * args.batch_size / evaluations[-1]["wall_time"],
     }
-    return result
+    return result, model
 
 
 def oracle_concentrations(process: LatentProcess, num_steps: int, batch_size: int, seed: int,

@@ -18,39 +18,47 @@ from rpm.experiments.figures import DPI
 __all__ = ["plot_dynamics"]
 
 
-def plot_dynamics(path: str | os.PathLike, learned: torch.Tensor, true: torch.Tensor,
-                  states: torch.Tensor, decoded: torch.Tensor, scores: dict) -> Figure:
-    """Left: the eigenvalues of the learned A (crosses) and the true A (circles) with the unit
-    circle. Right: the first three coordinates of the true state of the first held-out sequence
-    (solid) and their affine read-out from the smoothed latents (dashed).
+def plot_dynamics(path: str | os.PathLike, learned: torch.Tensor, true: torch.Tensor | None,
+                  states: torch.Tensor | None, decoded: torch.Tensor, scores: dict) -> Figure:
+    """Left: the eigenvalues of the learned A (crosses) and the true A (circles, when known)
+    with the unit circle. Right: the first three coordinates of the true state of the first
+    held-out sequence (solid) and their affine read-out from the smoothed latents (dashed); or,
+    without states, the first three smoothed latents of a sequence.
 
     :param path-like path: the PNG to write.
     :param torch.Tensor learned: eigenvalues of the learned A, complex, (H,).
-    :param torch.Tensor true: eigenvalues of the true A, complex, (H,).
-    :param torch.Tensor states: the true state of the first held-out sequence, (T, H).
-    :param torch.Tensor decoded: its read-out from the smoothed latents, (T, H).
-    :param dict scores: ``r2`` and ``eigenvalue_error``, shown in the titles.
+    :param true: eigenvalues of the true A, complex, (H,), or None.
+    :param states: the true state of the first held-out sequence, (T, K), or None.
+    :param torch.Tensor decoded: its read-out from the smoothed latents, (T, K); without states,
+        the smoothed latents of one sequence, (T, H).
+    :param dict scores: ``r2`` and ``eigenvalue_error`` (either may be None), in the titles.
     """
     fig = Figure(figsize=(9.0, 3.6), layout="constrained")
     left, right = fig.subplots(1, 2, width_ratios=[1, 2])
     angle = np.linspace(0, 2 * np.pi, 200)
     left.plot(np.cos(angle), np.sin(angle), color="0.8", lw=1)
-    left.scatter(true.real.numpy(), true.imag.numpy(), facecolors="none", edgecolors="k", s=60,
-                 label="true")
+    if true is not None:
+        left.scatter(true.real.numpy(), true.imag.numpy(), facecolors="none", edgecolors="k",
+                     s=60, label="true")
     left.scatter(learned.real.numpy(), learned.imag.numpy(), marker="x", color="tab:red",
                  label="learned")
     left.set_aspect("equal")
-    left.set_title(f"eigenvalues of A (max error {scores['eigenvalue_error']:.3f})", fontsize=9)
+    error = scores.get("eigenvalue_error")
+    left.set_title("eigenvalues of A" + ("" if error is None else f" (max error {error:.3f})"),
+                   fontsize=9)
     left.set_xlim(-1.15, 1.15)
     left.set_ylim(-1.15, 1.15)
     left.legend(fontsize=8, loc="center")
-    states_all = states.to(torch.float64)
-    steps = np.arange(len(states_all))
-    for k in range(min(3, states_all.shape[1])):
-        line, = right.plot(steps, states_all[:, k].numpy(), lw=1.2)
+    steps = np.arange(len(decoded))
+    for k in range(min(3, decoded.shape[1])):
+        if states is None:
+            right.plot(steps, decoded[:, k].numpy(), lw=1.2)
+            continue
+        line, = right.plot(steps, states[:, k].to(torch.float64).numpy(), lw=1.2)
         right.plot(steps, decoded[:, k].numpy(), ls="--", color=line.get_color(), lw=1.2)
     right.set_xlabel("step")
-    right.set_title(f"held-out sequence: true state (solid), from the smoothed latents "
+    right.set_title("a sequence's smoothed latents (no states to compare with)" if states is None
+                    else "held-out sequence: true state (solid), from the smoothed latents "
                     f"(dashed); R^2 {scores['r2']:.4f}", fontsize=9)
     fig.savefig(path, dpi=DPI)
     return fig

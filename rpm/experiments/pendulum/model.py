@@ -61,29 +61,35 @@ ENCODERS = ("keypoints", "flat")
 class GaussianConvEncoder(nn.Module):
     r"""The convolutional Gaussian encoder (module docstring).
 
-    :param int image_size: S, the side of the (one-channel) frames, >= 8.
+    :param image_size: the frames' side S, or their (height, width), each >= 8.
+    :type image_size: int or tuple[int, int]
     :param int out_dim: D, the latent dimension.
     :param int channels: maps of the first convolution (the second has twice as many).
     :param int hidden: units of the hidden layer.
     :param float noise: :math:`\sigma > 0`.
+    :param int in_channels: C, the frames' channels.
 
-    Shape: input (M, 1, S, S); output ``(loc, scale)``, each (M, D).
+    Shape: input (M, C, H, W); output ``(loc, scale)``, each (M, D).
     """
 
-    def __init__(self, image_size: int = 28, out_dim: int = 4, channels: int = 16,
-                 hidden: int = 64, noise: float = 0.1) -> None:
+    def __init__(self, image_size: int | tuple[int, int] = 28, out_dim: int = 4,
+                 channels: int = 16, hidden: int = 64, noise: float = 0.1,
+                 in_channels: int = 1) -> None:
         super().__init__()
-        check_int("image_size", image_size, minimum=8)
+        sides = image_size if isinstance(image_size, (tuple, list)) else (image_size, image_size)
+        if len(sides) != 2:
+            raise ValueError(f"image_size must be a side or (height, width), got {image_size!r}")
+        height, width = (check_int("image_size", side, minimum=8) for side in sides)
         check_positive_int("out_dim", out_dim)
         check_positive_int("channels", channels)
         check_positive_int("hidden", hidden)
         check_positive("noise", noise)
-        side = (image_size + 1) // 2
-        side = (side + 1) // 2
+        check_positive_int("in_channels", in_channels)
+        height, width = ((height + 1) // 2 + 1) // 2, ((width + 1) // 2 + 1) // 2  # two strides
         self.net = nn.Sequential(
-            nn.Conv2d(1, channels, 5, stride=2, padding=2), nn.ReLU(),
+            nn.Conv2d(in_channels, channels, 5, stride=2, padding=2), nn.ReLU(),
             nn.Conv2d(channels, 2 * channels, 5, stride=2, padding=2), nn.ReLU(),
-            nn.Flatten(), nn.Linear(2 * channels * side * side, hidden), nn.ReLU(),
+            nn.Flatten(), nn.Linear(2 * channels * height * width, hidden), nn.ReLU(),
             nn.Linear(hidden, out_dim))
         self.register_buffer("log_scale", torch.full((out_dim,), math.log(noise)))
 
@@ -105,20 +111,22 @@ class GaussianKeypointEncoder(nn.Module):
     :param int keypoints: K, the points (2K features).
     :param int hidden: units of the MLP added to the affine map; 0: the affine map alone.
     :param float noise: :math:`\sigma > 0`.
+    :param int in_channels: C, the frames' channels.
 
-    Shape: input (M, 1, S, S) for any S; output ``(loc, scale)``, each (M, D).
+    Shape: input (M, C, H, W) for any H, W; output ``(loc, scale)``, each (M, D).
     """
 
     def __init__(self, out_dim: int = 4, channels: int = 16, keypoints: int = 8,
-                 hidden: int = 0, noise: float = 0.1) -> None:
+                 hidden: int = 0, noise: float = 0.1, in_channels: int = 1) -> None:
         super().__init__()
         check_positive_int("out_dim", out_dim)
         check_positive_int("channels", channels)
         check_positive_int("keypoints", keypoints)
         check_int("hidden", hidden, minimum=0)
         check_positive("noise", noise)
+        check_positive_int("in_channels", in_channels)
         self.maps = nn.Sequential(
-            nn.Conv2d(1, channels, 5, padding=2), nn.ReLU(),
+            nn.Conv2d(in_channels, channels, 5, padding=2), nn.ReLU(),
             nn.Conv2d(channels, channels, 3, padding=1), nn.ReLU(),
             nn.Conv2d(channels, keypoints, 1))
         self.center_of_mass = CenterOfMass(normalized=True, eps=0.0)
@@ -134,7 +142,7 @@ class GaussianKeypointEncoder(nn.Module):
     def keypoints(self, x: torch.Tensor) -> torch.Tensor:
         r"""The K points :math:`(\bar x_1, \bar y_1, \dots, \bar x_K, \bar y_K)` in (-1, 1).
 
-        Shape: input (M, 1, S, S); output (M, 2K)."""
+        Shape: input (M, C, H, W); output (M, 2K)."""
         logits = self.maps(x)  # (M, K, S, S)
         weights = logits.flatten(2).softmax(-1).view_as(logits)  # each map sums to 1
         return self.center_of_mass(weights)
@@ -147,18 +155,19 @@ class GaussianKeypointEncoder(nn.Module):
         return loc, self.log_scale.exp().expand_as(loc)
 
 
-def build_encoder(kind: str, image_size: int, out_dim: int, channels: int, hidden: int,
-                  keypoints: int, noise: float) -> nn.Module:
+def build_encoder(kind: str, image_size: int | tuple[int, int], out_dim: int, channels: int,
+                  hidden: int, keypoints: int, noise: float, in_channels: int = 1) -> nn.Module:
     """The encoder of ``--encoder``: ``"keypoints"`` (:class:`GaussianKeypointEncoder` with
     ``hidden`` MLP units) or ``"flat"`` (:class:`GaussianConvEncoder` with a hidden layer of
-    ``hidden`` units; ``keypoints`` unused).
+    ``hidden`` units; ``keypoints`` unused), for frames of ``in_channels`` channels and side
+    ``image_size`` (or (height, width)).
 
     :param str kind: one of :data:`ENCODERS`.
     """
     if kind == "keypoints":
-        return GaussianKeypointEncoder(out_dim, channels, keypoints, hidden, noise)
+        return GaussianKeypointEncoder(out_dim, channels, keypoints, hidden, noise, in_channels)
     if kind == "flat":
-        return GaussianConvEncoder(image_size, out_dim, channels, hidden, noise)
+        return GaussianConvEncoder(image_size, out_dim, channels, hidden, noise, in_channels)
     raise ValueError(f"encoder must be one of {ENCODERS}, got {kind!r}")
 
 
@@ -168,15 +177,20 @@ def model_from_arguments(arguments: dict):
     :class:`~rpm.SequenceRPM` of :func:`~rpm.experiments.lds.model.build_sequence_model` with D
     = ``latent_dim`` latents and H = ``state_dim`` hidden states.
 
-    :param dict arguments: ``encoder``, ``image_size``, ``latent_dim``, ``channels``,
-        ``hidden``, ``keypoints``, ``recognition_noise`` (:func:`build_encoder`), ``state_dim``,
-        ``marginal``, ``prior``.
+    :param dict arguments: ``encoder``, ``image_size`` (a side, or [height, width]),
+        ``latent_dim``, ``channels``, ``hidden``, ``keypoints``, ``recognition_noise``,
+        ``in_channels`` (:func:`build_encoder`; 1 if absent, as in the records of one-channel
+        runs written before it), ``state_dim``, ``marginal``, ``prior``.
     :rtype: rpm.SequenceRPM
     """
     from rpm.experiments.lds.model import build_sequence_model
 
-    encoder = build_encoder(arguments["encoder"], arguments["image_size"],
-                            arguments["latent_dim"], arguments["channels"], arguments["hidden"],
-                            arguments["keypoints"], arguments["recognition_noise"])
+    image_size = arguments["image_size"]
+    if isinstance(image_size, list):
+        image_size = tuple(image_size)
+    encoder = build_encoder(arguments["encoder"], image_size, arguments["latent_dim"],
+                            arguments["channels"], arguments["hidden"], arguments["keypoints"],
+                            arguments["recognition_noise"],
+                            in_channels=arguments.get("in_channels", 1))
     return build_sequence_model(encoder, arguments["latent_dim"], arguments["state_dim"],
                                 marginal=arguments["marginal"], prior=arguments["prior"])
