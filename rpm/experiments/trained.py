@@ -183,8 +183,8 @@ def load(run_folder: str | os.PathLike, model: str | None = None,
     if not names:
         raise RunFolderError(
             f"{folder} holds no model record ({MODEL_RECORD}): it was written by an older rpm "
-            f"or its run stopped before building a model; re-run it with this rpm (`rpm "
-            f"{command} --resume --out {folder}` records a finished run's models without "
+            f"or its run stopped before building a model; re-run it with this rpm (`python -m "
+            f"rpm {command} --resume --out {folder}` records a finished run's models without "
             "training again) or start afresh")
     if model is None:
         if len(names) > 1:
@@ -203,7 +203,7 @@ def load(run_folder: str | os.PathLike, model: str | None = None,
     if not checkpoint.is_file():
         raise RunFolderError(f"the model {name!r} of {folder} has no checkpoint yet "
                              f"({checkpoint} is missing): wait for its first checkpoint, or "
-                             f"finish the run (`rpm {command} --resume --out {folder}`)")
+                             f"finish the run (`python -m rpm {command} --resume --out {folder}`)")
     state = load_checkpoint(checkpoint, map_location="cpu")
     builder = importlib.import_module(BUILDERS[command]).model_from_arguments
     network = builder(model_record["arguments"])

@@ -67,9 +67,9 @@ def test_a_run_of_an_older_rpm_is_refused_and_resume_makes_it_loadable(lds_copy,
         rpm.load(lds_copy)
     message = str(refused.value)
     assert "written by an older rpm" in message and "\n" not in message
-    resume = re.search(r"`(rpm lds --resume --out \S+)`", message).group(1)
+    resume = re.search(r"`(python -m rpm lds --resume --out \S+)`", message).group(1)
     capsys.readouterr()
-    assert main([*resume.split()[1:], "--no-progress"]) == 0
+    assert main([*resume.split()[3:], "--no-progress"]) == 0
     assert "finished earlier (2/2 steps), reloaded" in capsys.readouterr().out
     again = rpm.load(lds_copy).state_dict()
     assert all(torch.equal(again[key], value) for key, value in reference.items())
