@@ -361,6 +361,20 @@ def test_custom_prior_that_returns_the_wrong_thing(returned, got, entry):
     assert "return z, z2" in str(info.value)
 
 
+@pytest.mark.parametrize("energy", [RBFEnergy(), CosineEnergy(), BilinearEnergy(DIM)],
+                         ids=["rbf", "cosine", "bilinear"])
+@pytest.mark.parametrize("build", [delta_rpm, gaussian_rpm], ids=["delta", "gaussian"])
+def test_an_energy_given_as_the_prior_is_told_to_wrap_it(energy, build):
+    """An energy is callable on two latents, so it used to be run as a prior (and a Delta encoder
+    was told to add noise, which then failed): the error says to wrap it."""
+    with pytest.raises(TypeError, match="prior is an energy .* not a prior: wrap it in an "
+                                        r"implicit prior, ImplicitPrior\(") as info:
+        build(energy)
+    assert "\n" not in str(info.value)
+    if isinstance(energy, RBFEnergy):
+        assert str(info.value).endswith("ImplicitPrior(RBFEnergy())")
+
+
 @pytest.mark.parametrize(
     "build, error, message",
     [

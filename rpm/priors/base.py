@@ -49,6 +49,7 @@ __all__ = [
     "likelihood_marginals",
     "positive_hyperparameter",
     "prior_log_ratio",
+    "refuse_energy",
 ]
 
 
@@ -421,6 +422,30 @@ def delta_with_density_message(what: str, prior) -> str:
         "ill-defined (Appendix B of Aitchison & Ganev). Use DeltaRecognition(net, "
         "noise_scale=1e-2) (any eps > 0) or a GaussianRecognition, or an implicit prior "
         "(ImplicitPrior, MarkovImplicitPrior)"
+    )
+
+
+def refuse_energy(prior, what: str = "prior", wrapper: str = "ImplicitPrior") -> None:
+    """Refuses an :class:`Energy` passed where a prior is expected.
+
+    An energy :math:`f(z, z')` is callable on two latents, so without this check it would be run
+    as a prior and fail later with a misleading message (e.g. that a deterministic encoder needs
+    noise). The error says to wrap it in ``wrapper`` (the implicit prior of Eq. 21-22).
+
+    :param prior: what was passed as the prior.
+    :param str what: its name in the message (``"prior"``, ``"pair_prior"``).
+    :param str wrapper: the implicit prior that takes the energy.
+    :raises TypeError: when ``prior`` is an :class:`Energy`.
+    """
+    if not isinstance(prior, Energy):
+        return
+    name = type(prior).__name__
+    shown = repr(prior)
+    if "\n" in shown or len(shown) > 40 or not shown.startswith(name + "("):
+        shown = f"{name}(...)"
+    raise TypeError(
+        f"{what} is an energy ({name}, a score f(z, z') of two latents), not a prior: wrap it "
+        f"in an implicit prior, {wrapper}({shown})"
     )
 
 
