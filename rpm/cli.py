@@ -56,8 +56,8 @@ from types import ModuleType
 
 from rpm.experiments.common import COMMAND_LINE, GIVEN_FLAGS, ConfigurationError
 
-__all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USAGE", "PROG", "SCRIPT", "SUBCOMMANDS",
-           "PlainHelpFormatter", "build_parser", "main", "plain_text"]
+__all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USAGE", "PROG", "PlainHelpFormatter", "SCRIPT",
+           "SUBCOMMANDS", "build_parser", "main", "plain_text"]
 
 #: The documented way to run the commands, and the name of the installed console script.
 PROG = "python -m rpm"
