@@ -29,6 +29,12 @@ number such as ``-1e-3`` as a value (so that ``--lr -1e-3`` gets the range error
 (``args.given_flags``), so that ``--resume`` takes the others from the run's saved
 configuration, and the command line itself (``args.command_line``), kept in the run's record.
 
+Help is plain text (:class:`PlainHelpFormatter`, in the parser and every sub-parser): the
+commands' descriptions are their module docstrings, whose Sphinx markup (roles such as
+``:class:``, double backticks, backslash escapes) is rendered as the words it stands for
+(:func:`plain_text`), and lines break only between words or after the commas of a list
+(``infonce,ntxent,...``), never inside a word or at a hyphen.
+
 Building the parser imports neither torch nor Pyro nor matplotlib (an experiment module
 imports them inside ``run``), so that ``python -m rpm --help`` answers at once.
 
@@ -43,14 +49,15 @@ import os
 import re
 import shlex
 import sys
+import textwrap
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
 
 from rpm.experiments.common import COMMAND_LINE, GIVEN_FLAGS, ConfigurationError
 
-__all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USAGE", "PROG", "SCRIPT", "SUBCOMMANDS",
-           "build_parser", "main"]
+__all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USAGE", "PROG", "PlainHelpFormatter", "SCRIPT",
+           "SUBCOMMANDS", "build_parser", "main", "plain_text"]
 
 #: The documented way to run the commands, and the name of the installed console script.
 PROG = "python -m rpm"
@@ -67,6 +74,50 @@ SUBCOMMANDS: tuple[str, ...] = (
 
 EXIT_FAILURE = 1  # the run failed (non-finite loss)
 EXIT_USAGE = 2  # bad command line, as argparse
+
+
+#: A Sphinx role, ``:role:`target``` or ``:domain:role:`text <target>```, ``~`` for the last part.
+_ROLE = re.compile(r":(?:[a-z]+:)?[a-z]+:`(~?)([^`<]*?)\s*(?:<[^`>]*>)?`")
+#: Backslash escapes of reST (``\,``, ``\ ``): a space.
+_ESCAPE = re.compile(r"\\[, ]")
+
+
+def _role_text(match: re.Match) -> str:
+    shorten, text = match.group(1), match.group(2)
+    return text.rsplit(".", 1)[-1] if shorten else text
+
+
+def plain_text(text: str) -> str:
+    """``text`` (reST from a docstring) as plain words: a Sphinx role (``:class:``, ``:mod:``,
+    ``:math:``, ...) becomes its text, the last part of the target when it starts with ``~``
+    and the label of a ``label <target>`` form; double backticks are dropped and a backslash
+    escape (a thin space) is a space."""
+    text = _ROLE.sub(_role_text, text)
+    return _ESCAPE.sub(" ", text.replace("``", ""))
+
+
+class _ListWrapper(textwrap.TextWrapper):
+    """Breaks lines between words or after a comma inside a word (a list such as
+    ``infonce,ntxent,rbf``), never inside a word or at a hyphen; a longer word overflows."""
+
+    wordsep_re = re.compile(r"(\s+)|(?<=,)(?=[^\s,])")
+
+    def __init__(self, width: int, indent: str = ""):
+        super().__init__(width, initial_indent=indent, subsequent_indent=indent,
+                         break_long_words=False, break_on_hyphens=True)  # True: wordsep_re
+
+
+class PlainHelpFormatter(argparse.HelpFormatter):
+    """argparse's help formatter on :func:`plain_text` of every description and help string,
+    wrapped only between words or after a list's commas (:class:`_ListWrapper`)."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        text = self._whitespace_matcher.sub(" ", plain_text(text)).strip()
+        return _ListWrapper(width).wrap(text)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        text = self._whitespace_matcher.sub(" ", plain_text(text)).strip()
+        return _ListWrapper(width, indent).fill(text)
 
 
 def _load(module: str | ModuleType) -> ModuleType:
@@ -98,7 +149,7 @@ def build_parser(modules: Iterable[str | ModuleType] | None = None,
     parser = argparse.ArgumentParser(
         prog=_invoked_as() if prog is None else prog,
         description="Recognition parameterised models: run the experiments of the papers.",
-        allow_abbrev=False,
+        allow_abbrev=False, formatter_class=PlainHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"rpm-pyro {__version__}")
     subparsers = parser.add_subparsers(title="experiments", dest="command", metavar="COMMAND")
@@ -115,8 +166,10 @@ _NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infin
 
 
 def _habits(parser: argparse.ArgumentParser) -> None:
-    """No abbreviations and negative numbers as values, in the parser and every sub-parser."""
+    """No abbreviations, negative numbers as values and plain help
+    (:class:`PlainHelpFormatter`), in the parser and every sub-parser."""
     parser.allow_abbrev = False
+    parser.formatter_class = PlainHelpFormatter
     parser._negative_number_matcher = _NEGATIVE_NUMBER
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):

@@ -160,6 +160,17 @@ class NamedModule(PyroModule):
         super().__init__(name)
         self.__dict__["_name_base"] = base
 
+    @property
+    def name(self) -> str:
+        """The prefix of this module's parameters in Pyro's param store (read-only, set at
+        construction): for the root of a tree the name given or the default
+        (:func:`unique_name`: ``"rpm"``, ``"rpm_1"``, ...); for a module inside a model, the
+        model's name and the attribute path (``"a.prior"``, ``"a.prior.energy"``). Every store
+        entry of the module begins with ``name + "."``: ``"a.prior.energy.lengthscale"`` for a
+        :class:`~pyro.nn.PyroParam`, ``"a.recognition.net$$$0.weight"`` for the weights of a
+        plain ``torch.nn.Module`` it holds."""
+        return pyro_name(self)
+
     def __setattr__(self, name: str, value) -> None:
         """:meth:`PyroModule.__setattr__ <pyro.nn.PyroModule.__setattr__>`, and a new
         :func:`structure_version` (the checks and dispatch of every model are decided again)."""

@@ -361,6 +361,92 @@ def test_custom_prior_that_returns_the_wrong_thing(returned, got, entry):
     assert "return z, z2" in str(info.value)
 
 
+class StudentTWalk(pyro.nn.PyroModule):
+    """The README's custom prior: P(z) = N(0, I), P(z'|z) = StudentT(3, z, step), returning its
+    sites' values as (z, z2), or (z2, z) with ``swap``; ``clone`` returns copies."""
+
+    def __init__(self, dim, swap=False, clone=False):
+        super().__init__()
+        self.dim, self.swap, self.clone = dim, swap, clone
+        self.step = pyro.nn.PyroParam(torch.tensor(0.5), dist.constraints.positive)
+
+    def forward(self, q, q2):
+        z = pyro.sample("z", dist.Normal(torch.zeros(self.dim), 1.0).to_event(1))
+        z2 = pyro.sample("z2", dist.StudentT(3.0, z, self.step).to_event(1))
+        if self.clone:
+            z, z2 = z.clone(), z2.clone()
+        return (z2, z) if self.swap else (z, z2)
+
+
+def _run_entry(model, entry, x, x2):
+    if entry == "model":
+        model.model(x, x2)
+    elif entry == "RPMELBO":
+        loss_of(model, x, x2)
+    elif entry == "Trace_ELBO":
+        pyro.infer.Trace_ELBO().loss(model.model, model.guide, x, x2)
+    else:  # one SVI step under RPMELBO
+        svi = pyro.infer.SVI(model.model, model.guide, pyro.optim.Adam({"lr": 1e-2}),
+                             rpm.RPMELBO())
+        svi.step(x, x2)
+
+
+@pytest.mark.parametrize("entry", ["model", "RPMELBO", "Trace_ELBO", "SVI"])
+@pytest.mark.parametrize("clone", [False, True], ids=["same-tensors", "copies"])
+def test_custom_prior_that_returns_its_sites_swapped(entry, clone):
+    """A prior returning (z2, z) would pair each view's likelihood factor with the other view's
+    latent; it is refused, naming the order."""
+    model = gaussian_rpm(StudentTWalk(DIM, swap=True, clone=clone))
+    x, x2 = torch.randn(N, IN), torch.randn(N, IN)
+    expected = ("the prior StudentTWalk returned the value of site 'z2' in position 1" if not clone
+                else "returned in position 1 a value that is not the sample of site 'z'")
+    with pytest.raises(ValueError, match=expected) as info:
+        _run_entry(model, entry, x, x2)
+    assert "order (z, z2)" in str(info.value) and "`return z, z2`" in str(info.value)
+
+
+def test_swapped_sites_are_caught_without_validation():
+    """The identity check costs nothing, so it runs without pyro.enable_validation too."""
+    model = gaussian_rpm(StudentTWalk(DIM, swap=True))
+    x = torch.randn(N, IN)
+    with pyro.validation_enabled(False), pytest.raises(ValueError, match=r"in the order \(z, z2\)"):
+        model.model(x, x)
+
+
+@pytest.mark.parametrize("entry", ["model", "RPMELBO", "Trace_ELBO"])
+def test_a_correct_custom_prior_passes_the_order_check(entry):
+    """The README's StudentTWalk, returning (z, z2) or copies of them, trains."""
+    for clone in (False, True):
+        _run_entry(gaussian_rpm(StudentTWalk(DIM, clone=clone)), entry, torch.randn(N, IN),
+                   torch.randn(N, IN))
+
+
+@pytest.mark.parametrize("entry", ["model", "RPMELBO", "Trace_ELBO", "SVI"])
+def test_custom_prior_of_another_latent_size_names_both_sizes(entry):
+    model = gaussian_rpm(StudentTWalk(5), out_dim=DIM)
+    x = torch.randn(N, IN)
+    with pytest.raises(ValueError, match="the prior StudentTWalk declares site 'z' with latents of "
+                                         "size 5 but the encoder outputs latents of size 3") as info:
+        _run_entry(model, entry, x, x)
+    assert "build the prior for size 3, or the encoder with 5 outputs" in str(info.value)
+    if entry != "Trace_ELBO":  # Pyro's Trace_ELBO appends its table of shapes to any error
+        assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("energy", [RBFEnergy(), CosineEnergy(), BilinearEnergy(DIM)],
+                         ids=["rbf", "cosine", "bilinear"])
+@pytest.mark.parametrize("build", [delta_rpm, gaussian_rpm], ids=["delta", "gaussian"])
+def test_an_energy_given_as_the_prior_is_told_to_wrap_it(energy, build):
+    """An energy is callable on two latents, so it used to be run as a prior (and a Delta encoder
+    was told to add noise, which then failed): the error says to wrap it."""
+    with pytest.raises(TypeError, match="prior is an energy .* not a prior: wrap it in an "
+                                        r"implicit prior, ImplicitPrior\(") as info:
+        build(energy)
+    assert "\n" not in str(info.value)
+    if isinstance(energy, RBFEnergy):
+        assert str(info.value).endswith("ImplicitPrior(RBFEnergy())")
+
+
 @pytest.mark.parametrize(
     "build, error, message",
     [

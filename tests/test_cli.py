@@ -1,6 +1,7 @@
 """The ``rpm`` command: registry, help, exit statuses and messages (argparse range errors,
 run-folder conflicts, unavailable device, non-finite loss)."""
 
+import argparse
 import importlib
 import importlib.util
 import re
@@ -94,6 +95,55 @@ def test_help_and_version(capsys, toy):
     out = capsys.readouterr().out
     for flag in ("--out", "--resume", "--overwrite", "--checkpoint-every", "--seed", "--device"):
         assert flag in out
+
+
+def test_plain_text_renders_sphinx_markup_as_its_words():
+    assert rpm.cli.plain_text(
+        r"see :class:`~rpm.experiments.pendulum.model.GaussianKeypointEncoder`, "
+        r":mod:`rpm.data.pendulum`, :math:`R^2`, :py:func:`the fit <rpm.x.fit>`, ``--steps``, "
+        r"a\,b") == ("see GaussianKeypointEncoder, rpm.data.pendulum, R^2, the fit, --steps, "
+                     "a b")
+
+
+#: What a line of help may not break inside: a word, or one item of a comma-separated list.
+_WORD = re.compile(r"[^\s,]+")
+
+
+def _help_texts(parser):
+    """The description and every help string of ``parser`` (its sub-commands' one-line helps
+    included), as argparse expands them (``%(default)s``)."""
+    formatter = parser._get_formatter()
+    texts = [parser.description or ""]
+    for action in parser._actions:
+        actions = action._choices_actions if isinstance(action, argparse._SubParsersAction) \
+            else [action]
+        texts += [formatter._expand_help(a) for a in actions if a.help not in (None,
+                                                                               argparse.SUPPRESS)]
+    return texts
+
+
+@pytest.mark.parametrize("columns", [50, 80, 132])
+def test_every_commands_help_is_plain_text_and_splits_no_word(columns, capsys, monkeypatch):
+    """``--help`` of every command shows no Sphinx markup, and lines break only between words
+    (or after a list's commas): every word of the descriptions and help strings is whole."""
+    monkeypatch.setenv("COLUMNS", str(columns))  # argparse's width
+    parser = build_parser()
+    (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(subparsers.choices) >= {"bouncing-balls", "digits", "identifiability", "lds",
+                                       "pendulum"}
+    for command, subparser in [(None, parser), *subparsers.choices.items()]:
+        with pytest.raises(SystemExit):
+            main([*([command] if command else []), "--help"])
+        out = capsys.readouterr().out
+        assert not re.search(r":[a-z]+:`", out) and "``" not in out and "\\" not in out, out
+        rendered = set(_WORD.findall(out))
+        words = {word for text in _help_texts(subparser)
+                 for word in _WORD.findall(rpm.cli.plain_text(text))}
+        assert words <= rendered, (command, sorted(words - rendered))
+        if command == "digits":
+            from rpm.experiments.digits.command import METHODS
+            for name in METHODS:
+                assert re.search(rf"(?<![\w]){name}(?![\w])", out), name
 
 
 @pytest.mark.parametrize(

@@ -58,6 +58,7 @@ from rpm.priors.base import (
     likelihood_factor,
     likelihood_marginals,
     prior_log_ratio,
+    refuse_energy,
 )
 from rpm.priors.multiview import MultiViewImplicitPrior
 
@@ -174,6 +175,8 @@ class RPM(RPMBase):
     :param queue: a :class:`~rpm.marginals.candidates.LatentQueue` or None.
     :param name: the prefix of the model's parameters in Pyro's param store; by default
         ``"rpm"``, ``"rpm_1"``, ... (unique in the process, :class:`~rpm.models.base.RPMBase`).
+    :raises TypeError: for an :class:`~rpm.priors.base.Energy` given as the prior (wrap it:
+        ``ImplicitPrior(energy)``).
     :raises ValueError: for a deterministic encoder (Delta, no noise) with a prior that is an
         explicit continuous density (Appendix B of Aitchison & Ganev), or a structured guide the
         prior does not have.
@@ -200,6 +203,7 @@ class RPM(RPMBase):
                 raise TypeError(f"{label} must be callable (x -> distribution), got {module!r}")
         if not callable(prior):
             raise TypeError(f"prior must be callable as prior(q, q2), got {prior!r}")
+        refuse_energy(prior)
         if groups is not None:
             if not (isinstance(groups, (list, tuple)) and all(
                     isinstance(g, int) and not isinstance(g, bool) and 0 <= g < len(modules)

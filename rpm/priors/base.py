@@ -33,6 +33,7 @@ import pyro
 import torch
 from pyro import poutine
 from pyro.distributions import TorchDistribution
+from pyro.infer.util import is_validation_enabled
 
 from rpm.marginals import MixtureMarginal
 from rpm.marginals.candidates import Candidates
@@ -49,6 +50,7 @@ __all__ = [
     "likelihood_marginals",
     "positive_hyperparameter",
     "prior_log_ratio",
+    "refuse_energy",
 ]
 
 
@@ -424,6 +426,30 @@ def delta_with_density_message(what: str, prior) -> str:
     )
 
 
+def refuse_energy(prior, what: str = "prior", wrapper: str = "ImplicitPrior") -> None:
+    """Refuses an :class:`Energy` passed where a prior is expected.
+
+    An energy :math:`f(z, z')` is callable on two latents, so without this check it would be run
+    as a prior and fail later with a misleading message (e.g. that a deterministic encoder needs
+    noise). The error says to wrap it in ``wrapper`` (the implicit prior of Eq. 21-22).
+
+    :param prior: what was passed as the prior.
+    :param str what: its name in the message (``"prior"``, ``"pair_prior"``).
+    :param str wrapper: the implicit prior that takes the energy.
+    :raises TypeError: when ``prior`` is an :class:`Energy`.
+    """
+    if not isinstance(prior, Energy):
+        return
+    name = type(prior).__name__
+    shown = repr(prior)
+    if "\n" in shown or len(shown) > 40 or not shown.startswith(name + "("):
+        shown = f"{name}(...)"
+    raise TypeError(
+        f"{what} is an energy ({name}, a score f(z, z') of two latents), not a prior: wrap it "
+        f"in an implicit prior, {wrapper}({shown})"
+    )
+
+
 def _kinds(value) -> str:
     """The type of ``value``, or of each item of a tuple or list, for an error message."""
     if isinstance(value, (tuple, list)):
@@ -515,8 +541,21 @@ def declare_prior(prior, *args, sites: tuple[str, ...] = ("z", "z2")):
     ``.to_event(1)``) makes Pyro's plate refuse the shapes; that is reported here, in one line
     naming the fix.
 
+    The sites' latent size (the last axis of each site's event) must be the recognition's D
+    (``args[0]``'s event_shape (D,)), and the returned values must be the sites' values in the
+    order of ``sites`` (the model pairs them with the views' likelihood factors): a prior
+    returning ``(z2, z)`` is refused.
+
     :return: the prior's return value: ``(z, z2)`` for the pair form, z for the joint form.
+    :raises ValueError: for a missing site, a wrong return value, a site of another latent size
+        than the encoder's, or a site that does not fit the plate.
     """
+    return _run_prior(prior, args, sites)[0]
+
+
+def _run_prior(prior, args: tuple, sites: tuple[str, ...]):
+    """:func:`declare_prior`, returning the prior's return value and its trace (whose sites
+    hold the conditioned values under an enclosing ``poutine.condition``)."""
     name = type(prior).__name__
     try:
         with poutine.trace() as tracer:
@@ -545,7 +584,56 @@ def declare_prior(prior, *args, sites: tuple[str, ...] = ("z", "z2")):
             f"the prior {name} must return the pair (z, z2), got {got}; end its forward with "
             "`return z, z2`"
         )
-    return result
+    nodes = [tracer.trace.nodes[site] for site in sites]
+    _check_latent_size(name, nodes, args)
+    _check_returned_values(name, result if len(sites) == 2 else (result,), nodes)
+    return result, tracer.trace
+
+
+def _check_latent_size(name: str, nodes: list[dict], args: tuple) -> None:
+    """Raises ValueError when a site's latent size (the last axis of its event) is not the
+    recognition's D (``args[0]``, the first view's distributions, event_shape (D,))."""
+    q = args[0] if args else None
+    if not (isinstance(q, torch.distributions.Distribution) and len(q.event_shape) == 1):
+        return
+    dim = q.event_shape[0]
+    for node in nodes:
+        event_shape = getattr(node["fn"], "event_shape", ())
+        if len(event_shape) and event_shape[-1] != dim:
+            raise ValueError(
+                f"the prior {name} declares site {node['name']!r} with latents of size "
+                f"{event_shape[-1]} but the encoder outputs latents of size {dim}; make them "
+                f"agree (build the prior for size {dim}, or the encoder with {event_shape[-1]} "
+                "outputs)"
+            )
+
+
+def _check_returned_values(name: str, returned: tuple, nodes: list[dict]) -> None:
+    """Raises ValueError unless ``returned[i]`` is the value of site ``nodes[i]`` (the sites in
+    the order ``"z"``, ``"z2"``): the model uses the returned values as the latents of the
+    views' likelihood factors, so values in another order would pair each view's likelihood
+    with the other view's latent. Identity is checked on every call (free); a returned tensor
+    that is not a site's value object is compared by value under ``pyro.enable_validation``."""
+    sites = [node["name"] for node in nodes]
+    expected = "(" + ", ".join(sites) + ")"
+    for i, (value, node) in enumerate(zip(returned, nodes, strict=True)):
+        if value is node["value"]:
+            continue
+        other = next((n["name"] for n in nodes if value is n["value"]), None)
+        if other is not None:
+            raise ValueError(
+                f"the prior {name} returned the value of site {other!r} in position {i + 1}; "
+                f"return the sites' values in the order {expected}: end its forward with "
+                f"`return {', '.join(sites)}`"
+            )
+        if is_validation_enabled() and not (
+                isinstance(value, torch.Tensor) and value.shape == node["value"].shape
+                and torch.equal(value, node["value"])):
+            raise ValueError(
+                f"the prior {name} returned in position {i + 1} a value that is not the sample "
+                f"of site {node['name']!r}; return the sites' values in the order {expected}: "
+                f"end its forward with `return {', '.join(sites)}`"
+            )
 
 
 def prior_log_ratio(prior, latents, recognitions, plate: str, candidates: Candidates | None = None,
@@ -586,12 +674,14 @@ def prior_log_ratio(prior, latents, recognitions, plate: str, candidates: Candid
             if ratio is not None:
                 return ratio.sum()
         data, args, sites, num = {"z": z, "z2": z2}, (q, q2), ("z", "z2"), z.shape[0]
-    conditioned = poutine.condition(lambda *a: declare_prior(prior, *a, sites=sites), data=data)
-    if hook(prior, "joint_over_batch"):
-        trace = poutine.trace(conditioned).get_trace(*args)
-    else:
-        with pyro.plate(plate, num):
-            trace = poutine.trace(conditioned).get_trace(*args)
+    # The trace of declare_prior itself (a context, not poutine.trace(fn), which would append
+    # Pyro's shape table to the one-line errors of the checks).
+    with poutine.condition(data=data):
+        if hook(prior, "joint_over_batch"):
+            trace = _run_prior(prior, args, sites)[1]
+        else:
+            with pyro.plate(plate, num):
+                trace = _run_prior(prior, args, sites)[1]
     trace.compute_log_prob()
     log_prior = sum(
         site["log_prob"].sum() for site in trace.nodes.values() if site["type"] == "sample"

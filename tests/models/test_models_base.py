@@ -339,3 +339,32 @@ def test_a_deep_copy_has_its_own_names_and_trains_as_the_original_alone(route, b
     alone = make_rpm(5, hidden=4)
     ROUTES[route]([alone], batches)
     assert_same_weights(weights(original), weights(alone))
+
+
+def test_model_name_is_the_prefix_of_its_entries_in_the_store(batches):
+    """``model.name`` (the README's "Parameters"): every store entry of a trained model begins
+    with ``model.name + "."``, each of its parameters is such an entry, and a second model's
+    entries carry the second name."""
+    named, default = make_rpm(0, hidden=4, name="a"), make_rpm(1)
+    assert named.name == "a" and default.name.startswith("rpm") and default.name != "a"
+    assert named.prior.name == "a.prior" and named.prior.energy.name == "a.prior.energy"
+    assert named.recognition.name == "a.recognition"
+    for model in (named, default):
+        SVI(model.model, model.guide, pyro.optim.Adam({"lr": 0.05}), rpm.RPMELBO()).step(
+            *batches[0])
+    store = pyro.get_param_store()
+    for model, other in ((named, default), (default, named)):
+        entries = {key for key in store.keys() if key.startswith(model.name + ".")}
+        assert entries == {
+            f"{model.name}.prior.energy.lengthscale",
+            *(f"{model.name}.recognition.net$$${key}" for key, _ in
+              model.recognition.net.named_parameters()),
+        }
+        assert not any(key.startswith(other.name + ".") for key in entries)
+        own = {id(p) for p in model.parameters()}
+        for key in entries:  # each entry is one of the model's own tensors
+            value = store[key]
+            assert id(value.unconstrained() if hasattr(value, "unconstrained") else value) in own
+    with pytest.raises(AttributeError):
+        named.name = "b"  # given at construction: a new name needs a new model
+    assert copy.deepcopy(named).name == "a_1"

@@ -57,8 +57,10 @@ def plot_dynamics(path: str | os.PathLike, learned: torch.Tensor, true: torch.Te
         line, = right.plot(steps, states[:, k].to(torch.float64).numpy(), lw=1.2)
         right.plot(steps, decoded[:, k].numpy(), ls="--", color=line.get_color(), lw=1.2)
     right.set_xlabel("step")
-    right.set_title("a sequence's smoothed latents (no states to compare with)" if states is None
-                    else "held-out sequence: true state (solid), from the smoothed latents "
+    # Two lines: constrained layout makes room for a title's height, not its width, and one
+    # line was wider than the axes and clipped at the figure's right edge.
+    right.set_title("a sequence's smoothed latents\n(no states to compare with)" if states is None
+                    else "held-out sequence: true state (solid),\nfrom the smoothed latents "
                     f"(dashed); R^2 {scores['r2']:.4f}", fontsize=9)
     fig.savefig(path, dpi=DPI)
     return fig
