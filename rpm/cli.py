@@ -109,7 +109,7 @@ class _ListWrapper(textwrap.TextWrapper):
 
 class PlainHelpFormatter(argparse.HelpFormatter):
     """argparse's help formatter on :func:`plain_text` of every description and help string,
-    wrapped only between words or after a list's commas (:class:`_ListWrapper`)."""
+    wrapped only between words or after a list's commas (``_ListWrapper``)."""
 
     def _split_lines(self, text: str, width: int) -> list[str]:
         text = self._whitespace_matcher.sub(" ", plain_text(text)).strip()

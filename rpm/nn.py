@@ -31,7 +31,7 @@ and decides them again under the next, so what was decided for the modules it he
 never reused for the modules it holds now.
 
 The private Pyro state these modules read (a module's store prefix) is read through
-:mod:`rpm._pyro_compat`.
+``rpm._pyro_compat``.
 """
 
 from __future__ import annotations

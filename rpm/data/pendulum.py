@@ -119,7 +119,7 @@ def render_pendulum(angle: torch.Tensor, image_size: int = 28) -> torch.Tensor:
 
     :param torch.Tensor angle: :math:`\theta`, any shape B.
     :param int image_size: S.
-    :return: (*B, S, S), float32 (sub-pixel geometry needs no more).
+    :return: ``(*B, S, S)``, float32 (sub-pixel geometry needs no more).
     """
     check_positive_int("image_size", image_size)
     column, row = _pixel_centres(image_size, torch.float32)

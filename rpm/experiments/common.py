@@ -669,11 +669,11 @@ def open_run(args: argparse.Namespace, may_change: Iterable[str] = (),
     or touching ``--out``; ``--resume`` takes the lock, checks the recorded command (another
     experiment's run is refused) and the integrity of ``config.json``
     (:func:`~rpm.training.run_folder.verify_config`), gives ``args`` the saved flags, checks
-    ``--device`` and calls ``validate(args)``, and only then writes. The lock (:class:`~rpm.training.
-    run_folder.RunLock`) refuses a second process on the same folder, naming the holder, and is
-    released at the end of the block (or by the operating system when the process dies). At
-    the end the segment's wall time and how it ended (``finished``, ``interrupted``,
-    ``failed``) are recorded.
+    ``--device`` and calls ``validate(args)``, and only then writes. The lock
+    (:class:`~rpm.training.run_folder.RunLock`) refuses a second process on the same folder,
+    naming the holder, and is released at the end of the block (or by the operating system
+    when the process dies). At the end the segment's wall time and how it ended
+    (``finished``, ``interrupted``, ``failed``) are recorded.
 
     :param may_change: further flags allowed to change on resume (:func:`save_run_config`).
     :param may_grow: flags allowed to grow on resume.

@@ -82,7 +82,7 @@ def plot_training(
     :param path-like path: the PNG to write.
     :param dict histories: run name -> the trainer's history, ``{"losses": [[step, mean loss
         over the logging window ending at step], ...], "evaluations": [{"step": int, score:
-        float, ...}, ...]}`` (:class:`~rpm.inference.trainer.Trainer`).
+        float, ...}, ...]}`` (:class:`~rpm.training.Trainer`).
     :param str score: the key of the held-out score in each evaluation.
     :param str score_label: its axis label.
     :param str loss_label: the loss axis label.

@@ -51,7 +51,7 @@ is the library's own, so that skipping it changes nothing:
 Anything else is the generic path, unchanged. The class checks are decided once per
 :func:`~rpm.nn.structure_version` (cached on the model, decided again after any assignment);
 the hooks, the batch's signature and the sizes at every step. The private torch and Pyro
-state these checks read is read through :mod:`rpm._pyro_compat`.
+state these checks read is read through ``rpm._pyro_compat``.
 The evaluation runs in the model's Pyro context, as the generic path does, unless nothing in
 it reads Pyro state (:func:`needs_context`). Pyro's messages are the same on both paths (the
 recognition networks' registration, the energy's parameters), so ``SVI``'s parameter capture
@@ -301,7 +301,7 @@ def needs_context(step: Plan) -> bool:
     ``pyro.clear_param_store()``: inside the context it is registered again). So the context
     is skipped only with no handler active, Pyro's module-local parameters off, an energy
     without parameters or submodules, deterministic Delta encoders whose plain ``torch.nn``
-    networks the store holds (the check of :func:`rpm.models.recognition._network`, which then
+    networks the store holds (the check of ``rpm.models.recognition._network``, which then
     returns the network and registers nothing, inside the context or not)."""
     if am_i_wrapped() or not step.deltas or pyro.settings.get("module_local_params"):
         return True

@@ -179,10 +179,10 @@ class MixtureMarginal(TorchDistribution):
 
     The components may be of any family with batch_shape (N,) and event_shape (D,). Diagonal
     Gaussians (``Normal(loc, scale).to_event(1)``) and Deltas (``Delta(v, event_dim=1)``) use
-    fast kernels (:attr:`loc` and :attr:`scale` hold their parameters); any other family (a
+    fast kernels (``loc`` and ``scale`` hold their parameters); any other family (a
     Student-t, ``ProjectedNormal`` on the sphere, a mixture) is evaluated through its own
-    ``log_prob`` in row blocks, :func:`~rpm.ops.distribution_mixture_log_prob` (:attr:`loc`
-    and :attr:`scale` are then None). The support is :math:`\mathbb{R}^D` for Gaussian
+    ``log_prob`` in row blocks, :func:`~rpm.ops.distribution_mixture_log_prob` (``loc``
+    and ``scale`` are then None). The support is :math:`\mathbb{R}^D` for Gaussian
     components, the finite set of the atoms (:class:`Atoms`, discrete) for Delta components,
     where a value off every atom has log-density :math:`-\infty`, and the components' own
     support otherwise.

@@ -164,7 +164,7 @@ class RPM(RPMBase):
     :param prior: a :class:`~rpm.priors.base.Prior` (or a plain callable ``prior(q, q2) ->
         (z, z2)`` declaring the sites ``"z"`` and ``"z2"``, a pair-form prior with the hooks'
         defaults).
-    :param recognition2: Q(z'|x') for the second view of a pair (model index 1 of
+    :param recognition2: :math:`Q(z'|x')` for the second view of a pair (model index 1 of
         ``groups``); by default the first view's model is shared.
     :param groups: for a list of G recognition models, ``groups[j]`` is the index of view j's
         model (a list of J integers); default: view j uses model j.

@@ -19,7 +19,7 @@ an M x N x D broadcast:
 
 centred on anchors (the mean location, plus one per far cluster of components), with the pairs
 whose float32 expansion would cancel recomputed in the difference form: the rule of
-:mod:`rpm.ops._mixture_terms`, shared with the streamed kernel.
+``rpm.ops._mixture_terms``, shared with the streamed kernel.
 """
 
 from __future__ import annotations

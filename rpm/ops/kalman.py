@@ -74,11 +74,11 @@ __all__ = [
 class KalmanFilterResult(NamedTuple):
     r"""Output of :func:`kalman_filter`.
 
-    :ivar log_prob: :math:`\log P(z_{1:T})`, shape (*batch,).
-    :ivar filtered_loc: :math:`E[s_t | z_{1:t}]`, shape (*batch, T, H).
-    :ivar filtered_scale_tril: square root of :math:`Cov[s_t | z_{1:t}]`, (*batch, T, H, H),
+    :ivar log_prob: :math:`\log P(z_{1:T})`, shape ``(*batch,)``.
+    :ivar filtered_loc: :math:`E[s_t | z_{1:t}]`, shape ``(*batch, T, H)``.
+    :ivar filtered_scale_tril: square root of :math:`Cov[s_t | z_{1:t}]`, ``(*batch, T, H, H)``,
         with the parameters' batch dimensions only (the covariances do not depend on z).
-    :ivar predicted_loc: :math:`E[s_t | z_{1:t-1}]` (t = 1: the initial mean), (*batch, T, H).
+    :ivar predicted_loc: :math:`E[s_t | z_{1:t-1}]` (t = 1: the initial mean), ``(*batch, T, H)``.
     :ivar predicted_scale_tril: square root of :math:`Cov[s_t | z_{1:t-1}]`, likewise.
     """
 
@@ -93,8 +93,8 @@ class KalmanSmootherResult(NamedTuple):
     r"""Output of :func:`rts_smoother`: :math:`P(s_t | z_{1:T}) = \mathcal{N}(\text{loc}_t,
     L_t L_t^\top)`.
 
-    :ivar loc: shape (*batch, T, H).
-    :ivar scale_tril: shape (*batch, T, H, H).
+    :ivar loc: shape ``(*batch, T, H)``.
+    :ivar scale_tril: shape ``(*batch, T, H, H)``.
     """
 
     loc: torch.Tensor
@@ -102,17 +102,17 @@ class KalmanSmootherResult(NamedTuple):
 
     @property
     def covariance(self) -> torch.Tensor:
-        """:math:`Cov[s_t | z_{1:T}]`, shape (*batch, T, H, H)."""
+        """:math:`Cov[s_t | z_{1:T}]`, shape ``(*batch, T, H, H)``."""
         return self.scale_tril @ self.scale_tril.transpose(-1, -2)
 
 
 class KalmanForecast(NamedTuple):
     r"""Output of :func:`kalman_forecast`: the k-step predictive distributions given z_{1:T}.
 
-    :ivar state_loc: :math:`E[s_{T+j} | z_{1:T}]`, shape (*batch, k, H).
-    :ivar state_scale_tril: its covariance's square root, (*batch, k, H, H).
-    :ivar loc: :math:`E[z_{T+j} | z_{1:T}] = C\, E[s_{T+j} | z_{1:T}]`, (*batch, k, D).
-    :ivar scale_tril: square root of :math:`C\,Cov[s_{T+j}|z_{1:T}]\,C^\top + R`, (*batch, k, D, D).
+    :ivar state_loc: :math:`E[s_{T+j} | z_{1:T}]`, shape ``(*batch, k, H)``.
+    :ivar state_scale_tril: its covariance's square root, ``(*batch, k, H, H)``.
+    :ivar loc: :math:`E[z_{T+j} | z_{1:T}] = C\, E[s_{T+j} | z_{1:T}]`, ``(*batch, k, D)``.
+    :ivar scale_tril: square root of :math:`C\,Cov[s_{T+j}|z_{1:T}]\,C^\top + R`, ``(*batch, k, D, D)``.
     """
 
     state_loc: torch.Tensor
@@ -170,19 +170,19 @@ def use_parallel(method: str, num_steps: int) -> bool:
 
 
 def _time_first(tensor: torch.Tensor, event_dims: int, batch_dims: int) -> torch.Tensor:
-    """(*b, T, *event) -> (T, 1, ..., 1, *b, *event) with ``batch_dims`` dimensions after T."""
+    """``(*b, T, *event)`` -> ``(T, 1, ..., 1, *b, *event)`` with ``batch_dims`` dimensions after T."""
     tensor = tensor.movedim(-event_dims - 1, 0)
     lead = tensor.dim() - 1 - event_dims
     return tensor.reshape(tensor.shape[0], *([1] * (batch_dims - lead)), *tensor.shape[1:])
 
 
 def _pad(tensor: torch.Tensor, event_dims: int, batch_dims: int) -> torch.Tensor:
-    """(*b, *event) -> (1, ..., 1, *b, *event) with ``batch_dims`` batch dimensions."""
+    """``(*b, *event)`` -> ``(1, ..., 1, *b, *event)`` with ``batch_dims`` batch dimensions."""
     return tensor.reshape(*([1] * (batch_dims + event_dims - tensor.dim())), *tensor.shape)
 
 
 def check_mask(mask: torch.Tensor | None, num_steps: int) -> torch.Tensor | None:
-    """Validates a mask over frames: a bool tensor of shape (*batch, T), True = observed."""
+    """Validates a mask over frames: a bool tensor of shape ``(*batch, T)``, True = observed."""
     if mask is None:
         return None
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
@@ -261,16 +261,16 @@ def kalman_filter(
     value in ``z`` is ignored (it may be anything, NaN included). Masks may differ between
     sequences, and then so do the covariances.
 
-    :param torch.Tensor z: observations, shape (*batch, T, D).
-    :param torch.Tensor init_loc: :math:`m_1`, (*batch, H).
-    :param torch.Tensor init_scale_tril: square root of :math:`S_1`, (*batch, H, H).
-    :param torch.Tensor transition_matrix: A, (*batch, H, H), :math:`s_{t+1} = A s_t + w_t`.
-    :param torch.Tensor transition_scale_tril: square root of Q, (*batch, H, H).
-    :param torch.Tensor observation_matrix: C, (*batch, D, H).
-    :param torch.Tensor observation_scale_tril: square root of R_t, (*batch, T, D, D) (T may be
+    :param torch.Tensor z: observations, shape ``(*batch, T, D)``.
+    :param torch.Tensor init_loc: :math:`m_1`, ``(*batch, H)``.
+    :param torch.Tensor init_scale_tril: square root of :math:`S_1`, ``(*batch, H, H)``.
+    :param torch.Tensor transition_matrix: A, ``(*batch, H, H)``, :math:`s_{t+1} = A s_t + w_t`.
+    :param torch.Tensor transition_scale_tril: square root of Q, ``(*batch, H, H)``.
+    :param torch.Tensor observation_matrix: C, ``(*batch, D, H)``.
+    :param torch.Tensor observation_scale_tril: square root of R_t, ``(*batch, T, D, D)`` (T may be
         1) or (D, D).
     :param torch.dtype compute_dtype: dtype of the arithmetic (float64 by default).
-    :param mask: None (every frame observed) or a bool tensor (*batch, T), True = observed.
+    :param mask: None (every frame observed) or a bool tensor ``(*batch, T)``, True = observed.
     :param str method: ``"auto"``, ``"sequential"``, ``"parallel"`` or ``"dense"`` (no mask).
     :return: a :class:`KalmanFilterResult` in the dtype of ``z``.
     """
@@ -319,7 +319,7 @@ def kalman_log_prob(
     \rVert^2 - \log \lvert L \rvert - \tfrac{TD}{2} \log 2\pi` with :math:`L L^\top` the
     covariance of the window (:mod:`rpm.ops.kalman_dense`).
 
-    :return: shape (*batch,), in the dtype of ``z``.
+    :return: shape ``(*batch,)``, in the dtype of ``z``.
     """
     args = _prepare(z, init_loc, init_scale_tril, transition_matrix, transition_scale_tril,
                     observation_matrix, observation_scale_tril, compute_dtype, mask)
@@ -513,11 +513,11 @@ def rts_smoother(
     predictions, and the recursion is the same.
 
     :param KalmanFilterResult filtered: the output of :func:`kalman_filter`.
-    :param torch.Tensor transition_matrix: A, (*batch, H, H).
-    :param torch.Tensor transition_scale_tril: square root of Q, (*batch, H, H).
+    :param torch.Tensor transition_matrix: A, ``(*batch, H, H)``.
+    :param torch.Tensor transition_scale_tril: square root of Q, ``(*batch, H, H)``.
     :param torch.dtype compute_dtype: dtype of the arithmetic (float64 by default).
     :param str method: ``"auto"``, ``"sequential"`` or ``"parallel"``.
-    :return: a :class:`KalmanSmootherResult`, shapes (*batch, T, H) and (*batch, T, H, H).
+    :return: a :class:`KalmanSmootherResult`, shapes ``(*batch, T, H)`` and ``(*batch, T, H, H)``.
     """
     out_dtype = filtered.filtered_loc.dtype
     if use_parallel(method, filtered.filtered_loc.shape[-2]):
@@ -575,12 +575,12 @@ def backward_sample(
     (:func:`rpm.ops.kalman_dense.dense_backward_sample`).
 
     :param KalmanFilterResult filtered: the output of :func:`kalman_filter`.
-    :param torch.Tensor transition_matrix: A, (*batch, H, H).
-    :param torch.Tensor transition_scale_tril: square root of Q, (*batch, H, H).
-    :param torch.Tensor noise: :math:`\epsilon`, standard normal, shape (*sample, *batch, T, H).
+    :param torch.Tensor transition_matrix: A, ``(*batch, H, H)``.
+    :param torch.Tensor transition_scale_tril: square root of Q, ``(*batch, H, H)``.
+    :param torch.Tensor noise: :math:`\epsilon`, standard normal, shape ``(*sample, *batch, T, H)``.
     :param torch.dtype compute_dtype: dtype of the arithmetic (float64 by default).
     :param str method: ``"auto"``, ``"sequential"``, ``"parallel"`` or ``"dense"``.
-    :return: :math:`s_{1:T}`, shape (*sample, *batch, T, H).
+    :return: :math:`s_{1:T}`, shape ``(*sample, *batch, T, H)``.
     """
     out_dtype = filtered.filtered_loc.dtype
     loc_f = filtered.filtered_loc.to(compute_dtype)
@@ -629,10 +629,10 @@ def kalman_forecast(
         z_{T+j} | z_{1:T} \sim \mathcal{N}(C \hat s_{T+j|T},\ C P_{T+j|T} C^\top + R).
 
     :param KalmanFilterResult filtered: the output of :func:`kalman_filter`.
-    :param torch.Tensor transition_matrix: A, (*batch, H, H).
-    :param torch.Tensor transition_scale_tril: square root of Q, (*batch, H, H).
-    :param torch.Tensor observation_matrix: C, (*batch, D, H).
-    :param torch.Tensor observation_scale_tril: square root of R, (*batch, D, D).
+    :param torch.Tensor transition_matrix: A, ``(*batch, H, H)``.
+    :param torch.Tensor transition_scale_tril: square root of Q, ``(*batch, H, H)``.
+    :param torch.Tensor observation_matrix: C, ``(*batch, D, H)``.
+    :param torch.Tensor observation_scale_tril: square root of R, ``(*batch, D, D)``.
     :param int steps: k >= 1.
     :return: a :class:`KalmanForecast`.
     """

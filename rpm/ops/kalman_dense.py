@@ -42,8 +42,8 @@ variance is below :data:`MIN_PIVOT_RATIO` times its largest marginal variance (w
 square-root recursions are the more accurate), raises :class:`NotPositiveDefiniteError` and
 ``method="auto"`` falls back to the recursions.
 
-Shapes (inputs in the compute dtype): ``z`` (*batch, T, D); ``init_loc`` (*batch, H); the other
-parameters (*cov, H, H) or (*cov, D, H); ``obs_scale`` (*cov, T or 1, D, D).
+Shapes (inputs in the compute dtype): ``z`` ``(*batch, T, D)``; ``init_loc`` ``(*batch, H)``; the other
+parameters ``(*cov, H, H)`` or ``(*cov, D, H)``; ``obs_scale`` ``(*cov, T or 1, D, D)``.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class _Joint:
         self.shape = (num_steps, obs_dim, hidden_dim)
 
     def whiten(self, z: torch.Tensor) -> torch.Tensor:
-        """:math:`w = L^{-1}(z - \\bar z)`, (*batch, T D)."""
+        """:math:`w = L^{-1}(z - \\bar z)`, ``(*batch, T D)``."""
         num_steps, obs_dim, _ = self.shape
         diff = (z - self.mean_z).reshape(*torch.broadcast_shapes(z.shape, self.mean_z.shape)[:-2],
                                          num_steps * obs_dim)
@@ -146,14 +146,14 @@ def dense_log_prob(z: torch.Tensor, init_loc: torch.Tensor, init_scale_tril: tor
         \log P(z_{1:T}) = -\tfrac12 \lVert L^{-1}(z - \bar z) \rVert^2 - \sum_i \log L_{ii}
             - \tfrac{TD}{2} \log 2\pi, \qquad L L^\top = K = G G^\top + \operatorname{blockdiag}(R_t).
 
-    :param torch.Tensor z: observations, (*batch, T, D).
-    :param torch.Tensor init_loc: :math:`m_1`, (*batch, H).
-    :param torch.Tensor init_scale_tril: square root of :math:`S_1`, (*cov, H, H).
-    :param torch.Tensor transition_matrix: A, (*cov, H, H).
-    :param torch.Tensor transition_scale_tril: square root of Q, (*cov, H, H).
-    :param torch.Tensor observation_matrix: C, (*cov, D, H).
-    :param torch.Tensor obs_scale: square roots of :math:`R_t`, (*cov, T or 1, D, D).
-    :return: shape (*batch,).
+    :param torch.Tensor z: observations, ``(*batch, T, D)``.
+    :param torch.Tensor init_loc: :math:`m_1`, ``(*batch, H)``.
+    :param torch.Tensor init_scale_tril: square root of :math:`S_1`, ``(*cov, H, H)``.
+    :param torch.Tensor transition_matrix: A, ``(*cov, H, H)``.
+    :param torch.Tensor transition_scale_tril: square root of Q, ``(*cov, H, H)``.
+    :param torch.Tensor observation_matrix: C, ``(*cov, D, H)``.
+    :param torch.Tensor obs_scale: square roots of :math:`R_t`, ``(*cov, T or 1, D, D)``.
+    :return: shape ``(*batch,)``.
     :raises NotPositiveDefiniteError: where K is not numerically positive definite or is
         ill-conditioned (:data:`MIN_PIVOT_RATIO`).
     """
@@ -172,8 +172,8 @@ def dense_filter(z: torch.Tensor, init_loc: torch.Tensor, init_scale_tril: torch
     \operatorname{Cov}(s_t) - \sum_{j \le t} Y_{tj} Y_{tj}^\top` (:math:`j < t` for the
     predictions). Arguments as for :func:`dense_log_prob`.
 
-    :return: (log_prob (*batch,), filtered_loc (*batch, T, H), filtered_scale_tril (*cov, T, H,
-        H), predicted_loc, predicted_scale_tril): the Cholesky factors of :math:`P_{t|t}` and
+    :return: (log_prob ``(*batch,)``, filtered_loc ``(*batch, T, H)``, filtered_scale_tril
+        ``(*cov, T, H, H)``, predicted_loc, predicted_scale_tril): the Cholesky factors of :math:`P_{t|t}` and
         :math:`P_{t|t-1}`.
     :raises NotPositiveDefiniteError: as :func:`dense_log_prob`, and where a filtered or
         predicted covariance is not numerically positive definite (a singular noise).
@@ -219,8 +219,8 @@ def dense_backward_sample(loc_f: torch.Tensor, scale_f: torch.Tensor, loc_p: tor
     upper-bidiagonal matrix of identities on the diagonal and :math:`-E_t` above it, and
     :math:`c_t = g_t + L^c_t \epsilon_t`: back substitution, the recursion itself, in one call
     instead of T steps or the levels of a scan. Inputs time first, as for
-    :func:`rpm.ops.kalman_scan.parallel_backward_sample`: ``noise`` (T, *sample, *batch, H).
-    Returns the draws, (T, *sample, *batch, H).
+    :func:`rpm.ops.kalman_scan.parallel_backward_sample`: ``noise`` ``(T, *sample, *batch, H)``.
+    Returns the draws, ``(T, *sample, *batch, H)``.
     """
     num_steps, hidden_dim = loc_f.shape[0], loc_f.shape[-1]
     gain, offset, conditional_scale = smoother_elements(

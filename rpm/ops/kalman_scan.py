@@ -128,15 +128,15 @@ def parallel_filter(z, mask, init_loc, init_scale_tril, transition_matrix, trans
                     observation_matrix, observation_scale_tril):
     r"""The Kalman filter as a prefix scan (module docstring).
 
-    :param z: observations, time first: (T, *batch, D); missing frames' values are ignored.
-    :param mask: None, or a bool tensor (T, *mask_batch), True where the frame is observed.
-    :param init_loc: (*batch, H). :param init_scale_tril: (*cov, H, H).
-    :param transition_matrix: (*cov, H, H). :param transition_scale_tril: (*cov, H, H).
-    :param observation_matrix: (*cov, D, H).
-    :param observation_scale_tril: square roots of R_t, time first: (T or 1, *cov, D, D).
-    :return: (log_prob (*batch,), filtered_loc (T, *batch, H), filtered_scale_tril (T, *cov', H,
-        H), predicted_loc, predicted_scale_tril), with cov' the covariances' batch shape (that
-        of the mask included).
+    :param z: observations, time first: ``(T, *batch, D)``; missing frames' values are ignored.
+    :param mask: None, or a bool tensor ``(T, *mask_batch)``, True where the frame is observed.
+    :param init_loc: ``(*batch, H)``. :param init_scale_tril: ``(*cov, H, H)``.
+    :param transition_matrix: ``(*cov, H, H)``. :param transition_scale_tril: ``(*cov, H, H)``.
+    :param observation_matrix: ``(*cov, D, H)``.
+    :param observation_scale_tril: square roots of R_t, time first: ``(T or 1, *cov, D, D)``.
+    :return: (log_prob ``(*batch,)``, filtered_loc ``(T, *batch, H)``, filtered_scale_tril
+        ``(T, *cov', H, H)``, predicted_loc, predicted_scale_tril), with cov' the covariances'
+        batch shape (that of the mask included).
     """
     num_steps, obs_dim = z.shape[0], z.shape[-1]
     a, c = transition_matrix, observation_matrix
@@ -219,7 +219,7 @@ def smoother_elements(loc_f, scale_f, loc_p, scale_p, transition_matrix, transit
 
 def parallel_smoother(loc_f, scale_f, loc_p, scale_p, transition_matrix, transition_scale_tril):
     r"""The RTS smoother as a suffix scan (module docstring); inputs time first, as returned by
-    :func:`parallel_filter`. Returns the smoothed loc (T, *batch, H) and scale_tril."""
+    :func:`parallel_filter`. Returns the smoothed loc ``(T, *batch, H)`` and scale_tril."""
     gain, offset, conditional_scale = smoother_elements(
         loc_f, scale_f, loc_p, scale_p, transition_matrix, transition_scale_tril)
     last_cov = scale_f[-1:] @ _t(scale_f[-1:])
@@ -236,7 +236,7 @@ def parallel_backward_sample(loc_f, scale_f, loc_p, scale_p, transition_matrix,
                              transition_scale_tril, noise):
     r"""Forward filtering, backward sampling as a suffix scan: the affine recursion
     :math:`s_t = E_t s_{t+1} + g_t + \operatorname{chol}(L_t) \epsilon_t`; ``noise`` time first,
-    (T, *sample, *batch, H). Returns the draws, (T, *sample, *batch, H)."""
+    ``(T, *sample, *batch, H)``. Returns the draws, ``(T, *sample, *batch, H)``."""
     gain, offset, conditional_scale = smoother_elements(
         loc_f, scale_f, loc_p, scale_p, transition_matrix, transition_scale_tril)
     last = loc_f[-1] + _matvec(scale_f[-1], noise[-1])

@@ -18,7 +18,7 @@ of ``block_size``; each block of L comes from two matrix products with D columns
     - \tfrac12 \tilde z_m^\top v_n, \qquad v_n = -2 \tilde\mu_n \odot w_n,
 
 (:math:`w_{nd} = \sigma_{nd}^{-2}`; tildes: centred on the component's anchor, see
-:mod:`rpm.ops._mixture_terms`), and the row log-sum-exp is accumulated online,
+``rpm.ops._mixture_terms``), and the row log-sum-exp is accumulated online,
 :math:`\mathrm{lse} \leftarrow \log(e^{\mathrm{lse}} + \sum_{n \in \text{block}} e^{L_{mn}})`.
 The backward pass recomputes every block from the saved row log-sum-exps,
 :math:`P_{mn} = e^{L_{mn} - \mathrm{lse}_m}`, and accumulates :math:`P [w, v]` (for the points)
@@ -27,7 +27,7 @@ size of L, four in all with the forward's two; memory O((M + N) D) plus one bloc
 
 Float32 accuracy: the pairs whose expansion may be materially worse than the direct form and
 that can matter for the log-sum-exp are recomputed in the difference form, block by block
-(the rule of :mod:`rpm.ops._mixture_terms`; the row maximum it needs is tracked online, so the
+(the rule of ``rpm.ops._mixture_terms``; the row maximum it needs is tracked online, so the
 set is a superset of the one the full matrix would give); their gradient is taken in the
 difference form too. The normalisers :math:`\ell_n` are summed in float64.
 

@@ -1,4 +1,4 @@
-r"""Explicit learned priors P_theta(z, z') = P_theta(z) P_theta(z'|z).
+r"""Explicit learned priors :math:`P_\theta(z, z') = P_\theta(z) P_\theta(z'|z)`.
 
 Unlike the implicit prior, an explicit prior is a normalised density on R^D x R^D, so in the
 ELBO (Eq. 15 of Aitchison & Ganev)

@@ -8,7 +8,7 @@ ELBO is InfoNCE.
 
 with Q the minibatch-mixture recognition marginal. P(z) is the
 :class:`~rpm.marginals.MixtureMarginal` of the first view's recognition distributions, a
-normalised distribution. P(z'|z) is :class:`ImplicitConditional`, the energy-tilted mixture of
+normalised distribution. :math:`P(z'|z)` is :class:`ImplicitConditional`, the energy-tilted mixture of
 the second view's, with Z(z_i) estimated, as InfoNCE does, over the batch's own second-view
 latents (positive included): :math:`\hat Z(z_i) = \frac1N \sum_j e^{f(z_i, z'_j)}`. That makes it
 the InfoNCE surrogate, not a normalised distribution of the batch for finite N: exact at the
@@ -264,7 +264,7 @@ class ImplicitConditional(TiltedConditional):
     :math:`1/N^N` (1/4) whatever the energy (``docs/theory.md#what-the-implicit-conditional-is``).
 
     ``sample`` draws one candidate :math:`c_j` from each of the N recognition distributions of
-    the second view, Q(z'|x'_j), and, for each i independently, picks candidate j with
+    the second view, :math:`Q(z'|x'_j)`, and, for each i independently, picks candidate j with
     probability :math:`\operatorname{softmax}_j f(z_i, c_j)`. With Delta recognition that is
     the normalised categorical of Eq. 34, whose probability equals ``exp(log_prob)`` exactly at
     the permutations of the atoms (the guide's value among them) and nowhere else (in the
@@ -334,7 +334,7 @@ class ImplicitPrior(Prior):
     :param Energy energy: f(z, z'), e.g. :class:`~rpm.priors.CosineEnergy`.
     """
 
-    #: P(z'|z) is a density relative to Q(z'), so deterministic (Delta) encoders are fine.
+    #: :math:`P(z'|z)` is a density relative to Q(z'), so deterministic (Delta) encoders are fine.
     accepts_delta_recognition = True
 
     #: The conditional is normalised over the batch's own z2: the sites are whole-batch events.

@@ -11,7 +11,7 @@ implicit conditionals of the centre (Eq. 21-22 of Aitchison & Ganev):
 * **star** (:class:`StarImplicitPrior`): every positive p independently,
   :math:`P(z_p | z_c) = Q_p(z_p) e^{f(z_c, z_p)} / Z(z_c)`;
 * **mixture of partners** (:class:`PartnerMixturePrior`): one partner chosen uniformly among the
-  |P(c)| positives is linked to the centre, the others are drawn from their marginals,
+  :math:`|P(c)|` positives is linked to the centre, the others are drawn from their marginals,
   :math:`P(z_{-c} | z_c) = \prod_{p} Q_p(z_p) \cdot \frac{1}{|P(c)|} \sum_{p}
   e^{f(z_c, z_p)} / Z(z_c)`.
 
@@ -35,8 +35,8 @@ guide's values, which are all an ELBO scores (``docs/theory.md#what-the-implicit
 ELBO of the model whose prior log-density is the average of the centres' (as
 :class:`~rpm.priors.PooledImplicitPrior` averages its two directions): every centre's prior is
 :math:`\prod_j Q_j(z_j)` times its tilt :math:`e^{r_c}`, so the model declares ``"z"`` (one
-event (N, J, D) over the batch, :attr:`joint_over_batch`) from the model's marginals and adds
-the averaged tilt as the factor ``"z_views"``.
+event (N, J, D) over the batch, :attr:`~rpm.priors.Prior.joint_over_batch`) from the model's
+marginals and adds the averaged tilt as the factor ``"z_views"``.
 
 **The queue** (MoCo). A :class:`~rpm.marginals.candidates.LatentQueue` of K latents of earlier
 batches joins every anchor's candidates: :math:`\hat Z` then runs over :math:`D_k + K` samples of

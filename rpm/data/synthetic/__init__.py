@@ -6,7 +6,7 @@ marginals :math:`p(z)`, positive-pair conditionals :math:`p(z' \mid z)` and an i
 * :mod:`~rpm.data.synthetic.spaces`: sphere, box, unbounded; exact truncation to the box.
 * :mod:`~rpm.data.synthetic.noise`: factorised normal / Laplace / generalised-normal noise.
 * :mod:`~rpm.data.synthetic.vmf`: von Mises-Fisher sampling (Wood, 1994).
-* :mod:`~rpm.data.synthetic.marginals`, :mod:`~rpm.data.synthetic.conditionals`: p(z), p(z'|z).
+* :mod:`~rpm.data.synthetic.marginals`, :mod:`~rpm.data.synthetic.conditionals`: ``p(z)``, ``p(z'|z)``.
 * :mod:`~rpm.data.synthetic.process`: :class:`LatentProcess`, the whole configuration.
 * :mod:`~rpm.data.synthetic.mixing`: :class:`InvertibleMLP`, the mixing g.
 """

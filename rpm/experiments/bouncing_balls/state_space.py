@@ -173,8 +173,8 @@ def damped_velocity_dynamics(dim: int, position_noise: float, ball_diameter: flo
         u_{t+1} = \rho\, u_t + \epsilon_t, \quad p_{t+1} = \alpha\, p_t + u_{t+1} + \eta_t,
         \qquad A_0 = \begin{pmatrix} \alpha I & \rho I \\ 0 & \rho I \end{pmatrix},
 
-    with :math:`\alpha` = :data:`POSITION_DECAY` (positions return towards the box centre),
-    :math:`\rho` = :data:`VELOCITY_DECAY` (bounces reverse velocities), velocity noise
+    with :math:`\alpha` = ``POSITION_DECAY`` (positions return towards the box centre),
+    :math:`\rho` = ``VELOCITY_DECAY`` (bounces reverse velocities), velocity noise
     :math:`0.3 d` and position noise ``position_noise``; the process noise is that of
     :func:`displacement_noise` (the velocity is the displacement into the frame). Its stationary
     spread is about 14 px for the positions and 2.5 px for the velocities.

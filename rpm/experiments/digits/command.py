@@ -12,7 +12,7 @@ views (``star4``, ``mixture4``), the star prior over 2 global views and 4 local 
 multi-crop rule (``multicrop``), a queue of earlier latents (``queue``, MoCo's normaliser), and
 NT-Xent written in plain torch (``torch_ntxent``, the same objective as ``ntxent``, from the
 same initialisation on the same batches). The baselines are the raw pixels and the untrained
-encoder. The default run trains :data:`DEFAULT_METHODS` (within 6 minutes of one CPU core);
+encoder. The default run trains ``DEFAULT_METHODS`` (within 6 minutes of one CPU core);
 ``--methods all`` trains every method (about 11 minutes; ``benchmarks/README.md``).
 
 Evaluation (:mod:`rpm.evaluation`, batch normalisation in eval mode) of two representations:

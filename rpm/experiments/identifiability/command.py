@@ -39,8 +39,8 @@ minibatches, same encoder initialisation), and ``comparison.png`` shows the per-
 More than one process: ``torchrun --nproc_per_node=K -m rpm identifiability ...`` (gloo on the
 CPU, NCCL on GPUs, one GPU per process) trains on the same global minibatches of
 ``--batch-size`` pairs, each process encoding its slice of 1/K, with the marginals and the
-InfoNCE normaliser over the whole batch (:func:`~rpm.experiments.identifiability.train.
-train_energy`); process 0 writes the run folder.
+InfoNCE normaliser over the whole batch (:func:`~rpm.experiments.identifiability.train.train_energy`)
+; process 0 writes the run folder.
 
 Speed: the pairs are sampled on the training device, ``--chunk-steps`` minibatches at once
 from a generator seeded by the step (:class:`~rpm.experiments.identifiability.data.PairStream`:

@@ -34,7 +34,7 @@ from rpm.experiments.lds.sequences import SequenceData, sequence_data
 from rpm.experiments.lds.train import train_sequence_model
 from rpm.experiments.trained import write_model_record
 
-__all__ = ["ARRAYS", "GENERATION_FLAGS", "SequenceFit", "fit", "load_data", "model_arguments",
+__all__ = ["ARRAYS", "GENERATION_FLAGS", "SequenceFit", "check_arrays", "fit", "load_data", "model_arguments",
            "train_and_score"]
 
 #: The arrays of ``rpm lds --data``: required, then optional.
