@@ -1,16 +1,17 @@
 """Sphinx configuration of rpm's reference: the API from the docstrings (autodoc), the theory
 page (MyST) and the tutorials (MyST-NB).
 
-Two builds, chosen by a tag:
+Two tags choose what a build needs:
 
-* the full build, ``python -m sphinx -W -n -b html docs docs/_build/html``, executes the
-  tutorials at their reduced size (``SMOKE_TEST=1``, as tests/test_notebooks.py runs them; set
-  ``SMOKE_TEST=0`` for full size) so that the pages show their figures, and links the names of
-  Python, NumPy, PyTorch and Pyro to their documentation through intersphinx (it downloads their
-  inventories, so it needs the network);
-* the offline build, the same command with ``-t offline`` (tests/test_docs.py runs it), does
-  neither: the tutorials are rendered without outputs and the names of other packages are left
-  unlinked (``nitpick_ignore_regex`` below), while every reference to ``rpm`` must resolve.
+* ``-t offline``: no network. The names of Python, NumPy, PyTorch and Pyro are left unlinked
+  (``nitpick_ignore_regex`` below) while every reference to ``rpm`` must resolve; without the
+  tag they are linked to their documentation through intersphinx, which downloads its
+  inventories (the network is needed).
+* ``-t no_execute``: the tutorials are rendered without outputs; without the tag they are
+  executed at their reduced size (``SMOKE_TEST=1``, as tests/test_notebooks.py runs them; set
+  ``SMOKE_TEST=0`` for full size), so that the pages show their figures.
+
+tests/test_docs.py builds with both tags; the README's command with ``-t offline`` alone.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import rpm  # noqa: E402
 #: The checkout whose ``rpm`` is imported: the tutorials are taken from its notebooks folder.
 ROOT = pathlib.Path(rpm.__file__).resolve().parents[1]
 OFFLINE = tags.has("offline")  # noqa: F821 (Sphinx defines ``tags`` in conf.py)
+EXECUTE = not tags.has("no_execute")  # noqa: F821
 
 project = "rpm"
 author = "rpm contributors"
@@ -66,7 +68,7 @@ autoclass_content = "both"
 myst_enable_extensions = ["dollarmath", "amsmath"]
 myst_fence_as_directive = ["math"]  # docs/theory.md's ```math blocks, as GitHub shows them
 myst_heading_anchors = 3  # docs/theory.md links its own sections (#implicit-prior ...)
-nb_execution_mode = "off" if OFFLINE else "force"
+nb_execution_mode = "force" if EXECUTE else "off"
 nb_execution_timeout = 600
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True
@@ -110,7 +112,7 @@ def _assemble_sources(app) -> None:
             target.write_text(text)
     for stale in set(tutorials.glob("*.ipynb")) - {tutorials / n.name for n in notebooks}:
         stale.unlink()
-    if not OFFLINE:  # the kernel inherits this environment: tests/test_notebooks.py's settings
+    if EXECUTE:  # the kernel inherits this environment: tests/test_notebooks.py's settings
         os.environ.setdefault("SMOKE_TEST", "1")
         os.environ.pop("MPLBACKEND", None)
         os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
