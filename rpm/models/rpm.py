@@ -287,8 +287,9 @@ class RPM(RPMBase):
                 raise ValueError(
                     f"x of shape {tuple(x.shape)} is read as (N, J, ...), J views stacked on axis "
                     f"1, which leaves no axis for the frame itself: the view axis is missing. "
-                    f"Pass x of shape (N, T, features), or the views as a list [x_1, ..., x_J] "
-                    f"(for scalar frames, x.unsqueeze(-1))")
+                    f"For two paired views call it with (x, x2); for J views pass x of shape "
+                    f"(N, T, features), or the views as a list [x_1, ..., x_J] (for scalar "
+                    f"frames, x.unsqueeze(-1))")
             if x.shape[1] < 2:
                 raise ValueError(f"an RPM needs J >= 2 views per instance (T >= 2 views per "
                                  f"sequence), got x of shape {tuple(x.shape)} (T = {x.shape[1]}); "

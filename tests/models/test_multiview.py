@@ -225,7 +225,8 @@ def test_the_implicit_chain_is_a_whole_batch_site_in_model_and_guide():
 
 def test_a_sequence_without_its_view_axis_names_the_missing_axis():
     model = rpm.SequenceRPM(rpm.GaussianRecognition(GaussianHead(X_DIM, D)), StateSpacePrior(D))
-    with pytest.raises(ValueError, match=r"the view axis is missing.*\(N, T, features\)"):
+    with pytest.raises(ValueError, match=r"the view axis is missing. For two paired views call "
+                                         r"it with \(x, x2\).*\(N, T, features\)"):
         rpm.RPMELBO().loss(model.model, model.guide, torch.randn(N, X_DIM))
 
 
