@@ -1,0 +1,90 @@
+"""Training of one prior of ``rpm masks`` (:func:`train_prior`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pyro
+import torch
+
+import rpm
+from rpm.data.masks import MaskVideo
+from rpm.experiments.common import derived_seed, seed_everything
+from rpm.experiments.masks.model import MaskEncoder, build_prior, build_rpm, prior_parameters
+from rpm.metrics import mcc, mcc_per_dimension
+from rpm.training.trainer import Trainer
+
+__all__ = ["train_prior"]
+
+
+def _encode(model: rpm.RPM, frames: torch.Tensor) -> torch.Tensor:
+    """The recognition means of all ``frames`` (M, 1, S, S), standardised over them, (M, D)."""
+    model.eval()
+    with torch.no_grad():
+        return model.encode_frames(frames)
+
+
+def train_prior(name: str, args: argparse.Namespace, video: MaskVideo, test: MaskVideo,
+                device, out: Path) -> dict:
+    """Trains (or resumes, or reloads) the RPM with prior ``name`` in ``out`` on pairs of
+    ``video`` ``args.delta_t`` frames apart and scores it on ``test``.
+
+    Every prior starts from the same encoder initialisation (the run seed) and sees the same
+    minibatches: step s draws its pairs from the stream ``derived_seed(seed, "train", s)``.
+
+    :return: the JSON-ready result: the test ``mcc``, the per-factor correlations, the learned
+        prior parameters, the trajectory, the losses and the training time.
+    """
+    seed_everything(args.seed)
+    encoder = MaskEncoder(args.image_size, video.dim, args.channels, args.hidden)
+    prior = build_prior(name, video.dim)
+    model = build_rpm(encoder, prior, args.noise_scale).to(device)
+    frames = video.frames.reshape(-1, 1, args.image_size, args.image_size).to(device)
+    test_frames = test.frames.reshape(-1, 1, args.image_size, args.image_size).to(device).float()
+    test_factors = test.factors.reshape(-1, test.dim).to(device)
+    first_video, first_frame = video.pairs(args.delta_t)
+    first = (first_video * video.num_frames + first_frame).to(device)  # flat frame indices
+    elbo = rpm.RPMELBO()
+
+    def loss_fn(step: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(derived_seed(args.seed, "train", step))
+        rows = first[torch.randint(len(first), (args.batch_size,), generator=generator).to(device)]
+        x, x2 = frames[rows].float(), frames[rows + args.delta_t].float()
+        with pyro.validation_enabled(False):
+            return elbo.differentiable_loss(model.model, model.guide, x, x2) / args.batch_size
+
+    def eval_fn(step: int) -> dict:
+        params = prior_parameters(prior)  # its "step" (scale) is not the trainer's step
+        extra = {"shape": params["shape"]} if "shape" in params else {}
+        return {"mcc": mcc(test_factors, _encode(model, test_frames)),
+                "step_scale": params["step"], **extra}
+
+    prior_params = list(prior.parameters())
+    encoder_params = [p for p in model.parameters() if all(p is not q for q in prior_params)]
+    optimizer = torch.optim.Adam([{"params": encoder_params, "lr": args.lr},
+                                  {"params": prior_params, "lr": args.prior_lr}])
+    trainer = Trainer(model, optimizer, loss_fn, out_dir=out, num_steps=args.steps,
+                      eval_fn=eval_fn, eval_every=args.eval_every,
+                      checkpoint_every=args.checkpoint_every, log_every=min(100, args.steps),
+                      progress=args.progress, description=name, eval_at_start=True,
+                      eval_label="test")
+    resume = args.resume and trainer.has_checkpoint()
+    if resume:
+        step = trainer.resume_state()["step"]
+        print(f"{name}: finished earlier ({step}/{args.steps} steps), reloaded" if step == args.steps
+              else f"{name}: resuming at step {step}/{args.steps}", flush=True)
+    history = trainer.fit(resume=resume)
+    latents = _encode(model, test_frames)
+    evaluations = history["evaluations"]
+    return {
+        "mcc": mcc(test_factors, latents),
+        "mcc_per_factor": mcc_per_dimension(test_factors, latents).abs_correlation.tolist(),
+        "prior_parameters": prior_parameters(prior),
+        "trajectory": {key: [e.get(key) for e in evaluations]
+                       for key in ("step", "mcc", "wall_time", "step_scale", "shape")
+                       if key in evaluations[-1]},
+        "losses": history["losses"],
+        "train_seconds": evaluations[-1]["wall_time"],
+        "steps": args.steps,
+    }
