@@ -27,6 +27,7 @@ from rpm.priors.explicit import (
     GeneralizedNormalRandomWalkPrior,
     LaplaceRandomWalkPrior,
     LinearDynamicsPrior,
+    RandomWalkEnergy,
 )
 from rpm.priors.generalized_normal import GeneralizedNormal
 from rpm.priors.implicit import ImplicitConditional, ImplicitPrior, implicit_log_ratio
@@ -74,6 +75,7 @@ __all__ = [
     "PooledImplicitPrior",
     "Prior",
     "RBFEnergy",
+    "RandomWalkEnergy",
     "SequencePrior",
     "StarImplicitPrior",
     "StateSpacePosterior",

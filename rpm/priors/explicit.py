@@ -23,11 +23,11 @@ from pyro.nn import PyroParam
 from torch.distributions import constraints
 
 from rpm._validation import check_positive_int
-from rpm.priors.base import Prior, positive_hyperparameter
+from rpm.priors.base import Energy, Prior, positive_hyperparameter
 from rpm.priors.generalized_normal import GeneralizedNormal
 
 __all__ = ["GaussianRandomWalkPrior", "GeneralizedNormalRandomWalkPrior", "LaplaceRandomWalkPrior",
-           "LinearDynamicsPrior"]
+           "LinearDynamicsPrior", "RandomWalkEnergy"]
 
 
 def _latent_dtype(q: TorchDistribution | None, parameter: torch.Tensor) -> torch.dtype:
@@ -38,8 +38,8 @@ def _latent_dtype(q: TorchDistribution | None, parameter: torch.Tensor) -> torch
 class _RandomWalkPrior(Prior):
     r"""Base of the random walks :math:`P(z) = \mathcal{N}(0, s^2 I)`,
     :math:`P(z'|z) = \prod_d p(z'_d - z_d)` with s learned: a subclass declares the step's
-    parameters and implements :meth:`_step`, the distribution of :math:`z'` given z
-    (event_shape (D,)). No analytic cancellation (:meth:`~rpm.priors.base.Prior.log_ratio` is
+    parameters and implements :meth:`step_distribution`, the law of each coordinate of
+    :math:`z'` given z. No analytic cancellation (:meth:`~rpm.priors.base.Prior.log_ratio` is
     None): the ELBO traces it. As a sequence prior, ``MarkovPrior(prior)`` is the walk along the
     T views, :math:`P(z_{1:T}) = P(z_1) \prod_t P(z_{t+1}|z_t)`.
 
@@ -52,8 +52,14 @@ class _RandomWalkPrior(Prior):
         self.dim = check_positive_int("dim", dim)
         self.scale = PyroParam(positive_hyperparameter("scale", scale), constraints.positive)
 
-    def _step(self, z: torch.Tensor, dtype: torch.dtype) -> TorchDistribution:
-        raise NotImplementedError(f"{type(self).__name__} must implement _step(z, dtype)")
+    def step_distribution(self, loc: torch.Tensor) -> TorchDistribution:
+        r"""The distribution of :math:`z'` given :math:`z` = ``loc``, per coordinate: batch_shape
+        ``loc.shape``, event_shape (), in ``loc``'s dtype (``loc`` = 0: the step
+        :math:`z' - z` itself).
+
+        :param torch.Tensor loc: z, shape (..., D).
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement step_distribution(loc)")
 
     def forward(self, q=None, q2=None):
         """Declares ``z ~ N(0, s^2 I)`` and ``z2`` from the step's distribution given z;
@@ -62,7 +68,7 @@ class _RandomWalkPrior(Prior):
         dtype = _latent_dtype(q, scale)
         scale = scale.to(dtype)
         z = pyro.sample("z", Normal(scale.new_zeros(self.dim), scale).to_event(1))
-        z2 = pyro.sample("z2", self._step(z, dtype))
+        z2 = pyro.sample("z2", self.step_distribution(z).to_event(1))
         return z, z2
 
 
@@ -83,8 +89,8 @@ class GaussianRandomWalkPrior(_RandomWalkPrior):
         super().__init__(dim, scale)
         self.step = PyroParam(positive_hyperparameter("step", step), constraints.positive)
 
-    def _step(self, z, dtype):
-        return Normal(z, self.step.to(dtype)).to_event(1)
+    def step_distribution(self, loc):
+        return Normal(loc, self.step.to(loc.dtype))
 
 
 class LaplaceRandomWalkPrior(_RandomWalkPrior):
@@ -108,8 +114,8 @@ class LaplaceRandomWalkPrior(_RandomWalkPrior):
         super().__init__(dim, scale)
         self.step = PyroParam(positive_hyperparameter("step", step), constraints.positive)
 
-    def _step(self, z, dtype):
-        return Laplace(z, self.step.to(dtype)).to_event(1)
+    def step_distribution(self, loc):
+        return Laplace(loc, self.step.to(loc.dtype))
 
 
 class GeneralizedNormalRandomWalkPrior(_RandomWalkPrior):
@@ -142,8 +148,51 @@ class GeneralizedNormalRandomWalkPrior(_RandomWalkPrior):
         else:
             self.register_buffer("shape", shape)
 
-    def _step(self, z, dtype):
-        return GeneralizedNormal(z, self.step.to(dtype), self.shape.to(dtype)).to_event(1)
+    def step_distribution(self, loc):
+        return GeneralizedNormal(loc, self.step.to(loc.dtype), self.shape.to(loc.dtype))
+
+
+class RandomWalkEnergy(Energy):
+    r"""A random walk's step density as the energy of the implicit prior,
+
+    .. math::
+
+        f(z, z') = \log P(z'|z) = \sum_{d=1}^D \log p(z'_d - z_d),
+
+    so that :math:`P(z'|z) \propto Q(z')\, p(z' - z)` (Eq. 21-22 of Aitchison & Ganev): the
+    walk's transition reweighting the recognition marginal instead of a normalised density.
+    Its ELBO is InfoNCE with this critic (Eq. 23-25), which needs no recognition noise and
+    leaves the latents' scale to the step's learned scale. The Laplace walk gives the Lp
+    energy with p = 1 and :math:`\tau = b`, the Gaussian walk the RBF energy with l the step,
+    up to constants that cancel in the normaliser; the generalized-normal walk learns the
+    exponent as well (Zimmermann et al. 2021, Table 3). The walk's parameters (step scale,
+    shape) are this energy's; its marginal scale s is not used.
+
+    :param walk: a random walk (:class:`GaussianRandomWalkPrior`,
+        :class:`LaplaceRandomWalkPrior`, :class:`GeneralizedNormalRandomWalkPrior`).
+    """
+
+    def __init__(self, walk: _RandomWalkPrior):
+        super().__init__()
+        if not isinstance(walk, _RandomWalkPrior):
+            raise TypeError(f"RandomWalkEnergy needs a random-walk prior (e.g. "
+                            f"LaplaceRandomWalkPrior(dim)), got {type(walk).__name__}")
+        self.walk = walk
+        self.dim = walk.dim
+
+    def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+        r""":math:`F_{ij} = \sum_d \log p(z'_{jd} - z_{id})`, shape (N, M), from the (N, M, D)
+        differences."""
+        steps = z2.unsqueeze(0) - z.unsqueeze(1)                                   # (N, M, D)
+        return self.walk.step_distribution(torch.zeros_like(steps)).log_prob(steps).sum(-1)
+
+    def paired(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+        r""":math:`\sum_d \log p(z'_{id} - z_{id})`, shape (N,)."""
+        if z.shape != z2.shape:
+            raise ValueError(f"paired energies need z and z2 of equal shapes, got "
+                             f"{tuple(z.shape)} and {tuple(z2.shape)}")
+        steps = z2 - z
+        return self.walk.step_distribution(torch.zeros_like(steps)).log_prob(steps).sum(-1)
 
 
 class LinearDynamicsPrior(Prior):

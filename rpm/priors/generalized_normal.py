@@ -45,6 +45,9 @@ class GeneralizedNormal(TorchDistribution):
         \log p(x) = \log \beta - \log 2 - \log \alpha - \log\Gamma(1/\beta)
             - \Big|\frac{x - \mu}{\alpha}\Big|^\beta
 
+    At :math:`x = \mu` the gradient of ``log_prob`` in x is taken as 0 (for :math:`\beta < 1`
+    the slope there is infinite), as the Lp energy's (:mod:`rpm.ops.lp_distances`).
+
     Mean :math:`\mu`, variance :math:`\alpha^2 \Gamma(3/\beta) / \Gamma(1/\beta)`.
 
     :param loc: location :math:`\mu`.
@@ -89,8 +92,12 @@ class GeneralizedNormal(TorchDistribution):
         if self._validate_args:
             self._validate_sample(value)
         standard = ((value - self.loc) / self.scale).abs()
+        # |0|^beta = 0 with gradient 0 (for beta < 1 the slope at 0 is infinite, and autograd
+        # would give inf * 0 = nan): the power is taken of a stand-in 1 at 0, then masked.
+        away = standard > 0
+        power = torch.where(away, torch.where(away, standard, 1.0).pow(self.shape), 0.0)
         return (self.shape.log() - math.log(2.0) - self.scale.log()
-                - torch.lgamma(self.shape.reciprocal()) - standard.pow(self.shape))
+                - torch.lgamma(self.shape.reciprocal()) - power)
 
     def cdf(self, value: torch.Tensor) -> torch.Tensor:
         r""":math:`\tfrac12 + \tfrac12 \operatorname{sign}(x - \mu)\, P(1/\beta, |x-\mu|^\beta /

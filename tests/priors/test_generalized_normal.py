@@ -65,3 +65,13 @@ def test_bad_parameters_raise(bad):
     arguments = {"loc": 0.0, "scale": 1.0, "shape": 1.0, **bad}
     with pyro.validation_enabled(True), pytest.raises(ValueError, match=next(iter(bad))):
         GeneralizedNormal(**arguments, validate_args=True)
+
+
+def test_gradient_at_the_location_is_zero_not_nan():
+    """For beta < 1 the slope of |x|^beta at 0 is infinite: log_prob's gradient there is 0 (the
+    Lp energy's choice), and finite elsewhere."""
+    torch.set_default_dtype(torch.float64)
+    x = torch.tensor([0.0, 0.3, -0.2], requires_grad=True)
+    GeneralizedNormal(0.0, 0.5, 0.5).log_prob(x).sum().backward()
+    expected = -0.5 * (x.detach().abs() / 0.5) ** -0.5 / 0.5 * x.detach().sign()
+    torch.testing.assert_close(x.grad, torch.nan_to_num(expected, nan=0.0))
