@@ -8,13 +8,13 @@ move by box-truncated generalized-normal steps of shape ``--shape`` and scale
 ``--step-scale``. Training pairs are frames ``--delta-t`` apart in the same video (pairs as
 Zimmermann et al.); the test set is ``--test-videos`` fresh videos.
 
-Model (:mod:`rpm.experiments.masks.model`): a convolutional encoder with batch-standardised
-outputs, Delta recognition with noise ``--noise-scale`` (Appendix B of Aitchison & Ganev) and
-an explicit random-walk prior :math:`P(z) = \mathcal{N}(0, s^2 I)`, :math:`P(z'|z) = \prod_d
-p(z'_d - z_d)` whose step density p is normal (``normal``), Laplace (``laplace``) or a
-generalized normal whose shape is learned (``learned``, starting at 1). Each prior is trained
-on the same pairs from the same encoder initialisation, minimising the negative ELBO per pair
-(Eq. 15, ``RPMELBO``) with Adam.
+Model (:mod:`rpm.experiments.masks.model`): a convolutional encoder, Delta recognition and the
+implicit prior :math:`P(z'|z) \propto Q(z') \prod_d p(z'_d - z_d)` (Eq. 21-22 of Aitchison &
+Ganev) whose energy is a random walk's step density p: normal (``normal``), Laplace
+(``laplace``) or a generalized normal whose shape is learned (``learned``, starting at 1), each
+with a learned scale (:class:`~rpm.priors.RandomWalkEnergy`). Each prior is trained on the same
+pairs from the same encoder initialisation, minimising the negative ELBO per pair (Eq. 15;
+InfoNCE with the critic :math:`\log p` minus :math:`\log N`, Eq. 23-25) with Adam.
 
 Evaluation: the MCC (:func:`rpm.metrics.mcc`) between the true factors and the encoder's
 outputs on the test videos, every ``--eval-every`` steps and at the end. A rotation of the
@@ -96,13 +96,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--priors", type=_prior_list, default=list(PRIORS), metavar="LIST",
                        help=f"the priors to train, from {','.join(PRIORS)} "
                        "(default: all three)")
-    model.add_argument("--noise-scale", type=positive_float, default=0.01,
-                       help="recognition noise epsilon, in units of the standardised latents "
-                       "(default: 0.01)")
-    model.add_argument("--channels", type=positive_int, default=32,
-                       help="channels of the encoder's convolutions (default: 32)")
-    model.add_argument("--hidden", type=positive_int, default=256,
-                       help="width of the encoder's hidden layer (default: 256)")
+    model.add_argument("--channels", type=positive_int, default=16,
+                       help="channels of the encoder's convolutions (default: 16)")
+    model.add_argument("--hidden", type=positive_int, default=128,
+                       help="width of the encoder's hidden layer (default: 128)")
     train = parser.add_argument_group("training")
     train.add_argument("--steps", type=positive_int, default=2000,
                        help="optimiser steps per prior; on --resume it may grow (default: 2000)")
@@ -111,7 +108,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--lr", type=positive_float, default=1e-3,
                        help="learning rate of the encoder (Adam; default: 1e-3)")
     train.add_argument("--prior-lr", type=positive_float, default=1e-2,
-                       help="learning rate of the prior's scale, step and shape (default: 1e-2)")
+                       help="learning rate of the walk's step scale and shape (default: 1e-2)")
     train.add_argument("--eval-every", type=nonnegative_int, default=250,
                        help="evaluate the test MCC every STEPS steps; 0: at the end only "
                        "(default: 250)")
@@ -178,11 +175,11 @@ def _train_and_report(args: argparse.Namespace, run_folder, device) -> int:
     }
     write_json_atomic(out / "results.json", summary)
     plot_masks(out / "masks.png", priors, test.frames[0, :8].float(), args.shape, learned)
-    print(f"{'prior':<9} {'MCC':>7} {'step':>8} {'shape':>7} {'time':>8}")
+    print(f"{'prior':<9} {'MCC':>7} {'step scale':>10} {'shape':>7} {'time':>8}")
     for name, result in priors.items():
         params = result["prior_parameters"]
         shape = {"normal": 2.0, "laplace": 1.0}.get(name, params.get("shape"))
-        print(f"{name:<9} {result['mcc']:>7.4f} {params['step']:>8.4f} {shape:>7.3f} "
+        print(f"{name:<9} {result['mcc']:>7.4f} {params['step_scale']:>10.4f} {shape:>7.3f} "
               f"{result['train_seconds']:>7.1f}s")
     print(f"shape of the steps {args.delta_t} frame(s) apart: generator {args.shape}, fitted "
           f"{summary['fitted_shape']:.3f}" + ("" if learned is None else f", learned {learned:.3f}"))

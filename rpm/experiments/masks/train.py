@@ -11,7 +11,7 @@ import torch
 import rpm
 from rpm.data.masks import MaskVideo
 from rpm.experiments.common import derived_seed, seed_everything
-from rpm.experiments.masks.model import MaskEncoder, build_prior, build_rpm, prior_parameters
+from rpm.experiments.masks.model import MaskEncoder, build_rpm, build_walk, walk_parameters
 from rpm.metrics import mcc, mcc_per_dimension
 from rpm.training.trainer import Trainer
 
@@ -19,7 +19,7 @@ __all__ = ["train_prior"]
 
 
 def _encode(model: rpm.RPM, frames: torch.Tensor) -> torch.Tensor:
-    """The recognition means of all ``frames`` (M, 1, S, S), standardised over them, (M, D)."""
+    """The encoder's outputs for all ``frames`` (M, 1, S, S), shape (M, D)."""
     model.eval()
     with torch.no_grad():
         return model.encode_frames(frames)
@@ -38,8 +38,8 @@ def train_prior(name: str, args: argparse.Namespace, video: MaskVideo, test: Mas
     """
     seed_everything(args.seed)
     encoder = MaskEncoder(args.image_size, video.dim, args.channels, args.hidden)
-    prior = build_prior(name, video.dim)
-    model = build_rpm(encoder, prior, args.noise_scale).to(device)
+    walk = build_walk(name, video.dim)
+    model = build_rpm(encoder, walk).to(device)
     frames = video.frames.reshape(-1, 1, args.image_size, args.image_size).to(device)
     test_frames = test.frames.reshape(-1, 1, args.image_size, args.image_size).to(device).float()
     test_factors = test.factors.reshape(-1, test.dim).to(device)
@@ -55,12 +55,9 @@ def train_prior(name: str, args: argparse.Namespace, video: MaskVideo, test: Mas
             return elbo.differentiable_loss(model.model, model.guide, x, x2) / args.batch_size
 
     def eval_fn(step: int) -> dict:
-        params = prior_parameters(prior)  # its "step" (scale) is not the trainer's step
-        extra = {"shape": params["shape"]} if "shape" in params else {}
-        return {"mcc": mcc(test_factors, _encode(model, test_frames)),
-                "step_scale": params["step"], **extra}
+        return {"mcc": mcc(test_factors, _encode(model, test_frames)), **walk_parameters(walk)}
 
-    prior_params = list(prior.parameters())
+    prior_params = list(walk.parameters())
     encoder_params = [p for p in model.parameters() if all(p is not q for q in prior_params)]
     optimizer = torch.optim.Adam([{"params": encoder_params, "lr": args.lr},
                                   {"params": prior_params, "lr": args.prior_lr}])
@@ -80,7 +77,7 @@ def train_prior(name: str, args: argparse.Namespace, video: MaskVideo, test: Mas
     return {
         "mcc": mcc(test_factors, latents),
         "mcc_per_factor": mcc_per_dimension(test_factors, latents).abs_correlation.tolist(),
-        "prior_parameters": prior_parameters(prior),
+        "prior_parameters": walk_parameters(walk),
         "trajectory": {key: [e.get(key) for e in evaluations]
                        for key in ("step", "mcc", "wall_time", "step_scale", "shape")
                        if key in evaluations[-1]},

@@ -1,4 +1,4 @@
-"""``rpm masks``: the flags' checks, the model's pieces, and a small run of the command with its
+"""``rpm masks``: the flags' checks, the encoder, and a small run of the command with its
 results.json fields, figure and --resume."""
 
 import json
@@ -42,15 +42,9 @@ def test_bad_flags_exit_2_with_a_message(tmp_path, capsys, argv, message):
     assert not (tmp_path / "run").exists()
 
 
-def test_standardize_and_the_encoder():
-    h = torch.randn(50, 3, dtype=torch.float64) * 1e-4 + 7
-    out = model.Standardize()(h)
-    torch.testing.assert_close(out.mean(0), torch.zeros(3, dtype=torch.float64))
-    torch.testing.assert_close(out.std(0), torch.ones(3, dtype=torch.float64))
+def test_the_encoder():
     encoder = model.MaskEncoder(16, 4, channels=4, hidden=8)
     assert encoder(torch.rand(5, 1, 16, 16)).shape == (5, 4)
-    with pytest.raises(ValueError, match="at least 2 rows"):
-        model.Standardize()(torch.zeros(1, 3))
     with pytest.raises(ValueError, match="power of 2"):
         model.MaskEncoder(12, 4)
 
