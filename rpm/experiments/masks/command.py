@@ -11,7 +11,8 @@ Zimmermann et al.); the test set is ``--test-videos`` fresh videos.
 Model (:mod:`rpm.experiments.masks.model`): a convolutional encoder, Delta recognition and the
 implicit prior :math:`P(z'|z) \propto Q(z') \prod_d p(z'_d - z_d)` (Eq. 21-22 of Aitchison &
 Ganev) whose energy is a random walk's step density p: normal (``normal``), Laplace
-(``laplace``) or a generalized normal whose shape is learned (``learned``, starting at 1), each
+(``laplace``) or a generalized normal whose shape is learned (``learned``, held at 1 for the first
+``--shape-warmup`` steps), each
 with a learned scale (:class:`~rpm.priors.RandomWalkEnergy`). Each prior is trained on the same
 pairs from the same encoder initialisation, minimising the negative ELBO per pair (Eq. 15;
 InfoNCE with the critic :math:`\log p` minus :math:`\log N`, Eq. 23-25) with Adam.
@@ -109,6 +110,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="learning rate of the encoder (Adam; default: 1e-3)")
     train.add_argument("--prior-lr", type=positive_float, default=1e-2,
                        help="learning rate of the walk's step scale and shape (default: 1e-2)")
+    train.add_argument("--shape-warmup", type=nonnegative_int, default=1000,
+                       help="steps during which the learned prior's shape stays at 1 (the "
+                       "Laplace walk) before it is learned (default: 1000)")
     train.add_argument("--eval-every", type=nonnegative_int, default=250,
                        help="evaluate the test MCC every STEPS steps; 0: at the end only "
                        "(default: 250)")

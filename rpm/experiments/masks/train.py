@@ -32,6 +32,9 @@ def train_prior(name: str, args: argparse.Namespace, video: MaskVideo, test: Mas
 
     Every prior starts from the same encoder initialisation (the run seed) and sees the same
     minibatches: step s draws its pairs from the stream ``derived_seed(seed, "train", s)``.
+    The learned shape is held at its start, 1 (the Laplace walk), for the first
+    ``args.shape_warmup`` steps: learned from the start, it falls below 1 while the encoder is
+    still far from the factors, and the encoder then settles on a worse map.
 
     :return: the JSON-ready result: the test ``mcc``, the per-factor correlations, the learned
         prior parameters, the trajectory, the losses and the training time.
@@ -57,11 +60,19 @@ def train_prior(name: str, args: argparse.Namespace, video: MaskVideo, test: Mas
     def eval_fn(step: int) -> dict:
         return {"mcc": mcc(test_factors, _encode(model, test_frames)), **walk_parameters(walk)}
 
-    prior_params = list(walk.parameters())
-    encoder_params = [p for p in model.parameters() if all(p is not q for q in prior_params)]
-    optimizer = torch.optim.Adam([{"params": encoder_params, "lr": args.lr},
-                                  {"params": prior_params, "lr": args.prior_lr}])
+    shape = [p for n, p in walk.named_parameters() if n.startswith("shape")]
+    walk_params = [p for p in walk.parameters() if all(p is not q for q in shape)]
+    encoder_params = [p for p in model.parameters() if all(p is not q for q in walk_params + shape)]
+    groups = [{"params": encoder_params, "lr": args.lr},
+              {"params": walk_params, "lr": args.prior_lr}]
+    factors = [lambda step: 1.0, lambda step: 1.0]
+    if shape:  # held at its start (1, the Laplace walk) for the first --shape-warmup steps
+        groups.append({"params": shape, "lr": args.prior_lr})
+        factors.append(lambda step: float(step >= args.shape_warmup))
+    optimizer = torch.optim.Adam(groups)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
     trainer = Trainer(model, optimizer, loss_fn, out_dir=out, num_steps=args.steps,
+                      scheduler=scheduler,
                       eval_fn=eval_fn, eval_every=args.eval_every,
                       checkpoint_every=args.checkpoint_every, log_every=min(100, args.steps),
                       progress=args.progress, description=name, eval_at_start=True,

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 SMALL = ["--videos", "6", "--frames", "20", "--test-videos", "2", "--image-size", "16",
          "--steps", "30", "--batch-size", "32", "--channels", "8", "--hidden", "32",
-         "--eval-every", "15", "--checkpoint-every", "0"]
+         "--eval-every", "15", "--checkpoint-every", "0", "--shape-warmup", "20"]
 
 
 def _run(tmp_path, *argv, name="run"):
@@ -59,6 +59,8 @@ def test_small_run_writes_results_and_resumes(tmp_path, capsys):
         assert len(result["mcc_per_factor"]) == 4
         assert result["trajectory"]["step"] == [0, 15, 30]
     assert results["true_shape"] == 0.5 and results["delta_t"] == 1
+    shapes = results["priors"]["learned"]["trajectory"]["shape"]
+    assert shapes[:2] == [1.0, 1.0] and shapes[2] != 1.0  # held for --shape-warmup 20 steps
     assert results["learned_shape"] == results["priors"]["learned"]["prior_parameters"]["shape"]
     assert 0.3 < results["fitted_shape"] < 0.8
     assert (out / "masks.png").stat().st_size > 0
