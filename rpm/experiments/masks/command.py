@@ -6,7 +6,9 @@ Data (:mod:`rpm.data.masks`): ``--videos`` videos of ``--frames`` binary frames 
 KITTI Masks with ``--image-size 64``), whose 4 factors per object (x, y, area, aspect ratio)
 move by box-truncated generalized-normal steps of shape ``--shape`` and scale
 ``--step-scale``. Training pairs are frames ``--delta-t`` apart in the same video (pairs as
-Zimmermann et al.); the test set is ``--test-videos`` fresh videos.
+Zimmermann et al.); the test set is ``--test-videos`` fresh videos. With ``--window T`` > 2 the
+instances are windows of T frames, ``--delta-t`` apart, under the Markov chain of the implicit
+conditionals (the sequence form; its ELBO sums the consecutive frames' terms).
 
 Model (:mod:`rpm.experiments.masks.model`): a convolutional encoder, Delta recognition and the
 implicit prior :math:`P(z'|z) \propto Q(z') \prod_d p(z'_d - z_d)` (Eq. 21-22 of Aitchison &
@@ -93,6 +95,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                       help="fresh videos of the test set (default: 20)")
     data.add_argument("--delta-t", type=positive_int, default=1,
                       help="frames between the two views of a pair (default: 1)")
+    data.add_argument("--window", type=positive_int, default=2,
+                      help="views per training instance: 2, pairs (as Zimmermann et al.); "
+                      "more, windows of that many frames --delta-t apart under the Markov "
+                      "chain of the implicit conditionals (default: 2)")
     model = parser.add_argument_group("model")
     model.add_argument("--priors", type=_prior_list, default=list(PRIORS), metavar="LIST",
                        help=f"the priors to train, from {','.join(PRIORS)} "
@@ -127,9 +133,12 @@ def _validate(args: argparse.Namespace) -> None:
     if size < 8 or size & (size - 1):
         raise ConfigurationError(f"--image-size must be a power of 2 >= 8 (8, 16, 32, 64), "
                                  f"got {size}")
-    if args.frames <= args.delta_t:
-        raise ConfigurationError(f"--delta-t {args.delta_t} needs videos of more frames than "
-                                 f"that, got --frames {args.frames}")
+    if args.window < 2:
+        raise ConfigurationError(f"--window must be >= 2 (pairs), got {args.window}")
+    if args.frames <= (args.window - 1) * args.delta_t:
+        raise ConfigurationError(f"--window {args.window} frames --delta-t {args.delta_t} apart "
+                                 f"need videos of more than {(args.window - 1) * args.delta_t} "
+                                 f"frames, got --frames {args.frames}")
     if args.test_videos * args.frames < 4 * args.objects + 2:
         raise ConfigurationError("the test set (--test-videos x --frames) is too small for the "
                                  "MCC; use more frames")

@@ -34,6 +34,7 @@ from rpm.priors import (
     GeneralizedNormalRandomWalkPrior,
     ImplicitPrior,
     LaplaceRandomWalkPrior,
+    MarkovImplicitPrior,
     RandomWalkEnergy,
 )
 
@@ -81,12 +82,16 @@ def build_walk(name: str, dim: int, step: float = 0.1, shape: float = 1.0):
     raise ValueError(f"prior must be one of {PRIORS}, got {name!r}")
 
 
-def build_rpm(encoder: nn.Module, walk) -> rpm.RPM:
-    """The RPM of the Delta recognition ``encoder`` and the implicit prior of ``walk``'s
-    :class:`~rpm.priors.RandomWalkEnergy` (recognition-output validation off: the training loop
-    draws its own batches)."""
-    return rpm.RPM(rpm.DeltaRecognition(encoder, validate=False),
-                   ImplicitPrior(RandomWalkEnergy(walk)))
+def build_rpm(encoder: nn.Module, walk, window: int = 2) -> rpm.RPM:
+    r"""The RPM of the Delta recognition ``encoder`` and the implicit prior of ``walk``'s
+    :class:`~rpm.priors.RandomWalkEnergy`: over pairs (``window`` 2), or over windows of
+    ``window`` frames the Markov chain of implicit conditionals
+    (:class:`~rpm.priors.MarkovImplicitPrior`, :math:`P(z_{t+1}|z_t) \propto Q(z_{t+1})
+    p(z_{t+1} - z_t)`, the sum of the consecutive frames' InfoNCE terms). Recognition-output
+    validation is off: the training loop draws its own batches."""
+    energy = RandomWalkEnergy(walk)
+    prior = ImplicitPrior(energy) if window == 2 else MarkovImplicitPrior(energy)
+    return rpm.RPM(rpm.DeltaRecognition(encoder, validate=False), prior)
 
 
 @torch.no_grad()

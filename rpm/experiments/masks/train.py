@@ -27,8 +27,9 @@ def _encode(model: rpm.RPM, frames: torch.Tensor) -> torch.Tensor:
 
 def train_prior(name: str, args: argparse.Namespace, video: MaskVideo, test: MaskVideo,
                 device, out: Path) -> dict:
-    """Trains (or resumes, or reloads) the RPM with prior ``name`` in ``out`` on pairs of
-    ``video`` ``args.delta_t`` frames apart and scores it on ``test``.
+    """Trains (or resumes, or reloads) the RPM with prior ``name`` in ``out`` on pairs (or
+    windows of ``args.window`` frames) of ``video``, ``args.delta_t`` frames apart, and scores
+    it on ``test``.
 
     Every prior starts from the same encoder initialisation (the run seed) and sees the same
     minibatches: step s draws its pairs from the stream ``derived_seed(seed, "train", s)``.
@@ -42,20 +43,24 @@ def train_prior(name: str, args: argparse.Namespace, video: MaskVideo, test: Mas
     seed_everything(args.seed)
     encoder = MaskEncoder(args.image_size, video.dim, args.channels, args.hidden)
     walk = build_walk(name, video.dim)
-    model = build_rpm(encoder, walk).to(device)
+    model = build_rpm(encoder, walk, args.window).to(device)
     frames = video.frames.reshape(-1, 1, args.image_size, args.image_size).to(device)
     test_frames = test.frames.reshape(-1, 1, args.image_size, args.image_size).to(device).float()
     test_factors = test.factors.reshape(-1, test.dim).to(device)
-    first_video, first_frame = video.pairs(args.delta_t)
-    first = (first_video * video.num_frames + first_frame).to(device)  # flat frame indices
+    windows = video.windows(args.window, args.delta_t).to(device)  # (M, window) frame indices
     elbo = rpm.RPMELBO()
 
     def loss_fn(step: int) -> torch.Tensor:
         generator = torch.Generator().manual_seed(derived_seed(args.seed, "train", step))
-        rows = first[torch.randint(len(first), (args.batch_size,), generator=generator).to(device)]
-        x, x2 = frames[rows].float(), frames[rows + args.delta_t].float()
+        rows = windows[torch.randint(len(windows), (args.batch_size,),
+                                     generator=generator).to(device)]
+        views = frames[rows].float()                                   # (N, window, 1, S, S)
         with pyro.validation_enabled(False):
-            return elbo.differentiable_loss(model.model, model.guide, x, x2) / args.batch_size
+            if args.window == 2:
+                loss = elbo.differentiable_loss(model.model, model.guide, views[:, 0], views[:, 1])
+            else:
+                loss = elbo.differentiable_loss(model.model, model.guide, views)
+        return loss / args.batch_size
 
     def eval_fn(step: int) -> dict:
         return {"mcc": mcc(test_factors, _encode(model, test_frames)), **walk_parameters(walk)}

@@ -31,7 +31,8 @@ def test_the_parser_lists_the_model_priors():
 @pytest.mark.parametrize("argv, message", [
     (["--objects", "4"], "--objects must be 1 to 3"),
     (["--image-size", "24"], "power of 2"),
-    (["--frames", "3", "--delta-t", "3"], "--delta-t 3 needs videos of more frames"),
+    (["--frames", "3", "--delta-t", "3"], "need videos of more than 3 frames"),
+    (["--window", "1"], "--window must be >= 2"),
     (["--priors", "laplace,laplace"], "distinct priors"),
     (["--priors", "cauchy"], "distinct priors"),
     (["--shape", "0"], "positive number"),
@@ -70,3 +71,12 @@ def test_small_run_writes_results_and_resumes(tmp_path, capsys):
     assert "finished earlier (30/30 steps), reloaded" in capsys.readouterr().out
     again = json.loads((out / "results.json").read_text())
     assert again["priors"]["laplace"]["mcc"] == pytest.approx(results["priors"]["laplace"]["mcc"])
+
+
+def test_windows_train_the_sequence_form(tmp_path):
+    """--window 3: the Markov implicit chain over windows of three frames."""
+    argv = [*SMALL, "--window", "3", "--priors", "laplace", "--steps", "10", "--eval-every", "0"]
+    assert _run(tmp_path, *argv) == 0
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["config"]["window"] == 3 and list(results["priors"]) == ["laplace"]
+    assert 0.0 <= results["priors"]["laplace"]["mcc"] <= 1.0
