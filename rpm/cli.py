@@ -69,6 +69,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "rpm.experiments.digits.command",
     "rpm.experiments.identifiability.command",
     "rpm.experiments.lds.command",
+    "rpm.experiments.masks.command",
     "rpm.experiments.pendulum.command",
 )
 

@@ -22,7 +22,14 @@ from rpm.priors.energies import (
     RBFEnergy,
     squared_distances,
 )
-from rpm.priors.explicit import GaussianRandomWalkPrior, LinearDynamicsPrior
+from rpm.priors.explicit import (
+    GaussianRandomWalkPrior,
+    GeneralizedNormalRandomWalkPrior,
+    LaplaceRandomWalkPrior,
+    LinearDynamicsPrior,
+    RandomWalkEnergy,
+)
+from rpm.priors.generalized_normal import GeneralizedNormal
 from rpm.priors.implicit import ImplicitConditional, ImplicitPrior, implicit_log_ratio
 from rpm.priors.multiview import MultiViewImplicitPrior, PartnerMixturePrior, StarImplicitPrior
 from rpm.priors.pooled import PooledImplicitPrior
@@ -50,8 +57,11 @@ __all__ = [
     "Energy",
     "GaussianRandomWalkPrior",
     "GaussianStateSpace",
+    "GeneralizedNormal",
+    "GeneralizedNormalRandomWalkPrior",
     "ImplicitConditional",
     "ImplicitPrior",
+    "LaplaceRandomWalkPrior",
     "LinearDynamicsPrior",
     "LinearGaussianPrior",
     "LpEnergy",
@@ -65,6 +75,7 @@ __all__ = [
     "PooledImplicitPrior",
     "Prior",
     "RBFEnergy",
+    "RandomWalkEnergy",
     "SequencePrior",
     "StarImplicitPrior",
     "StateSpacePosterior",

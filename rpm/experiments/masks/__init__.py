@@ -1,0 +1,2 @@
+"""``rpm masks``: sparse transitions of moving masks identify their factors (Zimmermann et al.
+2021, Table 3; :mod:`rpm.experiments.masks.command`)."""
