@@ -24,7 +24,7 @@ _LAZY = {
     "info_nce": "rpm.inference",
 }
 _SUBPACKAGES = frozenset({"data", "distributed", "evaluation", "experiments", "inference", "losses",
-                          "marginals", "metrics", "models", "nn", "ops", "priors", "training"})
+                          "marginals", "metrics", "mi", "models", "nn", "ops", "priors", "training"})
 
 __all__ = [
     "DeltaRecognition",
