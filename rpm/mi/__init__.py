@@ -16,15 +16,19 @@ from rpm.mi.bounds import (
 )
 from rpm.mi.critics import BilinearCritic, JointCritic, SeparableCritic
 from rpm.mi.gaussian import CorrelatedGaussian, rho_for_mi
+from rpm.mi.rpm_estimator import GaussianPairPrior, RPMEstimator, gaussian_entropy
 
 __all__ = [
     "BilinearCritic",
     "CorrelatedGaussian",
+    "GaussianPairPrior",
     "JointCritic",
     "MINE",
+    "RPMEstimator",
     "SeparableCritic",
     "barber_agakov",
     "dv",
+    "gaussian_entropy",
     "info_nce_bound",
     "interpolated",
     "js",
