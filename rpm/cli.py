@@ -54,6 +54,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "rpm.experiments.digits.command",
     "rpm.experiments.identifiability.command",
     "rpm.experiments.lds.command",
+    "rpm.experiments.mutual_information.command",
     "rpm.experiments.pendulum.command",
 )
 

@@ -283,7 +283,8 @@ def interpolated(scores: torch.Tensor, log_baseline: torch.Tensor | float, alpha
     :math:`y_j` is left out of it, so the baseline is independent of the negative, as the bound
     requires. Since :math:`b_{i,l} \ge \alpha e^{F_{ii}} / (N-1)` for :math:`l \ne i`, every
     estimate is at most :math:`1 + \log((N-1)/\alpha)`: alpha trades InfoNCE's low variance
-    and its ceiling against NWJ's unbiasedness. Memory: an (..., N, N, N) temporary.
+    and its ceiling against NWJ's unbiasedness. The leave-one-out sums come from prefix and
+    suffix log-cumulative sums (O(N^2), no cancellation).
 
     :param torch.Tensor scores: F, shape (..., N, N).
     :param log_baseline: :math:`\log a(x_i)`, shape (..., N) (broadcast), or a number.
@@ -298,9 +299,7 @@ def interpolated(scores: torch.Tensor, log_baseline: torch.Tensor | float, alpha
         log_baseline = scores.new_tensor(float(log_baseline))
     log_baseline = log_baseline.expand(scores.shape[:-1]).unsqueeze(-1)        # (..., N, 1)
     eye = torch.eye(n, dtype=torch.bool, device=scores.device)
-    # leave-one-out row means: [..., i, l] = log (1/(N-1)) sum_{k != l} e^{F_ik}
-    left_out = scores.unsqueeze(-2).masked_fill(eye, -math.inf)                 # (..., N, N, N)
-    log_loo = torch.logsumexp(left_out, -1) - math.log(n - 1)                   # (..., N, N)
+    log_loo = _leave_one_out_logsumexp(scores) - math.log(n - 1)               # (..., N, N)
     if alpha == 0.0:
         log_b = log_baseline.expand_as(log_loo)
     elif alpha == 1.0:
@@ -308,9 +307,19 @@ def interpolated(scores: torch.Tensor, log_baseline: torch.Tensor | float, alpha
     else:
         log_b = torch.logaddexp(math.log(alpha) + log_loo,
                                 math.log1p(-alpha) + log_baseline)              # (..., N, N)
-    joint = (_diagonal(scores).unsqueeze(-1) - log_b)[..., ~eye].mean(-1)
-    marginal = (scores - log_b)[..., ~eye].exp().mean(-1)
+    scale = 1.0 / (n * (n - 1))
+    joint = (_diagonal(scores).unsqueeze(-1) - log_b).masked_fill(eye, 0.0).sum((-2, -1)) * scale
+    marginal = (scores - log_b).masked_fill(eye, -math.inf).exp().sum((-2, -1)) * scale
     return 1.0 + joint - marginal
+
+
+def _leave_one_out_logsumexp(scores: torch.Tensor) -> torch.Tensor:
+    r"""[..., i, l] = :math:`\log \sum_{k \ne l} e^{F_{ik}}`, from the log-sum-exp of the entries
+    before l and of those after l (exact, without subtracting exponentials)."""
+    pad = torch.full_like(scores[..., :1], -math.inf)
+    before = torch.cat([pad, torch.logcumsumexp(scores, -1)[..., :-1]], -1)
+    after = torch.cat([torch.logcumsumexp(scores.flip(-1), -1).flip(-1)[..., 1:], pad], -1)
+    return torch.logaddexp(before, after)
 
 
 def smile(scores: torch.Tensor, tau: float = 5.0) -> torch.Tensor:

@@ -160,7 +160,7 @@ class RPMEstimator(torch.nn.Module):
                              f"(N, dy); got {tuple(x.shape)} and {tuple(y.shape)}")
         noise = self.log_noise.exp()
         return [(encoder(v), noise[view]) for view, (encoder, v)
-                in enumerate(zip(self.encoders, (x, y)))]
+                in enumerate(zip(self.encoders, (x, y), strict=True))]
 
     def _entropy(self, z, mu, noise) -> torch.Tensor:
         if self.marginal == "mixture":
