@@ -66,7 +66,8 @@ class StaircaseConfig:
     dim: int                # dimension of x and y
     lr: float               # Adam learning rate of the critics and the RPM's encoders
     prior_lr: float         # Adam learning rate of the RPM's prior
-    hidden: int             # hidden width of the critics' MLPs
+    hidden: int             # hidden width of the separable critic's MLPs
+    joint_hidden: int       # hidden width of the joint critic's MLP
     layers: int             # hidden layers of the critics' MLPs
     embed_dim: int          # output dimension of the separable critic's networks
     tau: float              # SMILE's clip
@@ -104,7 +105,8 @@ def _critic(name: str, config: StaircaseConfig) -> torch.nn.Module:
         return SeparableCritic(config.dim, config.dim, config.embed_dim, config.hidden,
                                config.layers, copies=copies)
     if name == "joint":
-        return JointCritic(config.dim, config.dim, config.hidden, config.layers, copies=copies)
+        return JointCritic(config.dim, config.dim, config.joint_hidden, config.layers,
+                           copies=copies)
     raise ValueError(f"critic must be 'separable' or 'joint', got {name!r}")
 
 
