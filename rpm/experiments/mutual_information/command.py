@@ -44,6 +44,7 @@ from rpm.experiments.common import (
     positive_float,
     positive_int,
     probability,
+    resolve_device,
     torch_threads,
     write_json_atomic,
 )
@@ -197,7 +198,6 @@ def _table(title: str, results: dict) -> str:
 
 def _train_and_report(args: argparse.Namespace, run) -> int:
     import numpy as np
-    import torch
     from tqdm.auto import tqdm
 
     from rpm.experiments.mutual_information.plots import plot_staircase
@@ -209,6 +209,7 @@ def _train_and_report(args: argparse.Namespace, run) -> int:
     )
 
     out = run.path
+    device = resolve_device(args.device)
     config = StaircaseConfig(
         mis=args.mi, steps=args.steps, batch_size=args.batch_size, dim=args.dim, lr=args.lr,
         prior_lr=args.prior_lr, hidden=args.hidden, joint_hidden=args.joint_hidden,
@@ -224,12 +225,13 @@ def _train_and_report(args: argparse.Namespace, run) -> int:
     try:
         for variant in variants:
             start = run.elapsed()
-            rpm_trace = train_rpm(variant, config, tick=lambda: bar.update())
+            rpm_trace = train_rpm(variant, config, tick=lambda: bar.update(), device=device)
             seconds[variant]["rpm_elbo"] = run.elapsed() - start
             for critic in args.critics:
                 bar.set_postfix_str(f"{variant} {critic}")
                 start = run.elapsed()
-                values = train_critics(critic, variant, config, tick=lambda: bar.update())
+                values = train_critics(critic, variant, config, tick=lambda: bar.update(),
+                                       device=device)
                 seconds[variant][critic] = run.elapsed() - start
                 traces[variant][critic] = {
                     **{name: values[..., k] for k, name in enumerate(CRITIC_ESTIMATORS)},
@@ -244,7 +246,7 @@ def _train_and_report(args: argparse.Namespace, run) -> int:
     gaussian = _staircase_results(traces["gaussian"], args.mi, args.average_last)
     results = {
         "config": json.loads((out / "config.json").read_text()),
-        "environment": environment(torch.device("cpu")),
+        "environment": environment(device),
         "critics": gaussian,
         "ceilings": ceilings,
         "max_estimates": {v: {c: {name: float(np.max(trace)) for name, trace in by.items()}

@@ -91,12 +91,14 @@ def pair_for(config: StaircaseConfig, variant: str, stage: int) -> CorrelatedGau
     return CorrelatedGaussian.with_mi(config.mis[stage], config.dim, cubic)
 
 
-def _batches(config: StaircaseConfig, variant: str, stage: int):
+def _batches(config: StaircaseConfig, variant: str, stage: int, device):
+    """The stage's batches, drawn on the CPU from the stage's generator (the same numbers on
+    every device) and moved to ``device``."""
     pair = pair_for(config, variant, stage)
     gen = torch.Generator().manual_seed(
         derived_seed(config.seed, "data", _VARIANTS[variant] * 1000 + stage))
     for _ in range(config.steps):
-        yield pair.sample(config.batch_size, gen)
+        yield pair.sample(config.batch_size, gen, device=device)
 
 
 def _critic(name: str, config: StaircaseConfig) -> torch.nn.Module:
@@ -111,18 +113,20 @@ def _critic(name: str, config: StaircaseConfig) -> torch.nn.Module:
 
 
 def train_critics(critic_name: str, variant: str, config: StaircaseConfig,
-                  tick: Callable[[], None] = lambda: None) -> np.ndarray:
+                  tick: Callable[[], None] = lambda: None, device=None) -> np.ndarray:
     """Trains the six critic-based estimators with one ``critic_name`` critic each over the
     staircase; returns their estimate at every step, shape (stages, steps, 6), in the order of
-    :data:`CRITIC_ESTIMATORS`. ``tick()`` is called after each step (progress)."""
+    :data:`CRITIC_ESTIMATORS`. ``tick()`` is called after each step (progress); the estimates
+    are read back to the host once per stage."""
     seed_everything(config.seed)
-    critic = _critic(critic_name, config)
-    log_baseline = torch.nn.Parameter(torch.zeros(()))
+    critic = _critic(critic_name, config).to(device)
+    log_baseline = torch.nn.Parameter(torch.zeros((), device=device))
     mine = MINE(config.momentum)
     optimizer = torch.optim.Adam([*critic.parameters(), log_baseline], lr=config.lr)
     out = np.empty((len(config.mis), config.steps, len(CRITIC_ESTIMATORS)), dtype=np.float64)
     for stage in range(len(config.mis)):
-        for step, (x, y) in enumerate(_batches(config, variant, stage)):
+        stage_values = []
+        for x, y in _batches(config, variant, stage, device):
             scores = critic(x, y)                                           # (6, N, N)
             values = torch.stack([
                 info_nce_bound(scores[0]), nwj(scores[1]), mine(scores[2]), js(scores[3]),
@@ -131,28 +135,32 @@ def train_critics(critic_name: str, variant: str, config: StaircaseConfig,
             optimizer.zero_grad(set_to_none=True)
             (-values.sum()).backward()
             optimizer.step()
-            out[stage, step] = values.detach().numpy()
+            stage_values.append(values.detach())
             tick()
+        out[stage] = torch.stack(stage_values).cpu().double().numpy()
     return out
 
 
 def train_rpm(variant: str, config: StaircaseConfig,
-              tick: Callable[[], None] = lambda: None) -> np.ndarray:
+              tick: Callable[[], None] = lambda: None, device=None) -> np.ndarray:
     """Trains the RPM ELBO estimator over the staircase; returns its ELBO per pair at every
     step, shape (stages, steps)."""
     seed_everything(config.seed)
-    estimator = RPMEstimator(config.dim, config.dim, config.dim, hidden=config.rpm_hidden)
+    estimator = RPMEstimator(config.dim, config.dim, config.dim,
+                             hidden=config.rpm_hidden).to(device)
     prior = list(estimator.prior.parameters())
     others = [p for p in estimator.parameters() if all(p is not q for q in prior)]
     optimizer = torch.optim.Adam([{"params": others, "lr": config.lr},
                                   {"params": prior, "lr": config.prior_lr}])
     out = np.empty((len(config.mis), config.steps), dtype=np.float64)
     for stage in range(len(config.mis)):
-        for step, (x, y) in enumerate(_batches(config, variant, stage)):
+        stage_values = []
+        for x, y in _batches(config, variant, stage, device):
             elbo = estimator(x, y)
             optimizer.zero_grad(set_to_none=True)
             (-elbo).backward()
             optimizer.step()
-            out[stage, step] = elbo.item()
+            stage_values.append(elbo.detach())
             tick()
+        out[stage] = torch.stack(stage_values).cpu().double().numpy()
     return out
