@@ -10,9 +10,11 @@ are known in closed form.
     \log r(x, y) = \log\frac{p(y|x)}{p(y)} = -\frac D2 \log(1 - \rho^2)
         - \frac{\lVert y - \rho x \rVert^2}{2 (1 - \rho^2)} + \frac{\lVert y \rVert^2}{2}.
 
-The cubic variant observes :math:`(W y)^3` (elementwise cube, W a fixed orthogonal matrix)
-instead of y: an invertible map, so the MI is the same, but :math:`\log r` is no longer a
-quadratic form in the observations.
+The cubic variant observes :math:`(W y)^3 / \sqrt{15}` (elementwise cube, W a fixed orthogonal
+matrix; :math:`\mathbb{E}[u^6] = 15` for a standard normal u, so each coordinate has unit
+variance) instead of y: an invertible map, so the MI is the same, but :math:`\log r` is no
+longer a quadratic form in the observations. Without the scaling the cubes reach magnitudes of
+tens in a batch and the critics' exponentials overflow float32.
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ class CorrelatedGaussian:
 
     :param int dim: D.
     :param float rho: in (-1, 1).
-    :param cubic: an orthogonal matrix W, shape (D, D): observe :math:`(W y)^3` instead of y;
-        None: observe y.
+    :param cubic: an orthogonal matrix W, shape (D, D): observe :math:`(W y)^3 / \sqrt{15}`
+        instead of y; None: observe y.
     """
 
     def __init__(self, dim: int, rho: float, cubic: torch.Tensor | None = None):
@@ -71,20 +73,21 @@ class CorrelatedGaussian:
 
     def sample(self, n: int, generator: torch.Generator | None = None,
                dtype: torch.dtype | None = None, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """N pairs (x, y), each of shape (N, D); y is :math:`(W y)^3` in the cubic variant."""
+        r"""N pairs (x, y), each of shape (N, D); y is :math:`(W y)^3 / \sqrt{15}` in the cubic
+        variant."""
         n = check_positive_int("n", n)
         x = torch.randn(n, self.dim, generator=generator, dtype=dtype)
         noise = torch.randn(n, self.dim, generator=generator, dtype=dtype)
         y = self.rho * x + math.sqrt(1.0 - self.rho**2) * noise
         if self.cubic is not None:
-            y = (y @ self.cubic.to(y.dtype).T) ** 3
+            y = (y @ self.cubic.to(y.dtype).T) ** 3 / math.sqrt(15.0)
         return x.to(device), y.to(device)
 
     def log_ratio(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         r""":math:`\log r(x, y)` of the Gaussian pair (module docstring), broadcast over the
         leading dimensions: x (..., D) and y (..., D) give (...). Scores of every pair of a
         batch: ``log_ratio(x[:, None], y[None])``, shape (N, N). For the pair before the cubic
-        map (y, not :math:`(Wy)^3`)."""
+        map."""
         one_minus = 1.0 - self.rho**2
         return (-0.5 * self.dim * math.log(one_minus)
                 - (y - self.rho * x).square().sum(-1) / (2.0 * one_minus)

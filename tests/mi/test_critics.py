@@ -85,3 +85,12 @@ def test_gaussian_pair_mi_and_log_ratio_against_multivariate_normals():
     assert abs(correlation.item() - rho) < 4 * (1 - rho**2) / math.sqrt(20000)
     with pytest.raises(ValueError, match="rho"):
         CorrelatedGaussian(3, 1.0)
+
+
+def test_cubic_observations_have_unit_variance():
+    w = torch.linalg.qr(torch.randn(4, 4, dtype=torch.float64))[0]
+    _, y = CorrelatedGaussian(4, 0.5, cubic=w).sample(200000, torch.Generator().manual_seed(0),
+                                                      dtype=torch.float64)
+    # Var[u^3] = 15 for a standard normal u; the sample variance's standard error is
+    # sqrt((E[u^12] / 15^2 - 1) / n) = sqrt((10395 / 225 - 1) / n), about 0.015
+    torch.testing.assert_close(y.var(0), torch.ones(4, dtype=torch.float64), atol=0.08, rtol=0)

@@ -4,8 +4,9 @@ r"""``python -m rpm mutual-information``: Poole et al.'s MI staircase, every var
 Data (:class:`~rpm.mi.CorrelatedGaussian`): x, y in :math:`\mathbb{R}^{20}` (``--dim``) jointly
 Gaussian with one correlation :math:`\rho` per dimension, chosen so that the MI steps through
 ``--mi`` (2, 4, 6, 8, 10 nats), ``--steps`` Adam steps (``--lr``) of ``--batch-size`` pairs per
-stage; the cubic variant observes :math:`(W y)^3` (W orthogonal: the same MI; ``--cubic``
-adds it). Estimators (:mod:`~rpm.experiments.mutual_information.staircase`): InfoNCE, NWJ,
+stage; the cubic variant observes :math:`(W y)^3 / \sqrt{15}` (W orthogonal: the same MI,
+unit variance; ``--cubic`` adds it). Estimators
+(:mod:`~rpm.experiments.mutual_information.staircase`): InfoNCE, NWJ,
 MINE (DV with the moving-average gradient), JS (f-GAN critic scored by NWJ), SMILE (``--tau``)
 and I_alpha (``--alpha``), each with its own critic, for each critic family of ``--critics``
 (separable: two MLPs and a dot product, ``--hidden`` units; joint: an MLP on every
@@ -101,7 +102,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     data.add_argument("--dim", type=positive_int, default=20,
                       help="dimension of x and y (default: 20)")
     data.add_argument("--cubic", action="store_true",
-                      help="also run the cubic variant (y replaced by (W y)^3); doubles the "
+                      help="also run the cubic variant (y replaced by (W y)^3 / sqrt(15)); doubles the "
                       "time")
     model = parser.add_argument_group("estimators")
     model.add_argument("--critics", type=_critic_list, default=list(CRITICS), metavar="LIST",
