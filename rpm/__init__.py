@@ -25,7 +25,7 @@ _LAZY = {
     "load": "rpm.experiments.trained",
 }
 _SUBPACKAGES = frozenset({"data", "distributed", "evaluation", "experiments", "inference", "losses",
-                          "marginals", "metrics", "models", "nn", "ops", "priors", "training"})
+                          "marginals", "metrics", "mi", "models", "nn", "ops", "priors", "training"})
 
 __all__ = [
     "DeltaRecognition",

@@ -70,6 +70,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "rpm.experiments.identifiability.command",
     "rpm.experiments.lds.command",
     "rpm.experiments.masks.command",
+    "rpm.experiments.mutual_information.command",
     "rpm.experiments.pendulum.command",
 )
 

@@ -1,0 +1,1 @@
+"""``python -m rpm mutual-information``: Poole et al.'s MI staircase (:mod:`.command`)."""
