@@ -47,6 +47,7 @@ BUILDERS = {
     "digits": "rpm.experiments.digits.model",
     "identifiability": "rpm.experiments.identifiability.model",
     "lds": "rpm.experiments.lds.model",
+    "masks": "rpm.experiments.masks.model",
     "pendulum": "rpm.experiments.pendulum.model",
 }
 _CHECKPOINT = "checkpoint.pt"

@@ -30,7 +30,8 @@ Output folder (``--out``, the run-folder contract of :mod:`rpm.experiments.commo
 correlations, learned parameters, trajectory and time), ``delta_t``, ``true_shape`` (the
 generator's), ``fitted_shape`` (a gennorm fit of the training factors' steps ``--delta-t``
 apart: the shape the data show at that spacing), ``learned_shape`` and the environment;
-``masks.png`` (MCC per prior, MCC against the step, example frames); one subfolder per prior
+``masks.png`` (MCC per prior, MCC against the step, example frames); ``training.png`` (each
+prior's loss and test MCC against the step); one subfolder per prior
 with its ``checkpoint.pt`` and ``history.json``.
 """
 
@@ -158,6 +159,7 @@ def _train_and_report(args: argparse.Namespace, run_folder, device) -> int:
 
     from rpm.data.masks import MaskVideo
     from rpm.experiments.common import derived_seed
+    from rpm.experiments.figures import plot_training
     from rpm.experiments.masks.plots import plot_masks
     from rpm.experiments.masks.train import train_prior
 
@@ -188,6 +190,13 @@ def _train_and_report(args: argparse.Namespace, run_folder, device) -> int:
     }
     write_json_atomic(out / "results.json", summary)
     plot_masks(out / "masks.png", priors, test.frames[0, :8].float(), args.shape, learned)
+    plot_training(out / "training.png", {
+        name: {"losses": result["losses"],
+               "evaluations": [{"step": step, "mcc": value} for step, value in
+                               zip(result["trajectory"]["step"], result["trajectory"]["mcc"],
+                                   strict=True)]}
+        for name, result in priors.items()
+    }, score="mcc", score_label="test MCC", loss_label="negative ELBO / instance")
     print(f"{'prior':<9} {'MCC':>7} {'step scale':>10} {'shape':>7} {'time':>8}")
     for name, result in priors.items():
         params = result["prior_parameters"]

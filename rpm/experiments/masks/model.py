@@ -38,7 +38,8 @@ from rpm.priors import (
     RandomWalkEnergy,
 )
 
-__all__ = ["PRIORS", "MaskEncoder", "build_rpm", "build_walk", "walk_parameters"]
+__all__ = ["PRIORS", "MaskEncoder", "build_rpm", "build_walk", "model_from_arguments",
+           "walk_parameters"]
 
 #: The priors ``rpm masks`` compares: normal, Laplace and generalized-normal (learned shape) steps.
 PRIORS = ("normal", "laplace", "learned")
@@ -92,6 +93,20 @@ def build_rpm(encoder: nn.Module, walk, window: int = 2) -> rpm.RPM:
     energy = RandomWalkEnergy(walk)
     prior = ImplicitPrior(energy) if window == 2 else MarkovImplicitPrior(energy)
     return rpm.RPM(rpm.DeltaRecognition(encoder, validate=False), prior)
+
+
+def model_from_arguments(arguments: dict) -> rpm.RPM:
+    """The untrained model of ``rpm masks`` from its model record
+    (:mod:`rpm.experiments.trained`): :func:`build_rpm` of the :class:`MaskEncoder`
+    ``(image_size, dim, channels, hidden)`` and the walk :func:`build_walk` ``(prior, dim)``.
+
+    :param dict arguments: ``prior`` (one of :data:`PRIORS`), ``image_size``, ``dim`` (the
+        factors), ``channels``, ``hidden`` and ``window`` (frames per instance).
+    """
+    encoder = MaskEncoder(arguments["image_size"], arguments["dim"], arguments["channels"],
+                          arguments["hidden"])
+    walk = build_walk(arguments["prior"], arguments["dim"])
+    return build_rpm(encoder, walk, arguments["window"])
 
 
 @torch.no_grad()

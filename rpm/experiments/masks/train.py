@@ -11,7 +11,8 @@ import torch
 import rpm
 from rpm.data.masks import MaskVideo
 from rpm.experiments.common import derived_seed, seed_everything
-from rpm.experiments.masks.model import MaskEncoder, build_rpm, build_walk, walk_parameters
+from rpm.experiments.masks.model import model_from_arguments, walk_parameters
+from rpm.experiments.trained import write_model_record
 from rpm.metrics import mcc, mcc_per_dimension
 from rpm.training.trainer import Trainer
 
@@ -41,9 +42,11 @@ def train_prior(name: str, args: argparse.Namespace, video: MaskVideo, test: Mas
         prior parameters, the trajectory, the losses and the training time.
     """
     seed_everything(args.seed)
-    encoder = MaskEncoder(args.image_size, video.dim, args.channels, args.hidden)
-    walk = build_walk(name, video.dim)
-    model = build_rpm(encoder, walk, args.window).to(device)
+    arguments = {"prior": name, "image_size": args.image_size, "dim": video.dim,
+                 "channels": args.channels, "hidden": args.hidden, "window": args.window}
+    model = model_from_arguments(arguments).to(device)
+    walk = model.prior.energy.walk
+    write_model_record(out, "masks", arguments)  # what rpm.load rebuilds it from
     frames = video.frames.reshape(-1, 1, args.image_size, args.image_size).to(device)
     test_frames = test.frames.reshape(-1, 1, args.image_size, args.image_size).to(device).float()
     test_factors = test.factors.reshape(-1, test.dim).to(device)

@@ -65,6 +65,7 @@ def test_small_run_writes_results_and_resumes(tmp_path, capsys):
     assert results["learned_shape"] == results["priors"]["learned"]["prior_parameters"]["shape"]
     assert 0.3 < results["fitted_shape"] < 0.8
     assert (out / "masks.png").stat().st_size > 0
+    assert (out / "training.png").stat().st_size > 0
     assert all((out / name / "checkpoint.pt").exists() for name in results["priors"])
     capsys.readouterr()
     assert _run(tmp_path, "--resume") == 0
@@ -80,3 +81,26 @@ def test_windows_train_the_sequence_form(tmp_path):
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["config"]["window"] == 3 and list(results["priors"]) == ["laplace"]
     assert 0.0 <= results["priors"]["laplace"]["mcc"] <= 1.0
+
+
+def test_rpm_load_gives_each_prior_s_model_in_eval_mode(tmp_path):
+    """``rpm.load`` of a small run: each prior's RPM in eval mode, whose encoding of new frames
+    is the mask encoder given the checkpoint's weights."""
+    import rpm
+    from rpm.experiments.masks.model import MaskEncoder
+    from rpm.training.checkpoint import load_checkpoint
+
+    assert _run(tmp_path, *SMALL, "--priors", "normal,learned") == 0
+    out = tmp_path / "run"
+    frames = torch.rand(5, 1, 16, 16)
+    for name in ("normal", "learned"):
+        model = rpm.load(out, model=name)
+        assert isinstance(model, rpm.RPM) and not model.training
+        assert model.trained == {"command": "masks", "model": name, "step": 30,
+                                 "folder": str(out)}
+        weights = load_checkpoint(out / name / "checkpoint.pt")["module"]
+        encoder = MaskEncoder(16, 4, 8, 32).eval()
+        encoder.load_state_dict({key[len("recognition.net."):]: value for key, value
+                                 in weights.items() if key.startswith("recognition.net.")})
+        with torch.no_grad():
+            torch.testing.assert_close(model.encode(frames), encoder(frames))
