@@ -1,6 +1,7 @@
 """The API reference builds: docs/ with Sphinx, offline (``-t offline``: no intersphinx
-downloads) and without executing the tutorials (``-t no_execute``), warnings as errors (``-W``) and every cross-reference of
-the docstrings, theory.md and the tutorials resolved (``-n``, nitpicky)."""
+downloads) and without executing the tutorials (``-t no_execute``), warnings as errors
+(``-W``) and every cross-reference of the docstrings, theory.md and the tutorials resolved
+(``-n``, nitpicky)."""
 
 import pathlib
 import shutil
@@ -20,7 +21,8 @@ def test_reference_builds_offline_with_warnings_as_errors(tmp_path):
     shutil.copytree(ROOT / "docs", source,
                     ignore=shutil.ignore_patterns("_build", "api", "tutorials", "__pycache__"))
     html = tmp_path / "html"
-    status = build_main(["-t", "offline", "-t", "no_execute", "-W", "-n", "-q", "-b", "html", str(source), str(html)])
+    status = build_main(["-t", "offline", "-t", "no_execute", "-W", "-n", "-q", "-b", "html",
+                         str(source), str(html)])
     assert status == 0, "the reference has warnings: run the command of README's API reference"
     for page in ["index", "theory", "tutorials", "api/index", "api/rpm.priors", "api/rpm.models",
                  "api/rpm.inference", "tutorials/01_infonce_is_an_rpm"]:
