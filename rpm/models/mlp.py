@@ -26,7 +26,7 @@ def residual_mlp(x: torch.Tensor, params: list[torch.Tensor], space: str) -> tor
     :param list params: ``[S, c, W_0, b_0, (g_k, beta_k, W_k, b_k) for k = 1..L-1, g_L, beta_L,
         W_L, b_L]`` with :math:`g, \beta` the layer norms' scales and shifts.
     :param str space: ``"sphere"``, ``"box"`` or ``"unbounded"``.
-    :return: Shape: (N, n).
+    :return: Shape: (N, m), m the rows of ``S``.
     """
     a = F.linear(x, params[2], params[3])  # (N, H)
     width = a.shape[-1:]
@@ -44,7 +44,7 @@ def residual_mlp(x: torch.Tensor, params: list[torch.Tensor], space: str) -> tor
 
 
 class MLPEncoder(nn.Module):
-    r"""A linear map plus a residual MLP, :math:`h: \mathbb R^n \to \mathbb R^n`, followed by
+    r"""A linear map plus a residual MLP, :math:`h: \mathbb R^n \to \mathbb R^m`, followed by
     the projection onto the encoder space.
 
     .. math::
@@ -67,26 +67,33 @@ class MLPEncoder(nn.Module):
     :param int hidden: width H of the hidden layers.
     :param int depth: number L >= 1 of hidden layers.
     :param str space: ``"sphere"``, ``"box"`` or ``"unbounded"``.
+    :param out_dim: output dimension m <= n (default n); with m < n the linear path starts at
+        the first m rows of the identity (e.g. an encoder of the content block,
+        ``rpm content-style``).
+    :type out_dim: int or None
     :param bool compile: run :func:`residual_mlp` through :func:`torch.compile` (the parameters
         are still fetched eagerly, e.g. from Pyro's param store).
     """
 
     def __init__(self, dim: int, hidden: int = 256, depth: int = 3, space: str = "sphere",
-                 compile: bool = False) -> None:
+                 compile: bool = False, out_dim: int | None = None) -> None:
         super().__init__()
         dim = check_positive_int("dim", dim)
         hidden = check_positive_int("hidden", hidden)
         depth = check_positive_int("depth", depth)
         check_choice("space", space, ENCODER_SPACES)
         check_bool("compile", compile)
+        out_dim = dim if out_dim is None else check_positive_int("out_dim", out_dim)
+        if out_dim > dim:
+            raise ValueError(f"out_dim must be at most the input dimension {dim}, got {out_dim}")
         self.space = space
-        self.skip = nn.Linear(dim, dim)
+        self.skip = nn.Linear(dim, out_dim)
         self.inp = nn.Linear(dim, hidden)
         self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(depth))
         self.blocks = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(depth - 1))
-        self.out = nn.Linear(hidden, dim)
+        self.out = nn.Linear(hidden, out_dim)
         with torch.no_grad():
-            self.skip.weight.copy_(torch.eye(dim))
+            self.skip.weight.copy_(torch.eye(out_dim, dim))
             self.skip.bias.zero_()
             self.out.weight.zero_()
             self.out.bias.zero_()
@@ -101,5 +108,5 @@ class MLPEncoder(nn.Module):
                          self.out.bias]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Encodes a batch. Shape: (N, n) -> (N, n)."""
+        """Encodes a batch. Shape: (N, n) -> (N, m)."""
         return self.function(x, self.parameter_list(), self.space)

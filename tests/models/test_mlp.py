@@ -51,3 +51,11 @@ def test_encoder_rejects_bad_arguments():
         MLPEncoder(True)
     with pytest.raises(ValueError, match="space"):
         MLPEncoder(3, space="ball")
+
+
+def test_fewer_outputs_start_at_the_first_rows_of_the_identity():
+    encoder = MLPEncoder(6, hidden=16, depth=2, space="unbounded", out_dim=4)
+    x = torch.randn(10, 6)
+    assert torch.equal(encoder(x), x[:, :4])
+    with pytest.raises(ValueError, match="out_dim must be at most the input dimension 6"):
+        MLPEncoder(6, out_dim=7)
