@@ -51,6 +51,7 @@ __all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USAGE", "SUBCOMMANDS", "bui
 #: Modules of the experiments, one sub-command each.
 SUBCOMMANDS: tuple[str, ...] = (
     "rpm.experiments.bouncing_balls.command",
+    "rpm.experiments.content_style.command",
     "rpm.experiments.digits.command",
     "rpm.experiments.identifiability.command",
     "rpm.experiments.lds.command",
