@@ -39,7 +39,9 @@ nearly invariant (statistical row, a Wishart change covariance with a small eige
 Output folder (``--out``, the run-folder contract of :mod:`rpm.experiments.common`):
 ``config.json``, ``results.json`` (``rows``: per row ``p_change``, ``statistical``, ``causal``,
 ``content_r2_nonlinear``, ``style_r2_nonlinear``, ``content_r2_linear``, ``style_r2_linear``, the
-untrained encoder's linear scores and the trajectory; the configuration, the environment and
+untrained encoder's linear scores, ``style_r2_linear_true_content`` (the style :math:`R^2` of the
+true content: what a perfect content encoder scores, which depends on the row's draw of a, B and
+the covariances) and the trajectory; the configuration, the environment and
 the provenance), ``table.png`` (the table as a heat map), ``training.png`` (loss and validation
 linear content :math:`R^2` against the step), and one subfolder per row with its
 ``checkpoint.pt`` and ``history.json``. Steps and times of the defaults: ``benchmarks/README.md``.
@@ -220,14 +222,14 @@ def _train_and_report(args: argparse.Namespace, out: Path, device, run: Run) -> 
 
 
 def _table(rows: list) -> str:
-    lines = ["held-out block R^2 (nonlinear / linear):",
+    lines = ["held-out block R^2 (nonlinear / linear; style|c: the style R^2 of the true content):",
              f"{'row':<12} {'p_chg':>5} {'stat':>5} {'caus':>5} {'content':>13} {'style':>13} "
-             f"{'time':>7}"]
+             f"{'style|c':>8} {'time':>7}"]
     for row in rows:
         lines.append(
             f"{row['row']:<12} {row['p_change']:>5.2f} {'yes' if row['statistical'] else 'no':>5} "
             f"{'yes' if row['causal'] else 'no':>5} "
             f"{row['content_r2_nonlinear']:>6.3f}/{row['content_r2_linear']:<6.3f} "
             f"{row['style_r2_nonlinear']:>6.3f}/{row['style_r2_linear']:<6.3f} "
-            f"{row['train_seconds']:>6.0f}s")
+            f"{row['style_r2_linear_true_content']:>8.3f} {row['train_seconds']:>6.0f}s")
     return "\n".join(lines)

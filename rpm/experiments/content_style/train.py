@@ -69,7 +69,8 @@ def train_row(name: str, args: argparse.Namespace, process: ContentStyleProcess,
     :param InvertibleMLP mixing: the mixing g, on the training device.
     :param dict held_out: ``{"eval": (z, x), "test": (z, x)}``, fresh held-out sets.
     :param Path out: the row's folder (checkpoint, history).
-    :return: the JSON-ready result (scores, the untrained encoder's, the trajectory).
+    :return: the JSON-ready result (scores, the untrained encoder's, the style :math:`R^2` of
+        the true content, the trajectory).
     """
     seed_everything(args.seed)  # the same encoder initialisation in every row
     dim = process.dim
@@ -115,6 +116,9 @@ def train_row(name: str, args: argparse.Namespace, process: ContentStyleProcess,
         "statistical": process.statistical,
         "causal": process.causal,
         **scores,
+        # what a perfect content encoder would give: the style explained by the true content
+        "style_r2_linear_true_content": block_r2(z_test[:, process.content_dim:],
+                                                 z_test[:, :process.content_dim]),
         "untrained": untrained,
         "trajectory": {key: [e.get(key) for e in evaluations]
                        for key in ("step", "content_r2_linear", "style_r2_linear", "wall_time")},

@@ -73,3 +73,10 @@ def test_small_run_writes_the_table_and_its_scores_are_reproducible(tmp_path, pr
         again = block_scores(z, encoder(x), 5)
     for key in keys:
         assert again[key] == pytest.approx(rows[1][key], abs=1e-6)
+    # the reference: the style R^2 of the true content, linear least squares written out
+    design = torch.cat([z[:, :5], torch.ones(120, 1)], 1).double()
+    coef = torch.linalg.lstsq(design[:60], z[:60, 5:].double()).solution
+    residual = z[60:, 5:].double() - design[60:] @ coef
+    style = z[60:, 5:].double()
+    want = (1 - residual.pow(2).sum(0) / (style - style.mean(0)).pow(2).sum(0)).mean()
+    assert rows[1]["style_r2_linear_true_content"] == pytest.approx(float(want), abs=1e-6)
