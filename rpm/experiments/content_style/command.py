@@ -11,7 +11,8 @@ outputs is the recognition model of an RPM whose prior keeps the content, in one
 (``--prior``, :mod:`~rpm.experiments.content_style.model`): the implicit prior with an RBF
 energy (InfoNCE, the paper's loss) or the explicit Gaussian transition (AlignMaxEnt).
 
-The four rows of the table (``--rows``, default all):
+The four rows of the table (``--rows``, default all; a row's data are the same whichever rows
+run with it):
 
 ===============  =========  =============  ==========  ==================================
 row              p_change   statistical    causal      published R^2 content / style
@@ -138,8 +139,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--depth", type=positive_int, default=3,
                        help="number of hidden layers of the encoder (default: 3)")
     train = parser.add_argument_group("training")
-    train.add_argument("--steps", type=positive_int, default=3000,
-                       help="optimiser steps per row; on --resume it may grow (default: 3000)")
+    train.add_argument("--steps", type=positive_int, default=6000,
+                       help="optimiser steps per row; on --resume it may grow (default: 6000)")
     train.add_argument("--batch-size", type=contrastive_batch_size, default=1024,
                        help="pairs per minibatch, >= 2 (default: 1024)")
     train.add_argument("--lr", type=positive_float, default=1e-3,
@@ -195,7 +196,8 @@ def _train_and_report(args: argparse.Namespace, out: Path, device, run: Run) -> 
     mixing = InvertibleMLP(CONTENT_DIM + STYLE_DIM, seed=derived_seed(args.seed, "mixing"))
     mixing = mixing.to(device)
     rows = []
-    for index, name in enumerate(args.rows):
+    for name in args.rows:
+        index = list(ROWS).index(name)  # a row's draws do not depend on the other rows run
         p_change, statistical, causal = ROWS[name]
         process = ContentStyleProcess(
             CONTENT_DIM, STYLE_DIM, p_change, statistical, causal,

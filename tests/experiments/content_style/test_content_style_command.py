@@ -66,9 +66,10 @@ def test_small_run_writes_the_table_and_its_scores_are_reproducible(tmp_path, pr
     prefix = "recognition.net."
     encoder.load_state_dict({k[len(prefix):]: v for k, v in state["module"].items()
                              if k.startswith(prefix)})
-    process = ContentStyleProcess(5, 5, 0.75, True, True, seed=derived_seed(3, "data", 1))
+    # the causal row is the table's fourth (index 3) whichever rows run
+    process = ContentStyleProcess(5, 5, 0.75, True, True, seed=derived_seed(3, "data", 3))
     mixing = InvertibleMLP(10, seed=derived_seed(3, "mixing"))
-    z, x = held_out_set(process, mixing, 120, derived_seed(3, "test", 1))
+    z, x = held_out_set(process, mixing, 120, derived_seed(3, "test", 3))
     with torch.no_grad():
         again = block_scores(z, encoder(x), 5)
     for key in keys:
