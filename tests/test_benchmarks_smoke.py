@@ -55,3 +55,12 @@ def test_multiview_sequence_toy_routes_and_recursions(capsys, restore_threads):
                                  "--skip-views"]))
     out = capsys.readouterr().out
     assert "structured, SVI+Trace_ELBO (recursions)" in out and "J=4" not in out
+
+
+def test_content_style_dims_runs(tmp_path, capsys, restore_threads):
+    bench = load("content_style_dims")
+    table = bench.main(bench.parse_args([
+        "--dims", "2,7", "--steps", "4", "--out", str(tmp_path),
+        "--extra", "--batch-size 16 --hidden 8 --depth 1 --eval-samples 60 --threads 1"]))
+    assert list(table) == [2, 7]
+    assert capsys.readouterr().out.splitlines()[-1].split()[0] == "7"

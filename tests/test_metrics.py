@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from rpm.metrics import mcc, mcc_per_dimension, r2, r2_per_dimension
+from rpm.metrics import block_r2, mcc, mcc_per_dimension, r2, r2_per_dimension
 
 
 def data(n: int = 2000, d: int = 4, seed: int = 0) -> torch.Tensor:
@@ -152,3 +152,65 @@ def test_mcc_needs_enough_recovered_dimensions():
     with pytest.raises(ValueError, match="at least as many dimensions"):
         mcc(z, z[:, :2])
     assert mcc(z[:, :2], z) == pytest.approx(1.0)
+
+
+# --------------------------------------------------------------------------- block R^2
+def numpy_kernel_ridge_r2(y: np.ndarray, x: np.ndarray, num_train: int, alpha: float,
+                          gamma: float) -> float:
+    """Independent reference: standardise with the training split, solve (K + alpha I) w = y
+    per output with an explicit float64 Gram matrix, R^2 per output from its definition."""
+    def standardise(a):
+        return (a - a[:num_train].mean(0)) / a[:num_train].std(0, ddof=1)
+    x, y = standardise(x), standardise(y)
+    u, v = x[:num_train], x[num_train:]
+    gram = np.array([[math.exp(-gamma * np.sum((a - b) ** 2)) for b in u] for a in u])
+    cross = np.array([[math.exp(-gamma * np.sum((a - b) ** 2)) for b in u] for a in v])
+    out = []
+    for d in range(y.shape[1]):
+        weights = np.linalg.solve(gram + alpha * np.eye(num_train), y[:num_train, d])
+        target = y[num_train:, d]
+        out.append(1 - np.sum((target - cross @ weights) ** 2)
+                   / np.sum((target - target.mean()) ** 2))
+    return float(np.mean(out))
+
+
+def test_block_r2_nonlinear_is_kernel_ridge_with_the_chosen_hyperparameters():
+    z = data(120, 2, seed=3)
+    x = torch.cat([torch.sin(3 * z), z[:, :1] ** 2], dim=1)        # (N, 3) nonlinear in z
+    for alpha, gamma in [(0.1, 1.0), (0.01, 0.1)]:
+        got = block_r2(z, x, nonlinear=True, num_train=80, alphas=(alpha,), gammas=(gamma,))
+        want = numpy_kernel_ridge_r2(z.numpy(), x.numpy(), 80, alpha, gamma)
+        assert got == pytest.approx(want, abs=1e-8)
+
+
+def test_block_r2_linear_is_r2():
+    z, x = data(300, 3, seed=1), data(300, 5, seed=2)
+    x = x + torch.cat([z, z[:, :2]], dim=1)
+    assert block_r2(z, x) == r2(z, x)
+
+
+def test_block_r2_separates_a_nonlinearly_encoded_block_from_an_absent_one():
+    gen = torch.Generator().manual_seed(0)
+    content = torch.randn(1200, 2, generator=gen, dtype=torch.float64)
+    style = torch.randn(1200, 2, generator=gen, dtype=torch.float64)
+    code = torch.cat([content ** 3 + content, torch.tanh(content[:, :1])], dim=1)  # content only
+    nonlinear = block_r2(content, code, nonlinear=True)
+    assert nonlinear > 0.95
+    assert nonlinear > block_r2(content, code) + 0.01   # the linear read-out misses the cube
+    assert abs(block_r2(style, code, nonlinear=True)) < 0.05
+    assert abs(block_r2(style, code)) < 0.05
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(alphas=()), "alphas"),
+    (dict(gammas=(0.1, -1.0)), "gammas"),
+    (dict(folds=1), "folds"),
+    (dict(num_train=4), "too few samples"),
+    (dict(train_fraction=1.0), "train_fraction"),
+])
+def test_block_r2_errors(kwargs, match):
+    z = data(40, 2)
+    with pytest.raises(ValueError, match=match):
+        block_r2(z, z, nonlinear=True, **kwargs)
+    with pytest.raises(ValueError, match="constant"):
+        block_r2(torch.ones(40, 2, dtype=torch.float64), z, nonlinear=True)

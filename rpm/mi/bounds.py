@@ -27,7 +27,7 @@ bound                        tight at                        ceiling of the batc
 :func:`js`                   :math:`f = \log r` (JS optimum)  none
 :func:`info_nce_bound`       :math:`f = \log r + c(x)`       :math:`\log N`
 :func:`interpolated`         (mixed)                         :math:`1 + \log((N-1)/\alpha)`
-:func:`smile`                :math:`f = \log r`, large tau   :math:`\tau + ` (positive term)
+:func:`smile`                :math:`f = \log r`, large tau   :math:`\tau` + positive term
 ============================ =============================== ==================================
 
 Convention: normalisers run over the row (a fixed :math:`x_i` against the :math:`y_j`), and the

@@ -154,7 +154,7 @@ class RPMEstimator(torch.nn.Module):
         self.prior = GaussianPairPrior(dim)
 
     def recognise(self, x: torch.Tensor, y: torch.Tensor):
-        """The means (N, D) and noise scales (scalars) of Q(z|x) and Q(z'|y)."""
+        """The means (N, D) and noise scales (scalars) of :math:`Q(z|x)` and :math:`Q(z'|y)`."""
         if x.dim() != 2 or y.dim() != 2 or x.shape[0] != y.shape[0] or x.shape[0] < 2:
             raise ValueError(f"x and y must be batches of N >= 2 pairs, shapes (N, dx) and "
                              f"(N, dy); got {tuple(x.shape)} and {tuple(y.shape)}")

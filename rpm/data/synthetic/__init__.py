@@ -9,9 +9,12 @@ marginals :math:`p(z)`, positive-pair conditionals :math:`p(z' \mid z)` and an i
 * :mod:`~rpm.data.synthetic.marginals`, :mod:`~rpm.data.synthetic.conditionals`: ``p(z)``, ``p(z'|z)``.
 * :mod:`~rpm.data.synthetic.process`: :class:`LatentProcess`, the whole configuration.
 * :mod:`~rpm.data.synthetic.mixing`: :class:`InvertibleMLP`, the mixing g.
+* :mod:`~rpm.data.synthetic.content_style`: :class:`ContentStyleProcess`, content kept and style
+  changed between the views (von Kügelgen et al., 2021).
 """
 
 from rpm.data.synthetic.conditionals import CONDITIONALS, Conditional
+from rpm.data.synthetic.content_style import ContentStyleProcess
 from rpm.data.synthetic.marginals import MARGINALS, Marginal
 from rpm.data.synthetic.mixing import InvertibleMLP
 from rpm.data.synthetic.noise import FactorisedNoise
@@ -22,6 +25,7 @@ from rpm.data.synthetic.vmf import VonMisesFisherSampler, sample_vmf
 __all__ = [
     "CONDITIONALS",
     "Conditional",
+    "ContentStyleProcess",
     "FactorisedNoise",
     "InvertibleMLP",
     "LatentProcess",
