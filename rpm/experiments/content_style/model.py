@@ -41,10 +41,27 @@ import rpm
 from rpm._validation import check_choice, check_positive
 from rpm.priors import GaussianRandomWalkPrior, ImplicitPrior, RBFEnergy
 
-__all__ = ["PRIORS", "build_model"]
+__all__ = ["PRIORS", "build_model", "model_from_arguments"]
 
 #: The forms of the content prior (module docstring).
 PRIORS = ("rbf", "gaussian")
+
+
+def model_from_arguments(arguments: dict) -> rpm.RPM:
+    """The untrained model of ``rpm content-style`` from its model record
+    (:mod:`rpm.experiments.trained`): :func:`build_model` of the
+    :class:`~rpm.models.MLPEncoder` ``(content_dims, hidden, depth, "unbounded",
+    in_dim=dim)``.
+
+    :param dict arguments: ``dim`` (n, the observations), ``content_dims`` (m, the
+        representation), ``hidden``, ``depth``, ``prior``, ``lengthscale``, ``noise_scale``.
+    """
+    from rpm.models.mlp import MLPEncoder
+
+    encoder = MLPEncoder(arguments["content_dims"], arguments["hidden"], arguments["depth"],
+                         "unbounded", in_dim=arguments["dim"])
+    return build_model(encoder, arguments["content_dims"], arguments["prior"],
+                       lengthscale=arguments["lengthscale"], noise_scale=arguments["noise_scale"])
 
 
 def build_model(encoder: nn.Module, content_dim: int, prior: str = "rbf",

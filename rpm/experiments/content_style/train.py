@@ -23,10 +23,10 @@ import torch
 import rpm
 from rpm.data.synthetic import ContentStyleProcess, InvertibleMLP
 from rpm.experiments.common import seed_everything
-from rpm.experiments.content_style.model import build_model
+from rpm.experiments.content_style.model import model_from_arguments
 from rpm.experiments.identifiability.data import PairStream
+from rpm.experiments.trained import write_model_record
 from rpm.metrics import block_r2
-from rpm.models.mlp import MLPEncoder
 from rpm.training.schedule import cosine_schedule
 from rpm.training.trainer import Trainer
 
@@ -74,9 +74,11 @@ def train_row(name: str, args: argparse.Namespace, process: ContentStyleProcess,
     """
     seed_everything(args.seed)  # the same encoder initialisation in every row
     dim = process.dim
-    encoder = MLPEncoder(args.content_dims, args.hidden, args.depth, "unbounded", in_dim=dim)
-    model = build_model(encoder, args.content_dims, args.prior, lengthscale=args.lengthscale,
-                        noise_scale=args.noise_scale).to(process.device)
+    arguments = {"dim": dim, "content_dims": args.content_dims, "hidden": args.hidden,
+                 "depth": args.depth, "prior": args.prior, "lengthscale": args.lengthscale,
+                 "noise_scale": args.noise_scale}
+    model = model_from_arguments(arguments).to(process.device)
+    write_model_record(out, "content-style", arguments)  # what rpm.load rebuilds it from
     z_eval, x_eval = held_out["eval"]
     z_test, x_test = held_out["test"]
     untrained = block_scores(z_test, _representation(model, x_test), process.content_dim,

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+import rpm
 from rpm.cli import main
 from rpm.data.synthetic import ContentStyleProcess, InvertibleMLP
 from rpm.experiments.common import derived_seed
@@ -72,6 +73,10 @@ def test_small_run_writes_the_table_and_its_scores_are_reproducible(tmp_path, pr
     z, x = held_out_set(process, mixing, 120, derived_seed(3, "test", 3))
     with torch.no_grad():
         again = block_scores(z, encoder(x), 5)
+        # rpm.load rebuilds the row's model, in eval mode, with the same representation
+        loaded = rpm.load(out, model="causal")
+        assert not loaded.training and loaded.trained["command"] == "content-style"
+        torch.testing.assert_close(loaded.encode(x), encoder(x))
     for key in keys:
         assert again[key] == pytest.approx(rows[1][key], abs=1e-6)
     # the reference: the style R^2 of the true content, linear least squares written out
