@@ -95,11 +95,18 @@ class BallEncoder(nn.Module):
     def _check_input(self, x: torch.Tensor) -> None:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
+        if x.dim() == 3 and x.shape[0] == self.in_channels:
             raise ValueError(
-                f"x must have shape (N, {self.in_channels}, H, W), got {tuple(x.shape)}; "
-                "add a batch dimension with x.unsqueeze(0) or set in_channels"
-            )
+                f"x must have shape (N, {self.in_channels}, H, W), got {tuple(x.shape)}: one "
+                "image without its batch axis; add it with x.unsqueeze(0)")
+        if x.dim() != 4:
+            raise ValueError(
+                f"x must have shape (N, {self.in_channels}, H, W), got {tuple(x.shape)}")
+        if x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"x must have shape (N, {self.in_channels}, H, W), got {tuple(x.shape)}: this "
+                f"encoder takes {self.in_channels} channels on axis 1 (the network was built "
+                f"with in_channels={self.in_channels}), not {x.shape[1]}")
 
     def feature_maps(self, x: torch.Tensor) -> torch.Tensor:
         r""":math:`m = \sigma(\mathrm{BN}(W_2 * \mathrm{ReLU}(\mathrm{BN}(W_1 * x))))`, for plotting.

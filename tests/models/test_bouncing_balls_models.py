@@ -58,10 +58,13 @@ def test_train_and_eval_modes():
 
 def test_encoder_rejects_frames_of_the_wrong_shape():
     encoder = BallEncoder(in_channels=3)
-    with pytest.raises(ValueError, match=r"\(N, 3, H, W\)"):
+    with pytest.raises(ValueError, match=r"\(N, 3, H, W\).*without its batch axis; add it with "
+                                         r"x.unsqueeze\(0\)"):
         encoder(torch.rand(3, 10, 10))
-    with pytest.raises(ValueError, match=r"\(N, 3, H, W\)"):
+    with pytest.raises(ValueError, match=r"\(N, 3, H, W\).*takes 3 channels on axis 1 .*not 1"):
         encoder(torch.rand(2, 1, 10, 10))
+    with pytest.raises(ValueError, match=r"\(N, 3, H, W\), got \(2, 3, 10\)$"):
+        encoder(torch.rand(2, 3, 10))
     with pytest.raises(TypeError, match="hidden_channels"):
         BallEncoder(hidden_channels=4.0)
     with pytest.raises(ValueError, match="num_maps"):
