@@ -53,28 +53,41 @@ __all__ = [
 _WIDE_NORM_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _unit(z: torch.Tensor) -> torch.Tensor:
-    r""":math:`z / \lVert z \rVert` of each row, for latents of any representable norm.
+#: A row of zeros is divided by this (``F.normalize``'s ``eps``): it stays the zero vector, and
+#: its gradient is the incoming one divided by it.
+ZERO_ROW_EPS = 1e-12
 
-    ``F.normalize`` squares the coordinates in the latents' dtype: in float32 a norm above
-    ~1.8e19 overflows to inf (every :math:`\hat z` becomes 0) and one below ~1e-19 underflows
-    or falls under its ``eps`` (the result is not a unit vector). Here the norms of float32 and
-    bfloat16 rows are accumulated in float64, where the squares of any float32 number fit, and
-    rounded back to a norm the dtype holds: as many autograd nodes as ``F.normalize`` (a step of
-    a small batch pays per node). Rows of other dtypes (float64, whose squares may overflow
-    float64; float16, whose norms may not be representable) are first divided by their
-    largest coordinate (a constant for autograd: the direction is scale-invariant, so the
-    gradient is the exact one of :math:`z / \lVert z \rVert`). Zero rows stay zero, with
-    ``F.normalize``'s gradient (the incoming gradient divided by 1e-12).
+
+def unit_vectors(z: torch.Tensor) -> torch.Tensor:
+    r""":math:`\hat z = z / \lVert z \rVert` of each row, for rows of any representable norm:
+    the one normalisation of the cosine energy, of the priors and of :mod:`rpm.losses`.
+
+    It is invariant to the scale of a row, :math:`\widehat{c z} = \hat z` for every
+    :math:`c > 0` whose :math:`c z` the dtype holds, up to the rounding of the dtype, and a row
+    of zeros gives the zero vector with a finite gradient (``F.normalize``'s and lightly's
+    convention: the row is divided by :data:`ZERO_ROW_EPS`, so its cosine with every row is 0).
+    ``F.normalize`` itself divides by :math:`\max(\lVert z \rVert, \epsilon)` with the
+    squares taken in the latents' dtype, so in float32 a norm above ~1.8e19 overflows (every
+    :math:`\hat z` becomes 0) and one below :math:`\epsilon = 10^{-12}` is not normalised.
+
+    Numerics: the norms of float32 and bfloat16 rows are accumulated in float64, where the
+    squares of any float32 number fit, and rounded back to a norm the dtype holds (as many
+    autograd nodes as ``F.normalize``). Rows of other dtypes (float64, whose squares may
+    overflow float64; float16, whose norms may not be representable) are first divided by their
+    largest :math:`|z_d|` (a constant for autograd: :math:`\hat z` is scale-invariant, so the
+    gradient is the exact one of :math:`z / \lVert z \rVert`).
+
+    :param torch.Tensor z: rows to normalise. Shape: (..., D).
+    :return: the unit rows (zero rows stay zero). Shape: (..., D).
     """
     if z.dtype in _WIDE_NORM_DTYPES:
         norm = torch.linalg.vector_norm(z, dim=-1, keepdim=True, dtype=torch.float64)  # (N, 1)
-        return z / norm.masked_fill(norm == 0, 1e-12).to(z.dtype)
+        return z / norm.masked_fill(norm == 0, ZERO_ROW_EPS).to(z.dtype)
     scale = z.detach().abs().amax(-1, keepdim=True)                            # (N, 1)
     scale = scale.masked_fill_(scale == 0, 1.0)
     scaled = z / scale
-    # F.normalize(scaled, dim=-1) (its eps 1e-12), without its Python layers
-    return scaled / torch.linalg.vector_norm(scaled, dim=-1, keepdim=True).clamp_min(1e-12)
+    # F.normalize(scaled, dim=-1, eps=ZERO_ROW_EPS), without its Python layers
+    return scaled / torch.linalg.vector_norm(scaled, dim=-1, keepdim=True).clamp_min(ZERO_ROW_EPS)
 
 
 def _at_least_one(radius: torch.Tensor) -> torch.Tensor:
@@ -146,21 +159,24 @@ class CosineEnergy(Energy):
     def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         self.check_latents(z, z2)
         # kappa scales the N rows before the product rather than the N x M matrix after it
-        return (self.kappa.to(z.dtype) * _unit(z)) @ _unit(z2).T
+        return (self.kappa.to(z.dtype) * unit_vectors(z)) @ unit_vectors(z2).T
 
     def paired(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         self.check_latents(z, z2)
-        return self.kappa.to(z.dtype) * (_unit(z) * _unit(z2)).sum(-1)
+        return self.kappa.to(z.dtype) * (unit_vectors(z) * unit_vectors(z2)).sum(-1)
 
     def logit_factors(self, z: torch.Tensor, z2: torch.Tensor):
         self.check_latents(z, z2)
-        return self.kappa.to(z.dtype) * _unit(z), _unit(z2), None
+        return self.kappa.to(z.dtype) * unit_vectors(z), unit_vectors(z2), None
 
     def logit_bound(self, radius: torch.Tensor) -> torch.Tensor:
-        r""":math:`\kappa \max(1, 1/R)`: :math:`|f| \le \kappa` at any norm, its gradient
-        :math:`\lVert \nabla_z f \rVert \le \kappa / R`
+        r""":math:`\kappa \max(1, 1/R)` for :math:`R > 0`, :math:`\kappa \max(1, 1/\epsilon)` at
+        :math:`R = 0`: :math:`|f| \le \kappa` at any norm, its gradient
+        :math:`\lVert \nabla_z f \rVert \le \kappa / R`, and a row of zeros is divided by
+        :math:`\epsilon` (:data:`ZERO_ROW_EPS`, :func:`unit_vectors`)
         (:meth:`~rpm.priors.base.Energy.logit_bound`)."""
         kappa = self.kappa.detach().double()
+        radius = radius.masked_fill(radius == 0, ZERO_ROW_EPS)
         return kappa * radius.clamp_min(torch.finfo(torch.float64).tiny).reciprocal().clamp_min(1.0)
 
 
@@ -232,7 +248,7 @@ class AnisotropicEnergy(Energy):
 
     def project(self, z: torch.Tensor) -> torch.Tensor:
         r"""The latents the distance is measured on: :math:`\hat z` with ``normalize``, else z."""
-        return _unit(z) if self.normalize else z
+        return unit_vectors(z) if self.normalize else z
 
     def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         self.check_latents(z, z2)

@@ -91,12 +91,12 @@ def check_implicit_log_ratio(
 
     Cost: one fused reduction (the sum of ``ratio``, the largest and smallest row maximum of
     each latent tensor) and one synchronisation. The energy's
-    :meth:`~rpm.priors.base.Energy.logit_bound`, evaluated at the smallest and the largest
-    row norm, is consulted only when some latent norm leaves :math:`[m^{-1/6}, m^{1/6}]`
-    (float32: 3.9e-7 to 2.6e6, m the largest number of the dtype); inside it the bound is
-    exceeded only by parameters far beyond trained values (e.g. an RBF lengthscale below
-    ~1e-9 of the latents' spread, or a bilinear :math:`\lVert W \rVert` above 1e19), and a
-    non-finite loss is still diagnosed.
+    :meth:`~rpm.priors.base.Energy.logit_bound`, evaluated at the smallest, the smallest
+    positive and the largest row norm, is consulted only when some latent norm leaves
+    :math:`[m^{-1/6}, m^{1/6}]` (float32: 3.9e-7 to 2.6e6, m the largest number of the
+    dtype); inside it the bound is exceeded only by parameters far beyond trained values (e.g.
+    an RBF lengthscale below ~1e-9 of the latents' spread, or a bilinear
+    :math:`\lVert W \rVert` above 1e19), and a non-finite loss is still diagnosed.
 
     :param str prior_name: the prior, for the message.
     :param energy: the energy f.
@@ -139,10 +139,14 @@ def check_implicit_log_ratio(
 
 
 def _norm_extremes(latents: list[torch.Tensor]) -> torch.Tensor:
-    """The smallest and the largest row norm over the latents, float64, shape (2,)."""
+    """The smallest and the largest row norm over the latents, then the smallest positive one
+    (the largest if none is positive), float64, shape (3,): an energy may treat a row of zeros
+    apart (the cosine energy's zero vector), so its bound is read at both smallest norms."""
     norms = torch.cat([torch.linalg.vector_norm(z.detach(), dim=-1, dtype=torch.float64)
                        for z in latents])
-    return torch.stack([norms.amin(), norms.amax()])
+    largest = norms.amax()
+    positive = norms.where(norms > 0, largest)
+    return torch.stack([norms.amin(), largest, positive.amin()])
 
 
 def _raise(prior_name: str, energy, latents: list[torch.Tensor], dtype: torch.dtype,
@@ -155,7 +159,7 @@ def _raise(prior_name: str, energy, latents: list[torch.Tensor], dtype: torch.dt
             "overflowed or the inputs hold nan; check the inputs, lower the learning rate, or "
             "compute in float64"
         )
-    low, high = _norm_extremes(latents).tolist()
+    low, high, _ = _norm_extremes(latents).tolist()
     kind = str(dtype).removeprefix("torch.")
     found = f"{kind} latents of norm {low:.2g} to {high:.2g}"
     fix = ("compute in float64 (model.double() and float64 inputs), or keep the latents in "
