@@ -42,22 +42,13 @@ from rpm.inference.objective import rpm_elbo
 from rpm.marginals.candidates import Candidates, LatentQueue
 from rpm.priors import ImplicitPrior, PartnerMixturePrior, PooledImplicitPrior, StarImplicitPrior
 from rpm.priors.base import Energy
+from rpm.priors.energies import CosineEnergy, unit_vectors
 from rpm.priors.multiview import MultiViewImplicitPrior
 from rpm.priors.multiview_terms import multiview_anchor_terms, multiview_loss
 
 __all__ = ["InfoNCELoss", "NTXentLoss", "ScaledCosineEnergy"]
 
 _FORMS = {"out": StarImplicitPrior, "in": PartnerMixturePrior}
-
-
-#: ``F.normalize`` divides a row by its norm or by this, whichever is larger.
-_NORMALIZE_EPS = 1e-12
-
-
-def _unit(z: torch.Tensor) -> torch.Tensor:
-    """Rows of z divided by their norms (lightly's and info-nce-pytorch's ``F.normalize``): a
-    row of zeros stays zero."""
-    return torch.nn.functional.normalize(z, dim=-1, eps=_NORMALIZE_EPS)
 
 
 def _check_temperature(temperature, hint: str) -> float:
@@ -67,10 +58,12 @@ def _check_temperature(temperature, hint: str) -> float:
     return float(temperature)
 
 
-class ScaledCosineEnergy(Energy):
-    r"""The cosine energy of the losses, :math:`f(u, v) = s\, \hat u^\top \hat v` with the logit
-    scale :math:`s = 1/\tau` (:class:`~rpm.priors.CosineEnergy` with :math:`\kappa = s`), fixed
-    or learned as CLIP learns it.
+class ScaledCosineEnergy(CosineEnergy):
+    r"""The cosine energy of the losses, :class:`~rpm.priors.CosineEnergy`
+    :math:`f(u, v) = \kappa\, \hat u^\top \hat v` whose concentration is the logit scale
+    :math:`\kappa = s = 1/\tau`, fixed or learned as CLIP learns it. Everything but the
+    parametrisation of :math:`\kappa` is :class:`~rpm.priors.CosineEnergy`'s: the same
+    normalisation (:func:`~rpm.priors.energies.unit_vectors`), the same matrix, factors and bound.
 
     **Learned** (``learn=True``), as CLIP (Radford et al. 2021, section 2.5): the scale is
     parametrised by its logarithm, :math:`s = \exp(\min(\theta, \log 100))`, :math:`\theta`
@@ -89,7 +82,9 @@ class ScaledCosineEnergy(Energy):
     MAX_SCALE = 100.0
 
     def __init__(self, temperature: float = 0.5, learn: bool = False):
-        super().__init__()
+        # Energy's initialiser, not CosineEnergy's: kappa is the property below, held as
+        # ``scale`` or ``log_scale`` rather than CosineEnergy's ``kappa``
+        Energy.__init__(self)
         temperature = _check_temperature(temperature, "the initial temperature")
         self.learn = check_bool("learn", learn)
         if learn:
@@ -101,6 +96,12 @@ class ScaledCosineEnergy(Energy):
                                                              dtype=torch.float64))
         else:
             self.register_buffer("scale", torch.tensor(1.0 / temperature, dtype=torch.float64))
+
+    @property
+    def kappa(self) -> torch.Tensor:
+        r"""The concentration of :class:`~rpm.priors.CosineEnergy`, the logit scale
+        :math:`s = 1/\tau` (:meth:`logit_scale`), a float64 scalar."""
+        return self.logit_scale()
 
     def logit_scale(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         r"""The scale :math:`s = 1/\tau` (clamped at :attr:`MAX_SCALE` when learned), a scalar in
@@ -126,27 +127,6 @@ class ScaledCosineEnergy(Energy):
         else:
             new.scale = self.scale
         return new
-
-    def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-        self.check_latents(z, z2)
-        return self.logit_scale(z.dtype) * (_unit(z) @ _unit(z2).T)
-
-    def paired(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
-        self.check_latents(z, z2)
-        return self.logit_scale(z.dtype) * (_unit(z) * _unit(z2)).sum(-1)
-
-    def logit_factors(self, z: torch.Tensor, z2: torch.Tensor):
-        self.check_latents(z, z2)
-        return self.logit_scale(z.dtype) * _unit(z), _unit(z2), None
-
-    def logit_bound(self, radius: torch.Tensor) -> torch.Tensor:
-        r""":math:`s \max(1, 1/\max(R, \epsilon))`, :math:`\epsilon = 10^{-12}`: :math:`|f| \le s`
-        at any norm, and the gradient :math:`\lVert \nabla_z f \rVert \le s / \max(R, \epsilon)`,
-        since a row is divided by its norm or by :math:`\epsilon`, whichever is larger
-        (``F.normalize``; a row of zeros has logits 0 and a finite gradient, as in lightly)
-        (:meth:`~rpm.priors.base.Energy.logit_bound`)."""
-        scale = self.logit_scale().detach().double()
-        return scale * radius.clamp_min(_NORMALIZE_EPS).reciprocal().clamp_min(1.0)
 
 
 def _bank_shape(memory_bank_size) -> tuple[int, int | None]:
@@ -180,7 +160,7 @@ def _moco_ratio(energy: ScaledCosineEnergy, z: torch.Tensor, z2: torch.Tensor,
     positive and candidate is the diagonal)."""
     eye = torch.eye(z.shape[0], dtype=torch.bool, device=z.device)
     logits = energy.paired(z, z2).diag_embed()                            # (N, N), the diagonal used
-    queue_logits = energy.logit_scale(z.dtype) * (_unit(z) @ negatives.T)  # (N, K)
+    queue_logits = energy.logit_scale(z.dtype) * (unit_vectors(z) @ negatives.T)  # (N, K)
     return multiview_anchor_terms(logits, eye, eye, "star", queue_logits).ratio
 
 
@@ -347,7 +327,7 @@ class NTXentLoss(torch.nn.Module):
         self.bank = LatentQueue(self.memory_bank_size, dim, persistent=False)
         if like is not None:
             self.bank.to(device=like.device, dtype=like.dtype)
-        self.bank.push(_unit(torch.randn(self.memory_bank_size, dim, dtype=self.bank.memory.dtype)))
+        self.bank.push(unit_vectors(torch.randn(self.memory_bank_size, dim, dtype=self.bank.memory.dtype)))
 
     def _views(self, views: tuple) -> list[torch.Tensor]:
         if len(views) == 1 and isinstance(views[0], (list, tuple)):
@@ -442,7 +422,7 @@ class NTXentLoss(torch.nn.Module):
         _, loss = self._terms(views)
         # lightly's rule: only a batch that will be back-propagated enters the bank
         if self.bank is not None and torch.is_grad_enabled() and views[0].requires_grad:
-            keys = _unit(views[1].detach())
+            keys = unit_vectors(views[1].detach())
             if self.gather_distributed:
                 keys = all_gather_with_grad(keys)
             # lightly's pointer: fill to the end of the bank, drop the rest, restart at row 0
@@ -523,10 +503,11 @@ class InfoNCELoss(torch.nn.Module):
     def _ratio(self, query, positive_key, negative_keys) -> tuple[torch.Tensor, float]:
         """Per-query ELBO terms (N,) and the constant log N or log(M + 1)."""
         self._check(query, positive_key, negative_keys)
-        z, z2 = _unit(query), _unit(positive_key)
+        z, z2 = unit_vectors(query), unit_vectors(positive_key)
         if negative_keys is None:
             return self.prior.log_ratio(z, z2), math.log(z.shape[0])
-        return _moco_ratio(self.energy, z, z2, _unit(negative_keys)), math.log(negative_keys.shape[0] + 1)
+        negatives = unit_vectors(negative_keys)
+        return _moco_ratio(self.energy, z, z2, negatives), math.log(negatives.shape[0] + 1)
 
     def rpm_prior(self, negative_keys: torch.Tensor | None = None):
         r"""The prior whose ELBO :meth:`elbo` returns: :class:`~rpm.priors.ImplicitPrior` (no
