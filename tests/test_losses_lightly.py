@@ -317,3 +317,64 @@ def test_bad_inputs():
         NTXentLoss(memory_bank_size=(8, 3))(torch.randn(4, 5), torch.randn(4, 5))
     with pytest.raises(TypeError, match="memory_bank_size"):
         NTXentLoss(memory_bank_size=2.5)
+
+
+def _pooled_cosine_rpm_loss(out0, out1, tau):
+    """-ELBO of rpm.RPM with Delta encoders and PooledImplicitPrior(CosineEnergy(1/tau)), through
+    RPMELBO's differentiable loss (the Pyro program's value)."""
+    import pyro
+
+    import rpm
+    from rpm.priors import CosineEnergy, PooledImplicitPrior
+
+    pyro.clear_param_store()
+    model = rpm.RPM(rpm.DeltaRecognition(torch.nn.Identity()),
+                    PooledImplicitPrior(CosineEnergy(kappa=1.0 / tau)).to(out0.dtype))
+    return rpm.RPMELBO().differentiable_loss(model.model, model.guide, out0, out1)
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 2e-5), (torch.float64, 1e-12)])
+@pytest.mark.parametrize("scale", [1e-25, 1.0, 1e25])
+def test_scaled_outputs_give_the_unscaled_nt_xent_through_the_loss_and_the_prior(
+        dtype, tolerance, scale):
+    """The cosine energy is invariant to the scale of the outputs, through NTXentLoss and through
+    rpm.RPM + PooledImplicitPrior(CosineEnergy) alike: outputs scaled by 1e-25 or 1e25 give the
+    float64 loop's NT-Xent of the unscaled ones, the two agree by loss = -ELBO/N + log(2N - 1),
+    and the gradients are finite and scale as 1/c (L(c z) = L(z))."""
+    n, tau = 6, 0.5
+    generator = torch.Generator().manual_seed(23)
+    out0, out1 = torch.randn(2, n, 4, generator=generator, dtype=torch.float64)
+    expected = _ntxent_loop(out0, out1, tau)
+    inputs = [(v * scale).to(dtype).requires_grad_(True) for v in (out0, out1)]
+
+    loss = NTXentLoss(tau)(*inputs)
+    assert float(loss.detach()) == pytest.approx(expected, abs=tolerance)
+    rpm_loss = _pooled_cosine_rpm_loss(*inputs, tau)
+    assert float(rpm_loss.detach() / n + math.log(2 * n - 1)) == pytest.approx(expected, abs=tolerance)
+
+    unscaled = [v.clone().requires_grad_(True) for v in (out0, out1)]
+    reference = torch.autograd.grad(_simclr_cross_entropy(*unscaled, tau), unscaled)
+    for value in (loss, rpm_loss / n):
+        grads = torch.autograd.grad(value, inputs)
+        for grad, ref in zip(grads, reference, strict=True):
+            assert bool(torch.isfinite(grad).all())
+            torch.testing.assert_close(grad.double() * scale, ref, atol=10 * tolerance, rtol=0)
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 2e-5), (torch.float64, 1e-12)])
+def test_a_row_of_zeros_through_the_prior_is_the_losss_finite_value(dtype, tolerance):
+    """A row of zeros is the zero vector in rpm.RPM + PooledImplicitPrior(CosineEnergy) as in
+    NTXentLoss (F.normalize's rule): under Pyro's validation the ELBO is finite, equal by the
+    NT-Xent identity to the float64 loop's value, and so are its gradients."""
+    n, tau = 4, 0.5
+    generator = torch.Generator().manual_seed(29)
+    out0, out1 = torch.randn(2, n, 3, generator=generator, dtype=torch.float64)
+    out0[1] = 0.0
+    out1[2] = 0.0
+    expected = _ntxent_loop_zero_rows(out0, out1, tau)
+    inputs = [v.to(dtype).requires_grad_(True) for v in (out0, out1)]
+    rpm_loss = _pooled_cosine_rpm_loss(*inputs, tau)
+    assert float(rpm_loss.detach() / n + math.log(2 * n - 1)) == pytest.approx(expected, abs=tolerance)
+    assert float(NTXentLoss(tau)(*inputs).detach()) == pytest.approx(expected, abs=tolerance)
+    grads = torch.autograd.grad(rpm_loss, inputs)
+    assert all(bool(torch.isfinite(grad).all()) for grad in grads)
