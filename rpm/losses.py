@@ -63,7 +63,7 @@ class ScaledCosineEnergy(CosineEnergy):
     :math:`f(u, v) = \kappa\, \hat u^\top \hat v` whose concentration is the logit scale
     :math:`\kappa = s = 1/\tau`, fixed or learned as CLIP learns it. Everything but the
     parametrisation of :math:`\kappa` is :class:`~rpm.priors.CosineEnergy`'s: the same
-    normalisation (:func:`~rpm.priors.energies.unit_vectors`), the same matrix, factors and bound.
+    normalisation (``rpm.priors.energies.unit_vectors``), the same matrix, factors and bound.
 
     **Learned** (``learn=True``), as CLIP (Radford et al. 2021, section 2.5): the scale is
     parametrised by its logarithm, :math:`s = \exp(\min(\theta, \log 100))`, :math:`\theta`

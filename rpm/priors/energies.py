@@ -65,7 +65,7 @@ def unit_vectors(z: torch.Tensor) -> torch.Tensor:
     It is invariant to the scale of a row, :math:`\widehat{c z} = \hat z` for every
     :math:`c > 0` whose :math:`c z` the dtype holds, up to the rounding of the dtype, and a row
     of zeros gives the zero vector with a finite gradient (``F.normalize``'s and lightly's
-    convention: the row is divided by :data:`ZERO_ROW_EPS`, so its cosine with every row is 0).
+    convention: the row is divided by ``ZERO_ROW_EPS``, so its cosine with every row is 0).
     ``F.normalize`` itself divides by :math:`\max(\lVert z \rVert, \epsilon)` with the
     squares taken in the latents' dtype, so in float32 a norm above ~1.8e19 overflows (every
     :math:`\hat z` becomes 0) and one below :math:`\epsilon = 10^{-12}` is not normalised.
@@ -173,7 +173,7 @@ class CosineEnergy(Energy):
         r""":math:`\kappa \max(1, 1/R)` for :math:`R > 0`, :math:`\kappa \max(1, 1/\epsilon)` at
         :math:`R = 0`: :math:`|f| \le \kappa` at any norm, its gradient
         :math:`\lVert \nabla_z f \rVert \le \kappa / R`, and a row of zeros is divided by
-        :math:`\epsilon` (:data:`ZERO_ROW_EPS`, :func:`unit_vectors`)
+        :math:`\epsilon` (``ZERO_ROW_EPS``, ``unit_vectors``)
         (:meth:`~rpm.priors.base.Energy.logit_bound`)."""
         kappa = self.kappa.detach().double()
         radius = radius.masked_fill(radius == 0, ZERO_ROW_EPS)
