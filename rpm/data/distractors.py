@@ -80,13 +80,13 @@ def render_moving_distractors(centre: torch.Tensor, phase: torch.Tensor,
                               width: torch.Tensor, image_size: int) -> torch.Tensor:
     r""":math:`b_t` of the module docstring for the given states.
 
-    :param torch.Tensor centre: (*B, 2), (column, row) pixels.
-    :param torch.Tensor phase: (*B,).
-    :param torch.Tensor orientation: (*B,).
-    :param torch.Tensor period: (*B,), pixels.
-    :param torch.Tensor width: (*B,), pixels.
+    :param torch.Tensor centre: ``(*B, 2)``, (column, row) pixels.
+    :param torch.Tensor phase: ``(*B,)``.
+    :param torch.Tensor orientation: ``(*B,)``.
+    :param torch.Tensor period: ``(*B,)``, pixels.
+    :param torch.Tensor width: ``(*B,)``, pixels.
     :param int image_size: S.
-    :return: (*B, S, S), float32, in [0, 0.8].
+    :return: ``(*B, S, S)``, float32, in [0, 0.8].
     """
     centres = torch.arange(image_size, dtype=torch.float64) + 0.5
     x, y = centres[None, :], centres[:, None]  # column (1, S), row (S, 1)
