@@ -21,7 +21,7 @@ at distance d from the bob's centre (radius 0.11 S) or from the rod (half-width 
 intensity :math:`\operatorname{clip}(r + 1/2 - d, 0, 1)`, the larger of the two. Every pixel
 then gets independent Gaussian noise of standard deviation ``noise`` (0.05), not clipped.
 
-**Distractors** (``distractors=True``): a procedurally generated textured background behind
+**Distractors** (``distractors="iid"``, or ``True``): a procedurally generated textured background behind
 the pendulum that changes at every frame. Each frame gets ``num_gratings`` sinusoidal gratings
 (random orientation, spatial period between 4 and 12 pixels, random phase) and ``num_blobs``
 Gaussian blobs (random width and position, wrapping around the frame), drawn afresh; their sum
@@ -32,7 +32,9 @@ between frames. They are drawn independently at every frame on purpose: a backgr
 moved predictably (a drifting grating is a rotation of its phase, a constant texture a
 constant) would be a second dynamical system in the video, which a temporal objective (the
 RPM's as RP-GSSM's) is entitled to model; these distractors are clutter that says nothing
-about the next frame.
+about the next frame. ``distractors="moving"`` draws that second dynamical system instead: a
+grating that drifts and rotates and a blob that drifts, with per-video speeds
+(:mod:`rpm.data.distractors`), composited by the same rule.
 
 References:
     M. Hromadka et al., "Recognition-parametrised Gaussian state-space models" (RP-GSSM), 2025.
@@ -48,10 +50,13 @@ from typing import NamedTuple
 import torch
 
 from rpm._validation import check_int, check_positive, check_positive_int
+from rpm.data.distractors import MovingDistractors, moving_distractors
 
-__all__ = ["PendulumVideos", "pendulum_background", "render_pendulum", "simulate_pendulum",
+__all__ = ["DISTRACTORS", "PendulumVideos", "pendulum_background", "render_pendulum", "simulate_pendulum",
            "generate_pendulum"]
 
+#: The kinds of ``distractors``: none, clutter redrawn at every frame, a moving texture.
+DISTRACTORS = ("none", "iid", "moving")
 #: :math:`g / l` in s^-2.
 GRAVITY_OVER_LENGTH = 9.81
 
@@ -62,11 +67,14 @@ class PendulumVideos(NamedTuple):
     :ivar torch.Tensor frames: (N, T, 1, S, S).
     :ivar torch.Tensor angle: :math:`\theta_t`, (N, T), float64.
     :ivar torch.Tensor velocity: :math:`\omega_t`, (N, T), float64.
+    :ivar distractor: the moving distractors and their states (``distractors="moving"``), else
+        None.
     """
 
     frames: torch.Tensor
     angle: torch.Tensor
     velocity: torch.Tensor
+    distractor: MovingDistractors | None = None
 
     @property
     def states(self) -> torch.Tensor:
@@ -167,7 +175,7 @@ def pendulum_background(num_sequences: int, num_steps: int, image_size: int,
 
 
 def generate_pendulum(num_sequences: int, num_steps: int = 100, image_size: int = 28,
-                      noise: float = 0.05, distractors: bool = False, dt: float = 0.1,
+                      noise: float = 0.05, distractors: bool | str = False, dt: float = 0.1,
                       seed: int = 0, dtype: torch.dtype = torch.float32) -> PendulumVideos:
     """``num_sequences`` pendulum videos (module docstring), reproducible from ``seed``.
 
@@ -175,13 +183,18 @@ def generate_pendulum(num_sequences: int, num_steps: int = 100, image_size: int 
     :param int num_steps: T, frames per video.
     :param int image_size: S.
     :param float noise: standard deviation of the pixel noise, >= 0.
-    :param bool distractors: draw the pendulum over moving textured backgrounds.
+    :param distractors: the background (module docstring): ``"none"`` (or False), ``"iid"``
+        (or True: redrawn at every frame) or ``"moving"`` (:mod:`rpm.data.distractors`).
     :param float dt: seconds between frames.
     :param int seed: the seed of the initial states, backgrounds and noise.
     :param torch.dtype dtype: of the frames (computed in float32).
     """
     check_positive_int("num_sequences", num_sequences)
     check_int("image_size", image_size, minimum=8)
+    kind = {False: "none", True: "iid"}.get(distractors, distractors)
+    if kind not in DISTRACTORS:
+        raise ValueError(f"distractors must be one of {', '.join(DISTRACTORS)} (or a bool), "
+                         f"got {distractors!r}")
     if not 0.0 <= noise < float("inf"):
         raise ValueError(f"noise must be a finite standard deviation >= 0, got {noise!r}")
     generator = torch.Generator().manual_seed(seed)
@@ -189,8 +202,12 @@ def generate_pendulum(num_sequences: int, num_steps: int = 100, image_size: int 
     velocity0 = (2 * torch.rand(num_sequences, generator=generator, dtype=torch.float64) - 1) * 2.0
     angle, velocity = simulate_pendulum(angle0, velocity0, num_steps, dt)
     frames = render_pendulum(angle, image_size)  # (N, T, S, S)
-    if distractors:
+    moving = None
+    if kind == "iid":
         background = pendulum_background(num_sequences, num_steps, image_size, generator)
         frames = frames + (1 - frames) * background
+    elif kind == "moving":
+        moving = moving_distractors(num_sequences, num_steps, image_size, generator)
+        frames = frames + (1 - frames) * moving.images
     frames = frames + noise * torch.randn(frames.shape, generator=generator)
-    return PendulumVideos(frames.unsqueeze(2).to(dtype), angle, velocity)
+    return PendulumVideos(frames.unsqueeze(2).to(dtype), angle, velocity, moving)

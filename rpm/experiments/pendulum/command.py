@@ -4,8 +4,10 @@ generated here: :mod:`rpm.data.pendulum`).
 
 The data: ``--sequences`` (200) training and ``--test-sequences`` (50) held-out videos of
 ``--length`` (100) frames of ``--image-size`` (28) pixels, the frictionless pendulum started at a
-random angle and velocity, pixel noise ``--noise`` (0.05); ``--distractors`` draws it over
-procedurally generated moving gratings and blobs (no image data set).
+random angle and velocity, pixel noise ``--noise`` (0.05); ``--distractors`` (or
+``--distractors iid``) draws it over procedurally generated gratings and blobs redrawn at every
+frame, ``--distractors moving`` over a grating that drifts and rotates and a blob that drifts,
+with per-video speeds (:mod:`rpm.data.distractors`; no image data set).
 
 The model: a convolutional Gaussian encoder (``--encoder``: ``keypoints``, the spatial
 soft-argmax of ``--keypoints`` maps, :class:`~rpm.experiments.pendulum.model.GaussianKeypointEncoder`,
@@ -39,6 +41,10 @@ Results (:mod:`rpm.experiments.lds.evaluate`), in ``results.json``:
 * ``missing_frames`` (``--eval-drop-frames`` p > 0, 0.25 by default): the one-step forecast
   and imputation errors with each held-out frame dropped with probability p, against the same
   read-outs with every frame seen (:mod:`rpm.experiments.pendulum.missing_frames`);
+* ``distractor_r2`` (``--distractors moving``; and ``distractor_r2_per_coordinate``): the
+  held-out linear :math:`R^2` of the distractor's own state (its angles on circles,
+  :attr:`~rpm.data.distractors.MovingDistractors.states`) from the same smoothed latents, read
+  out as ``r2``: how much of the second dynamical system the latents carry;
 * the learned A's eigenvalues, the untrained model's scores, the history;
 
 ``pendulum.png`` shows held-out frames and the state read out from the smoothed latents,
@@ -85,6 +91,12 @@ MODEL = "rpm"
 #: The encoders of ``--encoder`` (:data:`rpm.experiments.pendulum.model.ENCODERS`; spelled out
 #: here so that ``python -m rpm --help`` imports no torch).
 ENCODERS = ("keypoints", "flat")
+#: The kinds of ``--distractors`` (:data:`rpm.data.pendulum.DISTRACTORS`, spelled out here so
+#: that ``python -m rpm --help`` imports no torch); the bare flag means ``iid``.
+DISTRACTORS = ("none", "iid", "moving")
+#: Names of the coordinates of the distractor's state read out (``--distractors moving``).
+DISTRACTOR_NAMES = ("cos_column", "cos_row", "cos_phase", "cos_orientation",
+                    "sin_column", "sin_row", "sin_phase", "sin_orientation")
 #: Names of the coordinates of the state read out.
 STATE_NAMES = ("sin_theta", "cos_theta", "omega")
 
@@ -109,8 +121,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                       help="train on the arrays of this NumPy archive (numpy.savez) instead of "
                       "generated videos; --distractors, --sequences, --test-sequences, "
                       "--length, --image-size and --noise then do not apply")
-    data.add_argument("--distractors", action="store_true",
-                      help="draw the pendulum over moving procedural textures")
+    data.add_argument("--distractors", nargs="?", choices=DISTRACTORS, const="iid",
+                      default="none",
+                      help="the background: none; iid, procedural textures redrawn at every "
+                      "frame (the bare flag); moving, a grating that drifts and rotates and a "
+                      "blob that drifts, with per-video speeds (default: none)")
     data.add_argument("--sequences", type=positive_int, default=200,
                       help="training videos (default: 200)")
     data.add_argument("--test-sequences", type=positive_int, default=50,
@@ -199,13 +214,14 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
     from rpm.data.pendulum import generate_pendulum
     from rpm.experiments.common import derived_seed
     from rpm.experiments.figures import plot_training
-    from rpm.experiments.lds.evaluate import decoded_states
+    from rpm.experiments.lds.evaluate import decoded_states, heldout_r2
     from rpm.experiments.pendulum.fitting import check_arrays, load_data, train_and_score
     from rpm.experiments.pendulum.plots import plot_pendulum
 
     out = run.path
     if args.resume:
         check_models_resumable(out, [MODEL])
+    distractor = None
     if args.data is not None:
         data = load_data(args.data, args.window, args.latent_dim)
         name, names = f"pendulum {args.data}", None
@@ -213,9 +229,12 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
         videos = generate_pendulum(args.sequences + args.test_sequences, args.length,
                                    args.image_size, args.noise, args.distractors,
                                    seed=derived_seed(args.seed, "data"))
+        distractor = videos.distractor
         held_out = np.arange(args.sequences + args.test_sequences) >= args.sequences
         data = check_arrays(videos.frames, videos.states, held_out, args.window, args.latent_dim)
-        name = "pendulum" + (" with distractors" if args.distractors else "")
+        kind = {False: "none", True: "iid"}.get(args.distractors, args.distractors)  # old runs
+        name = "pendulum" + {"none": "", "iid": " with distractors",
+                             "moving": " with moving distractors"}[kind]
         names = STATE_NAMES
     fit = train_and_score(data, args, out / MODEL, device, names, description=name)
     scores, untrained, inference = fit.scores, fit.untrained, fit.inference
@@ -237,6 +256,11 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
     plot_training(out / "training.png", {name: fit.history},
                   baselines=None if untrained is None else {name: untrained["r2"]},
                   baseline_label="untrained", loss_label="negative ELBO / frame")
+    if distractor is not None and skipped is None:
+        per_coordinate = heldout_r2(distractor.states, inference.smoothed.cpu(), num_train)
+        scores["distractor_r2"] = per_coordinate.mean().item()
+        scores["distractor_r2_per_coordinate"] = dict(zip(DISTRACTOR_NAMES,
+                                                          per_coordinate.tolist(), strict=True))
     learned = torch.linalg.eigvals(inference.transition_matrix)
     missing = scores.pop("missing_frames", None)
     evaluations = fit.history["evaluations"]
@@ -252,7 +276,7 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
         "eigenvalues": [[v.real, v.imag] for v in learned.tolist()],
         "untrained": untrained,
         **({"missing_frames": missing} if missing else {}),
-        "floors": {"r2": 0.93},
+        "floors": {"r2": 0.90 if distractor is not None else 0.93},
         "steps": args.steps,
         "train_seconds": evaluations[-1]["wall_time"],
         "history": fit.history,
@@ -269,6 +293,9 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
               f"{scores['knn_r2']:.4f}); forecast RMSE 1/10 steps {forecasts['1']:.3f}/"
               f"{forecasts['10']:.3f}, VAR on the means {var['1']:.3f}/{var['10']:.3f}, the mean "
               f"{scores['forecast_baseline']:.3f}")
+        if "distractor_r2" in scores:
+            print(f"the distractor's state from the same latents: held-out R^2 "
+                  f"{scores['distractor_r2']:.4f}")
     if missing:
         print(f"{missing['dropped_frames']} held-out frames dropped: one-step forecast RMSE "
               f"{missing['forecast_error']:.3f} (all frames seen "

@@ -63,13 +63,35 @@ def test_end_to_end_run_with_distractors_writes_results_and_resumes(tmp_path, ca
         assert key in results
     assert set(results["r2_per_coordinate"]) == {"sin_theta", "cos_theta", "omega"}
     assert set(results["forecast_error"]) == set(results["var_forecast_error"]) == {"1", "10"}
-    assert results["config"]["distractors"] is True
+    assert results["config"]["distractors"] == "iid"  # the bare flag
+    assert "distractor_r2" not in results  # only moving distractors have a state to read out
     assert len(results["eigenvalues"]) == 5  # H = --state-dim
     assert (out / "pendulum.png").stat().st_size > 0 and (out / "training.png").stat().st_size > 0
     capsys.readouterr()
     assert main(["pendulum", "--resume", "--out", str(out), "--no-progress"]) == 0
     assert "finished earlier (4/4 steps), reloaded" in capsys.readouterr().out
     assert json.loads((out / "results.json").read_text())["r2"] == results["r2"]
+
+
+def test_moving_distractors_run_at_toy_size_and_read_out_their_own_state(tmp_path):
+    argv = ["--distractors", "moving", "--steps", "2", "--sequences", "5", "--test-sequences",
+            "2", "--length", "12", "--image-size", "12", "--batch-size", "2", "--window", "5",
+            "--channels", "4", "--hidden", "8", "--eval-every", "2", "--checkpoint-every", "0",
+            "--latent-dim", "2", "--state-dim", "4", "--encoder", "flat",
+            "--eval-drop-frames", "0"]
+    assert _run(tmp_path, *argv) == 0
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["config"]["distractors"] == "moving"
+    assert set(results["r2_per_coordinate"]) == {"sin_theta", "cos_theta", "omega"}
+    per_coordinate = results["distractor_r2_per_coordinate"]
+    assert len(per_coordinate) == 8 and results["distractor_r2"] == pytest.approx(
+        sum(per_coordinate.values()) / 8)
+    assert results["floors"] == {"r2": 0.90}
+
+
+def test_an_unknown_kind_of_distractors_exits_2(tmp_path, capsys):
+    assert _run(tmp_path, "--distractors", "waving") == 2
+    assert "invalid choice: 'waving'" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- keypoint encoder
