@@ -37,20 +37,23 @@ def _latent_dtype(q: TorchDistribution | None, parameter: torch.Tensor) -> torch
 
 class _RandomWalkPrior(Prior):
     r"""Base of the random walks :math:`P(z) = \mathcal{N}(0, s^2 I)`,
-    :math:`P(z'|z) = \prod_d p(z'_d - z_d)` with s learned: a subclass declares the step's
-    parameters and implements :meth:`step_distribution`, the law of each coordinate of
-    :math:`z'` given z. No analytic cancellation (:meth:`~rpm.priors.base.Prior.log_ratio` is
-    None): the ELBO traces it. As a sequence prior, ``MarkovPrior(prior)`` is the walk along the
-    T views, :math:`P(z_{1:T}) = P(z_1) \prod_t P(z_{t+1}|z_t)`.
+    :math:`P(z'|z) = \prod_d p(z'_d - z_d)` with s and the step's scale learned: a subclass
+    declares any further parameter of the step (a shape) and implements
+    :meth:`step_distribution`, the law of each coordinate of :math:`z'` given z. No analytic
+    cancellation (:meth:`~rpm.priors.base.Prior.log_ratio` is None): the ELBO traces it. As a
+    sequence prior, ``MarkovPrior(prior)`` is the walk along the T views,
+    :math:`P(z_{1:T}) = P(z_1) \prod_t P(z_{t+1}|z_t)`.
 
     :param int dim: latent dimension D.
     :param float scale: initial s > 0 (float64 until cast to the latents' dtype).
+    :param float step: initial scale of the step > 0 (likewise), the parameter ``step``.
     """
 
-    def __init__(self, dim: int, scale: float = 1.0):
+    def __init__(self, dim: int, scale: float = 1.0, step: float = 0.1):
         super().__init__()
         self.dim = check_positive_int("dim", dim)
         self.scale = PyroParam(positive_hyperparameter("scale", scale), constraints.positive)
+        self.step = PyroParam(positive_hyperparameter("step", step), constraints.positive)
 
     def step_distribution(self, loc: torch.Tensor) -> TorchDistribution:
         r"""The distribution of :math:`z'` given :math:`z` = ``loc``, per coordinate: batch_shape
@@ -85,10 +88,6 @@ class GaussianRandomWalkPrior(_RandomWalkPrior):
     :param float step: initial l > 0 (likewise).
     """
 
-    def __init__(self, dim: int, scale: float = 1.0, step: float = 0.1):
-        super().__init__(dim, scale)
-        self.step = PyroParam(positive_hyperparameter("step", step), constraints.positive)
-
     def step_distribution(self, loc):
         return Normal(loc, self.step.to(loc.dtype))
 
@@ -109,10 +108,6 @@ class LaplaceRandomWalkPrior(_RandomWalkPrior):
     :param float scale: initial s > 0 (float64 until cast to the latents' dtype).
     :param float step: initial b > 0 (likewise).
     """
-
-    def __init__(self, dim: int, scale: float = 1.0, step: float = 0.1):
-        super().__init__(dim, scale)
-        self.step = PyroParam(positive_hyperparameter("step", step), constraints.positive)
 
     def step_distribution(self, loc):
         return Laplace(loc, self.step.to(loc.dtype))
@@ -140,8 +135,7 @@ class GeneralizedNormalRandomWalkPrior(_RandomWalkPrior):
 
     def __init__(self, dim: int, scale: float = 1.0, step: float = 0.1, shape: float = 1.0,
                  learn_shape: bool = True):
-        super().__init__(dim, scale)
-        self.step = PyroParam(positive_hyperparameter("step", step), constraints.positive)
+        super().__init__(dim, scale, step)
         shape = positive_hyperparameter("shape", shape)
         if learn_shape:
             self.shape = PyroParam(shape, constraints.positive)
