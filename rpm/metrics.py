@@ -60,6 +60,16 @@ def _as_float64(name: str, x: object) -> torch.Tensor:
     return x
 
 
+def _num_train(n_samples: int, train_fraction: float, num_train: int | None) -> int:
+    """The training split of a read-out: ``num_train`` if given (an int), else
+    ``round(train_fraction * n_samples)`` with ``train_fraction`` in (0, 1)."""
+    if num_train is not None:
+        return check_int("num_train", num_train)
+    if not 0.0 < train_fraction < 1.0:
+        raise ValueError(f"train_fraction must lie in (0, 1), got {train_fraction!r}")
+    return int(round(train_fraction * n_samples))
+
+
 def _check_pair(z_true: object, z_hat: object) -> tuple[torch.Tensor, torch.Tensor]:
     zt, zh = _as_float64("z_true", z_true), _as_float64("z_hat", z_hat)
     if zt.shape[0] != zh.shape[0]:
@@ -85,12 +95,7 @@ def r2_per_dimension(z_true: torch.Tensor, z_hat: torch.Tensor, train_fraction: 
     """
     zt, zh = _check_pair(z_true, z_hat)
     n_samples, m = zh.shape
-    if num_train is None:
-        if not 0.0 < train_fraction < 1.0:
-            raise ValueError(f"train_fraction must lie in (0, 1), got {train_fraction!r}")
-        num_train = int(round(train_fraction * n_samples))
-    else:
-        num_train = check_int("num_train", num_train)
+    num_train = _num_train(n_samples, train_fraction, num_train)
     if num_train < m + 2 or n_samples - num_train < 2:
         raise ValueError(f"too few samples for an affine fit of {m} regressors: need at least "
                          f"{m + 2} training and 2 test samples, got {num_train} and "
@@ -217,12 +222,7 @@ def block_r2(z_block: torch.Tensor, z_hat: torch.Tensor, nonlinear: bool = False
 
     zt, zh = _check_pair(z_block, z_hat)
     n_samples = zt.shape[0]
-    if num_train is None:
-        if not 0.0 < train_fraction < 1.0:
-            raise ValueError(f"train_fraction must lie in (0, 1), got {train_fraction!r}")
-        num_train = int(round(train_fraction * n_samples))
-    else:
-        num_train = check_int("num_train", num_train)
+    num_train = _num_train(n_samples, train_fraction, num_train)
     folds = check_int("folds", folds, minimum=2)
     for name, grid in (("alphas", alphas), ("gammas", gammas)):
         if len(grid) == 0 or not all(float(v) > 0 and math.isfinite(float(v)) for v in grid):
