@@ -1,13 +1,20 @@
 r"""Numerical kernels of the package, apart from the distributions that use them (as
-:mod:`pyro.ops`): the minibatch-mixture log-density, dense and streamed in blocks (for any
-other family of recognition distributions, in row blocks over its ``log_prob``), the streamed
-log-sum-exp of a matrix product and the underflow-safe dense one, weighted squared distances,
-powers of Lp distances in blocks, and the Kalman filter, smoother and backward sampler of
-linear-Gaussian state-space models (square-root recursions, associative scans over time for
-long sequences: :mod:`rpm.ops.kalman_scan`, or the window's dense joint Gaussian for short
-ones: :mod:`rpm.ops.kalman_dense`), with masks over frames."""
+:mod:`pyro.ops`): the minibatch-mixture log-density, dense, streamed in blocks and fused in
+Triton kernels on CUDA (for any other family of recognition distributions, in row blocks over
+its ``log_prob``), the streamed log-sum-exp of a matrix product and the underflow-safe dense
+one, weighted squared distances, powers of Lp distances in blocks, and the Kalman filter,
+smoother and backward sampler of linear-Gaussian state-space models (square-root recursions,
+associative scans over time for long sequences: :mod:`rpm.ops.kalman_scan`, or the window's
+dense joint Gaussian for short ones: :mod:`rpm.ops.kalman_dense`), with masks over frames."""
 
-from rpm.ops.dispatch import default_block_size, ieee_float32_matmul, use_streaming
+from rpm.ops.dispatch import (
+    default_block_size,
+    fused_mixture_kernel,
+    ieee_float32_matmul,
+    triton_available,
+    use_fused_mixture,
+    use_streaming,
+)
 from rpm.ops.distances import (
     expansion_rounding_bound,
     squared_distance_factors,
@@ -17,7 +24,11 @@ from rpm.ops.distribution_mixture import (
     distribution_mixture_block_rows,
     distribution_mixture_log_prob,
 )
-from rpm.ops.gaussian_mixture import dense_gaussian_mixture_log_prob, gaussian_mixture_log_prob
+from rpm.ops.gaussian_mixture import (
+    dense_gaussian_mixture_log_prob,
+    fused_gaussian_mixture_log_prob,
+    gaussian_mixture_log_prob,
+)
 from rpm.ops.kalman import (
     backward_sample,
     kalman_filter,
@@ -45,6 +56,8 @@ __all__ = [
     "distribution_mixture_log_prob",
     "exp_floor",
     "expansion_rounding_bound",
+    "fused_gaussian_mixture_log_prob",
+    "fused_mixture_kernel",
     "gaussian_mixture_log_prob",
     "ieee_float32_matmul",
     "kalman_filter",
@@ -59,5 +72,7 @@ __all__ = [
     "squared_distances",
     "streaming_gaussian_mixture_log_prob",
     "streaming_matmul_logsumexp",
+    "triton_available",
+    "use_fused_mixture",
     "use_streaming",
 ]

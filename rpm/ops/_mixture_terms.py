@@ -106,6 +106,11 @@ def check_mixture_arguments(
             f"scale must have the shape of loc {tuple(loc.shape)}, got {tuple(scale.shape)}; "
             "use scale.expand_as(loc) for a shared scale"
         )
+    if not (z.device == loc.device == scale.device):
+        raise ValueError(
+            f"z, loc and scale must be on one device, got {z.device}, {loc.device}, "
+            f"{scale.device}; move them with .to(device)"
+        )
     if not (z.dtype == loc.dtype == scale.dtype):
         raise ValueError(
             f"z, loc and scale must share a dtype, got {z.dtype}, {loc.dtype}, {scale.dtype}"

@@ -1,6 +1,11 @@
-r"""The dispatch policy of the kernels of :mod:`rpm.ops`: when a matrix of pairwise terms is
-streamed in blocks instead of stored, how big the blocks are, and full-precision float32
-matrix products.
+r"""The dispatch policy of the kernels of :mod:`rpm.ops`: when the mixture marginal runs in the
+fused Triton kernel, when a matrix of pairwise terms is streamed in blocks instead of stored,
+how big the blocks are, and full-precision float32 matrix products.
+
+The fused kernel (:func:`~rpm.ops.fused_gaussian_mixture_log_prob`) serves the mixture
+marginal of float32 CUDA inputs whenever Triton is importable, at every size: it never stores
+the M x N matrix and computes each pair in the difference form.
+:func:`fused_mixture_kernel` switches it off (to compare it with the other paths).
 
 One rule serves the mixture marginal (:func:`~rpm.ops.gaussian_mixture_log_prob`) and the
 InfoNCE normaliser of the implicit prior (:func:`~rpm.ops.streaming_matmul_logsumexp`): an
@@ -13,6 +18,8 @@ in ``benchmarks/marginal.py``); on CUDA the dense kernels win until memory matte
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 from collections.abc import Iterator
 
 import torch
@@ -21,7 +28,10 @@ __all__ = [
     "RECOMPUTE_MIN_PAIRS",
     "STREAMING_MIN_PAIRS",
     "default_block_size",
+    "fused_mixture_kernel",
     "ieee_float32_matmul",
+    "triton_available",
+    "use_fused_mixture",
     "use_streaming",
 ]
 
@@ -39,6 +49,41 @@ RECOMPUTE_MIN_PAIRS = 1 << 22
 _OTHER_MIN_PAIRS = 1 << 22
 # Default block edge per device type: a block of the streamed matrix is block_size^2 elements.
 _DEFAULT_BLOCK_SIZE = {"cpu": 1024, "cuda": 4096}
+# Whether the fused mixture kernel may be used (switched by fused_mixture_kernel).
+_FUSED_MIXTURE = {"enabled": True}
+
+
+@functools.cache
+def triton_available() -> bool:
+    """Whether Triton is installed (found without importing it)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def use_fused_mixture(z: torch.Tensor) -> bool:
+    """Whether the mixture marginal of these points runs in the fused Triton kernel: float32 on
+    CUDA, Triton installed, and not switched off by :func:`fused_mixture_kernel`.
+
+    :param torch.Tensor z: the points (their device and dtype are those of the whole call).
+    :return: True for the fused kernel.
+    """
+    return (_FUSED_MIXTURE["enabled"] and z.device.type == "cuda" and z.dtype == torch.float32
+            and triton_available())
+
+
+@contextlib.contextmanager
+def fused_mixture_kernel(enabled: bool) -> Iterator[None]:
+    """Context manager that allows (``True``) or forbids (``False``) the fused mixture kernel
+    in :func:`~rpm.ops.gaussian_mixture_log_prob` (restored on exit); forbidden, the dense and
+    streamed paths serve every device as on a machine without Triton.
+
+    :param bool enabled: whether the fused kernel may be used inside the block.
+    """
+    before = _FUSED_MIXTURE["enabled"]
+    _FUSED_MIXTURE["enabled"] = bool(enabled)
+    try:
+        yield
+    finally:
+        _FUSED_MIXTURE["enabled"] = before
 
 
 def use_streaming(

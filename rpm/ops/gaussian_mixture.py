@@ -20,20 +20,75 @@ an M x N x D broadcast:
 centred on anchors (the mean location, plus one per far cluster of components), with the pairs
 whose float32 expansion would cancel recomputed in the difference form: the rule of
 ``rpm.ops._mixture_terms``, shared with the streamed kernel.
+
+On CUDA with Triton, the fused kernel (:func:`fused_gaussian_mixture_log_prob`) computes every
+pair in the difference form :math:`\sum_d w_{nd} (z_{md} - \mu_{nd})^2` instead, in registers,
+block by block, with an online log-sum-exp and a backward pass that recomputes the blocks
+(``rpm.ops._triton_mixture``, imported only when used).
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
 from rpm.ops._mixture_terms import REFINE_MARGIN, MixtureTerms, check_mixture_arguments
-from rpm.ops.dispatch import ieee_float32_matmul, use_streaming
+from rpm.ops.dispatch import (
+    ieee_float32_matmul,
+    triton_available,
+    use_fused_mixture,
+    use_streaming,
+)
 from rpm.ops.logsumexp import safe_logsumexp
 from rpm.ops.streaming import streaming_gaussian_mixture_log_prob
 
 __all__ = ["gaussian_mixture_log_prob"]
+
+
+def fused_gaussian_mixture_log_prob(
+    z: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor, exclude_self: bool = False
+) -> torch.Tensor:
+    r""":func:`gaussian_mixture_log_prob` in fused Triton kernels (CUDA): no M x N matrix in
+    memory, every pair in the difference form.
+
+    .. math::
+
+        \log Q(z_m) = \operatorname{logsumexp}_{n} \Big[ -\tfrac12 \sum_d
+            \frac{(z_{md} - \mu_{nd})^2}{\sigma_{nd}^2} - \sum_d \log \sigma_{nd}
+            - \tfrac{D}{2} \log 2\pi \Big] - \log N
+
+    The forward kernel keeps each row's log-sum-exp online over blocks of components and saves
+    only those; the backward kernels recompute each block's
+    :math:`P_{mn} = e^{L_{mn} - \mathrm{lse}_m}` and reduce over the components (for z) and
+    over the points (for loc and scale). The quadratic form is summed as
+    :math:`\sum_d ((z_{md} - \mu_{nd}) w_{nd}) (z_{md} - \mu_{nd})`, :math:`w = \sigma^{-2}`,
+    which does not cancel however far the points lie from the origin or how small the scales
+    are; :math:`\sum_d \log\sigma_{nd}` is summed in float64. Memory O((M + N) D). Not
+    twice differentiable.
+
+    :param torch.Tensor z: points, shape (M, D), on a CUDA device (CPU tensors only under
+        Triton's interpreter, ``TRITON_INTERPRET=1``).
+    :param torch.Tensor loc: component means, shape (N, D).
+    :param torch.Tensor scale: component standard deviations, shape (N, D), positive.
+    :param bool exclude_self: drop the diagonal pair (m, m); requires M == N and N >= 2.
+    :return: log Q(z_m), shape (M,).
+    :rtype: torch.Tensor
+    """
+    check_mixture_arguments(z, loc, scale, exclude_self)
+    if not triton_available():
+        raise RuntimeError(
+            "fused_gaussian_mixture_log_prob needs Triton (pip install triton, CUDA only); "
+            "use gaussian_mixture_log_prob, which falls back to the dense or streamed path")
+    if z.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            f"fused_gaussian_mixture_log_prob runs on CUDA tensors, got {z.device.type} "
+            "tensors; use gaussian_mixture_log_prob (or set TRITON_INTERPRET=1 to interpret the "
+            "kernels on the CPU, slowly)")
+    from rpm.ops._triton_mixture import FusedGaussianMixture
+
+    return FusedGaussianMixture.apply(z, loc, scale, bool(exclude_self))
 
 
 def dense_gaussian_mixture_log_prob(
@@ -97,12 +152,15 @@ def gaussian_mixture_log_prob(
     ``exclude_self`` the m-th component is left out of the m-th row (a leave-one-out estimate,
     as used when z_m was sampled from component m) and the normaliser is :math:`\log(N - 1)`.
 
-    Computed through matrix products in the dtype of the inputs; float32 stays within 1e-4 of
-    float64 (TF32 off, cancelling pairs recomputed exactly). The dispatch policy
+    Computed in the dtype of the inputs; float32 stays within 1e-4 of float64. Float32 CUDA
+    inputs go to the fused Triton kernel (:func:`fused_gaussian_mixture_log_prob`, O((M + N) D)
+    memory, not twice differentiable) when Triton is installed and no ``block_size`` is given
+    (:func:`~rpm.ops.dispatch.use_fused_mixture`). Otherwise the dispatch policy
     :func:`~rpm.ops.dispatch.use_streaming` chooses between the dense path
     (:func:`dense_gaussian_mixture_log_prob`, twice differentiable, O(M N) memory) and the
     streamed kernel (:func:`~rpm.ops.streaming_gaussian_mixture_log_prob`, O((M + N) D)
-    memory); a ``block_size`` always streams.
+    memory); both go through matrix products (TF32 off, cancelling pairs recomputed exactly). A
+    ``block_size`` always streams.
 
     :param torch.Tensor z: points, shape (M, D).
     :param torch.Tensor loc: component means, shape (N, D).
@@ -114,6 +172,8 @@ def gaussian_mixture_log_prob(
     :rtype: torch.Tensor
     """
     check_mixture_arguments(z, loc, scale, exclude_self)
+    if block_size is None and use_fused_mixture(z):
+        return fused_gaussian_mixture_log_prob(z, loc, scale, exclude_self)
     if use_streaming(z.shape[0], loc.shape[0], z.device, block_size):
         return streaming_gaussian_mixture_log_prob(z, loc, scale, exclude_self, block_size)
     return dense_gaussian_mixture_log_prob(z, loc, scale, exclude_self)

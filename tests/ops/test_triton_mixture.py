@@ -1,0 +1,255 @@
+"""The fused Triton kernel of the mixture marginal (rpm.ops._triton_mixture).
+
+* Under Triton's interpreter (``TRITON_INTERPRET=1`` and Triton installed; skipped otherwise,
+  as in CI): values and the gradients for z, loc and scale against a float64 loop written from
+  the equation, with exclude_self, M != N, sizes that are not multiples of the block, D = 1, 3,
+  16, 130, and tight clusters far from the origin where the expanded quadratic form cancels.
+* On CUDA (``pytest -m cuda``, Triton installed, not interpreted): the same at N up to 8192,
+  the gradients against the streamed kernel, and the dispatch of gaussian_mixture_log_prob.
+* Everywhere: importing rpm never imports the kernels; the fused function's errors.
+"""
+
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from rpm.ops import (
+    fused_gaussian_mixture_log_prob,
+    fused_mixture_kernel,
+    gaussian_mixture_log_prob,
+    ieee_float32_matmul,
+    streaming_gaussian_mixture_log_prob,
+    triton_available,
+    use_fused_mixture,
+)
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _interpreter_works() -> bool:
+    """Triton 3.6's interpreter turns scalar arguments into 1-element arrays, which
+    int() refuses from NumPy 2.3 on (loops over a runtime bound then fail)."""
+    try:
+        int(np.ones(1, dtype=np.int64))
+    except TypeError:
+        return False
+    return True
+
+
+interpreter = pytest.mark.skipif(
+    not (INTERPRETED and triton_available() and _interpreter_works()),
+    reason="needs Triton and TRITON_INTERPRET=1 (with NumPy < 2.3 for Triton 3.6's interpreter)")
+compiled = pytest.mark.skipif(
+    not triton_available() or INTERPRETED, reason="needs Triton compiling for CUDA")
+
+
+def mixture_loop(z, loc, scale, exclude_self=False):
+    """log Q(z_m) = logsumexp_n L_mn - log N (N - 1 without the pair (m, m)), with
+    L_mn = -sum_d log sigma_nd - D/2 log 2 pi - 1/2 sum_d (z_md - mu_nd)^2 / sigma_nd^2,
+    one point at a time."""
+    dim = z.shape[1]
+    log_norm = -scale.log().sum(-1) - 0.5 * dim * math.log(2 * math.pi)  # (N,)
+    rows = []
+    for m in range(z.shape[0]):
+        values = log_norm - 0.5 * ((z[m] - loc) / scale).square().sum(-1)  # (N,)
+        if exclude_self:
+            values = torch.cat([values[:m], values[m + 1:]])
+        rows.append(torch.logsumexp(values, 0))
+    count = loc.shape[0] - 1 if exclude_self else loc.shape[0]
+    return torch.stack(rows) - math.log(count)
+
+
+def values_and_grads(fn, tensors, weights):
+    """fn(*tensors) and the gradients of sum_m weights_m fn_m for every tensor."""
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    values = fn(*leaves)
+    grads = torch.autograd.grad(values, leaves, weights.to(values))
+    return values.detach(), grads
+
+
+def overlapping(num_points, num_comps, dim, generator, device="cpu"):
+    """Points and locations N(0, I), scales U(0.5, 1.5), float64."""
+    options = {"generator": generator, "dtype": torch.float64}
+    z = torch.randn(num_points, dim, **options)
+    loc = torch.randn(num_comps, dim, **options)
+    scale = 0.5 + torch.rand(num_comps, dim, **options)
+    return [t.to(device) for t in (z, loc, scale)]
+
+
+def tight(num, dim, generator, device="cpu"):
+    """Four clusters 1e3 from the origin, locations 1e-3 apart, scales ~1e-3, point m drawn
+    from component m (float64): the expansion z^2 w - 2 z mu w + mu^2 w cancels ~1e12 to 1."""
+    options = {"generator": generator, "dtype": torch.float64}
+    centres = torch.randn(4, dim, **options)
+    centres = 1e3 * centres / centres.norm(dim=1, keepdim=True)
+    loc = centres[torch.arange(num) % 4] + 1e-3 * torch.randn(num, dim, **options)
+    scale = 1e-3 * (0.5 + torch.rand(num, dim, **options))
+    z = loc + scale * torch.randn(num, dim, **options)
+    return [t.to(device) for t in (z, loc, scale)]
+
+
+def assert_matches_loop(inputs, exclude_self, value_tol, grad_tol, dtype=torch.float32):
+    """The fused kernel in ``dtype`` against the float64 loop on the same (rounded) inputs:
+    largest absolute value error and largest gradient error relative to the gradient's
+    largest entry."""
+    inputs = [t.to(dtype).double() for t in inputs]
+    weights = torch.randn(inputs[0].shape[0], generator=torch.Generator().manual_seed(7),
+                          dtype=torch.float64).to(inputs[0].device)
+    want, want_grads = values_and_grads(
+        lambda *t: mixture_loop(*t, exclude_self), inputs, weights)
+    got, got_grads = values_and_grads(
+        lambda *t: fused_gaussian_mixture_log_prob(*t, exclude_self),
+        [t.to(dtype) for t in inputs], weights)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert (got.double() - want).abs().max().item() < value_tol
+    for name, g, w in zip(("z", "loc", "scale"), got_grads, want_grads, strict=True):
+        error = ((g.double() - w).abs().max() / w.abs().max()).item()
+        assert error < grad_tol, (name, error)
+
+
+# ----------------------------------------------------------------------------- interpreter
+@interpreter
+@pytest.mark.parametrize(("num_points", "num_comps", "dim", "exclude_self"), [
+    (70, 70, 1, True),  # two row and column blocks, the second one 6 wide
+    (33, 150, 3, False),  # M != N, three column blocks over two splits
+    (100, 45, 16, False),  # M > N, one column block
+    (70, 70, 130, True),  # D not a multiple of the chunk of 16
+    (2, 2, 3, True),  # one pair per row
+    (1, 1, 1, False),
+])
+def test_interpreted_kernel_matches_float64_loop(num_points, num_comps, dim, exclude_self):
+    inputs = overlapping(num_points, num_comps, dim, torch.Generator().manual_seed(dim))
+    assert_matches_loop(inputs, exclude_self, value_tol=1e-4, grad_tol=1e-4)
+
+
+@interpreter
+@pytest.mark.parametrize("exclude_self", [False, True])
+def test_interpreted_kernel_does_not_cancel_for_tight_far_clusters(exclude_self):
+    """Where the float32 expansion of the quadratic form is off by many nats, the difference
+    form stays within 1e-4 of float64."""
+    z, loc, scale = (t.float().double() for t in tight(80, 16, torch.Generator().manual_seed(3)))
+    weight = scale.float().reciprocal().square()
+    z32, loc32 = z.float(), loc.float()
+    expanded = (z32.square() @ weight.T - 2 * z32 @ (loc32 * weight).T
+                + (loc32.square() * weight).sum(-1))  # (M, N), float32
+    exact = (((z[:, None] - loc[None]) / scale[None]) ** 2).sum(-1)
+    assert (expanded.double() - exact).abs().max().item() > 1.0  # the case is a hard one
+    assert_matches_loop([z, loc, scale], exclude_self, value_tol=1e-4, grad_tol=1e-4)
+
+
+@interpreter
+def test_interpreted_kernel_in_float64_equals_the_loop():
+    inputs = overlapping(70, 70, 5, torch.Generator().manual_seed(5))
+    assert_matches_loop(inputs, True, value_tol=1e-10, grad_tol=1e-10, dtype=torch.float64)
+
+
+@interpreter
+def test_interpreted_kernel_without_points_or_unwanted_gradients():
+    z, loc, scale = overlapping(0, 5, 3, torch.Generator().manual_seed(0))
+    z, loc, scale = (t.float().requires_grad_() for t in (z, loc, scale))
+    values = fused_gaussian_mixture_log_prob(z, loc, scale)
+    assert values.shape == (0,)
+    values.sum().backward()
+    assert loc.grad.abs().max() == 0 and z.grad.shape == (0, 3)
+    # Only z requires a gradient: loc and scale are not differentiated.
+    z, loc, scale = overlapping(20, 30, 4, torch.Generator().manual_seed(1))
+    z = z.float().requires_grad_()
+    weights = torch.ones(20, dtype=torch.float64)
+    (grad,) = torch.autograd.grad(
+        fused_gaussian_mixture_log_prob(z, loc.float(), scale.float()), z, weights.float())
+    want = torch.autograd.grad(mixture_loop(z.double(), loc, scale), z, weights)[0]
+    assert (grad.double() - want).abs().max().item() < 1e-5
+
+
+# ----------------------------------------------------------------------------- CUDA
+@pytest.mark.cuda
+@compiled
+@pytest.mark.parametrize(("num_points", "num_comps", "dim", "exclude_self"), [
+    (8192, 8192, 16, True),
+    (4096, 3000, 128, False),
+    (1000, 1000, 130, True),
+    (77, 5000, 1, False),
+])
+def test_cuda_kernel_matches_float64_loop(num_points, num_comps, dim, exclude_self):
+    inputs = overlapping(num_points, num_comps, dim, torch.Generator().manual_seed(dim), "cuda")
+    assert_matches_loop(inputs, exclude_self, value_tol=1e-4, grad_tol=1e-4)
+
+
+@pytest.mark.cuda
+@compiled
+@pytest.mark.parametrize("exclude_self", [False, True])
+def test_cuda_kernel_does_not_cancel_for_tight_far_clusters(exclude_self):
+    inputs = tight(4096, 16, torch.Generator().manual_seed(3), "cuda")
+    assert_matches_loop(inputs, exclude_self, value_tol=1e-4, grad_tol=1e-4)
+
+
+@pytest.mark.cuda
+@compiled
+@pytest.mark.parametrize("exclude_self", [False, True])
+def test_cuda_kernel_gradients_match_the_streamed_kernel(exclude_self):
+    """Same float32 data through the fused and the streamed kernel: values within 1e-4, every
+    gradient within 1e-4 of its largest entry (both are within that of float64)."""
+    inputs = [t.float() for t in overlapping(4096, 4096, 32, torch.Generator().manual_seed(9),
+                                             "cuda")]
+    weights = torch.randn(4096, generator=torch.Generator().manual_seed(4)).cuda()
+    fused, fused_grads = values_and_grads(
+        lambda *t: fused_gaussian_mixture_log_prob(*t, exclude_self), inputs, weights)
+    with ieee_float32_matmul():
+        streamed, streamed_grads = values_and_grads(
+            lambda *t: streaming_gaussian_mixture_log_prob(*t, exclude_self, block_size=1024),
+            inputs, weights)
+    assert (fused - streamed).abs().max().item() < 1e-4
+    for g, w in zip(fused_grads, streamed_grads, strict=True):
+        assert ((g - w).abs().max() / w.abs().max()).item() < 1e-4
+
+
+@pytest.mark.cuda
+@compiled
+def test_cuda_dispatch_uses_the_fused_kernel_for_float32_unless_switched_off():
+    z, loc, scale = overlapping(300, 200, 8, torch.Generator().manual_seed(2), "cuda")
+    z32, loc32, scale32 = (t.float().requires_grad_() for t in (z, loc, scale))
+    assert use_fused_mixture(z32) and not use_fused_mixture(z)
+    fused = gaussian_mixture_log_prob(z32, loc32, scale32)
+    assert type(fused.grad_fn).__name__ == "FusedGaussianMixtureBackward"
+    assert torch.equal(fused, fused_gaussian_mixture_log_prob(z32, loc32, scale32))
+    with fused_mixture_kernel(False):
+        assert not use_fused_mixture(z32)
+        other = gaussian_mixture_log_prob(z32, loc32, scale32)
+    assert use_fused_mixture(z32)  # restored
+    assert "Fused" not in type(other.grad_fn).__name__
+    assert (fused - other).abs().max().item() < 1e-4
+    # a block size asks for the streamed kernel; float64 goes to the matrix-product paths
+    streamed = gaussian_mixture_log_prob(z32, loc32, scale32, block_size=64)
+    assert "Streaming" in type(streamed.grad_fn).__name__
+    assert "Fused" not in type(gaussian_mixture_log_prob(z, loc, scale).grad_fn).__name__
+
+
+# ----------------------------------------------------------------------------- everywhere
+def test_importing_rpm_does_not_import_the_triton_kernels():
+    """The kernels' module (which imports Triton) loads only when the fused path runs."""
+    code = ("import sys, rpm, rpm.ops, rpm.marginals; "
+            "assert 'rpm.ops._triton_mixture' not in sys.modules, 'kernels imported'")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, cwd=os.getcwd(), timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_fused_function_refuses_what_it_cannot_run():
+    z, loc, scale = (t.float() for t in overlapping(4, 3, 2, torch.Generator().manual_seed(0)))
+    if not triton_available():
+        with pytest.raises(RuntimeError, match="needs Triton"):
+            fused_gaussian_mixture_log_prob(z, loc, scale)
+    elif not INTERPRETED:
+        with pytest.raises(ValueError, match="runs on CUDA tensors"):
+            fused_gaussian_mixture_log_prob(z, loc, scale)
+    with pytest.raises(ValueError, match="dimension"):  # the shared argument checks come first
+        fused_gaussian_mixture_log_prob(z[:, :1], loc, scale)
+    assert not use_fused_mixture(z)  # CPU tensors never dispatch to it
+    with pytest.raises(ValueError, match="one device"):  # a kernel would read a wrong address
+        gaussian_mixture_log_prob(z, loc.to("meta"), scale)
