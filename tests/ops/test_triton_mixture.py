@@ -48,20 +48,34 @@ compiled = pytest.mark.skipif(
     not triton_available() or INTERPRETED, reason="needs Triton compiling for CUDA")
 
 
-def mixture_loop(z, loc, scale, exclude_self=False):
-    """log Q(z_m) = logsumexp_n L_mn - log N (N - 1 without the pair (m, m)), with
-    L_mn = -sum_d log sigma_nd - D/2 log 2 pi - 1/2 sum_d (z_md - mu_nd)^2 / sigma_nd^2,
-    one point at a time."""
+def mixture_rows(z, loc, scale, exclude_self, first_row):
+    """log Q(z_m) for the points z (rows first_row, first_row + 1, ... of the whole set):
+    logsumexp_n L_mn - log N (N - 1 without the pair (m, m)), with
+    L_mn = -sum_d log sigma_nd - D/2 log 2 pi - 1/2 sum_d (z_md - mu_nd)^2 / sigma_nd^2."""
     dim = z.shape[1]
     log_norm = -scale.log().sum(-1) - 0.5 * dim * math.log(2 * math.pi)  # (N,)
-    rows = []
-    for m in range(z.shape[0]):
-        values = log_norm - 0.5 * ((z[m] - loc) / scale).square().sum(-1)  # (N,)
-        if exclude_self:
-            values = torch.cat([values[:m], values[m + 1:]])
-        rows.append(torch.logsumexp(values, 0))
-    count = loc.shape[0] - 1 if exclude_self else loc.shape[0]
-    return torch.stack(rows) - math.log(count)
+    values = log_norm - 0.5 * ((z[:, None] - loc[None]) / scale[None]).square().sum(-1)
+    count = loc.shape[0]
+    if exclude_self:
+        rows = torch.arange(z.shape[0], device=z.device)
+        values = values.index_put((rows, rows + first_row), values.new_tensor(-math.inf))
+        count -= 1
+    return torch.logsumexp(values, 1) - math.log(count)
+
+
+def loop_values_and_grads(inputs, weights, exclude_self, rows_per_step):
+    """The float64 loop over blocks of points: log Q and the gradients of sum_m weights_m
+    log Q(z_m), accumulated block by block (so its memory is one block's)."""
+    leaves = [t.detach().double().requires_grad_() for t in inputs]
+    values, grads = [], [torch.zeros_like(leaf) for leaf in leaves]
+    for start in range(0, leaves[0].shape[0], rows_per_step):
+        stop = start + rows_per_step
+        part = mixture_rows(leaves[0][start:stop], leaves[1], leaves[2], exclude_self, start)
+        for total, grad in zip(grads, torch.autograd.grad(part, leaves, weights[start:stop]),
+                               strict=True):
+            total += grad
+        values.append(part.detach())
+    return torch.cat(values), grads
 
 
 def values_and_grads(fn, tensors, weights):
@@ -100,8 +114,8 @@ def assert_matches_loop(inputs, exclude_self, value_tol, grad_tol, dtype=torch.f
     inputs = [t.to(dtype).double() for t in inputs]
     weights = torch.randn(inputs[0].shape[0], generator=torch.Generator().manual_seed(7),
                           dtype=torch.float64).to(inputs[0].device)
-    want, want_grads = values_and_grads(
-        lambda *t: mixture_loop(*t, exclude_self), inputs, weights)
+    rows_per_step = 1 if inputs[0].device.type == "cpu" else 128
+    want, want_grads = loop_values_and_grads(inputs, weights, exclude_self, rows_per_step)
     got, got_grads = values_and_grads(
         lambda *t: fused_gaussian_mixture_log_prob(*t, exclude_self),
         [t.to(dtype) for t in inputs], weights)
@@ -162,7 +176,7 @@ def test_interpreted_kernel_without_points_or_unwanted_gradients():
     weights = torch.ones(20, dtype=torch.float64)
     (grad,) = torch.autograd.grad(
         fused_gaussian_mixture_log_prob(z, loc.float(), scale.float()), z, weights.float())
-    want = torch.autograd.grad(mixture_loop(z.double(), loc, scale), z, weights)[0]
+    want = loop_values_and_grads([z, loc, scale], weights, False, 1)[1][0]
     assert (grad.double() - want).abs().max().item() < 1e-5
 
 
