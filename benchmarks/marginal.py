@@ -9,6 +9,8 @@ r"""Benchmark of the two O(N^2) parts of an RPM step, forward + backward, in one
    * ``dense``: :func:`rpm.ops.dense_gaussian_mixture_log_prob`, the dense matrix-product path
      of :func:`rpm.ops.gaussian_mixture_log_prob` (N x N memory);
    * ``streaming``: :func:`rpm.ops.streaming_gaussian_mixture_log_prob` (blocks, O(N D));
+   * ``fused``: :func:`rpm.ops.fused_gaussian_mixture_log_prob`, the Triton kernels (CUDA, or
+     the CPU under ``TRITON_INTERPRET=1``; O(N D));
    * ``3 gemms``: the roofline, three float32 products of the mixture's shape
      (N x 2D) (2D x N), (N x N) (N x 2D), (N x N)^T (N x 2D), with nothing else;
 
@@ -27,7 +29,10 @@ r"""Benchmark of the two O(N^2) parts of an RPM step, forward + backward, in one
    float64: the broadcast in float64 over checkpointed row chunks (its memory is one chunk),
    up to ``--max-check-n``. ``value err`` is the largest absolute error of log Q(z_m);
    ``grad err`` the largest absolute error of a gradient relative to that gradient's largest
-   entry; ``x broadcast`` the broadcast's time over the method's, measured in the same run.
+   entry; ``x broadcast`` the broadcast's time over the method's and ``x 3 gemms`` the
+   method's time over the roofline's (the JSON's ``x_broadcast``, ``x_roofline``), measured in
+   the same run. ``--methods`` picks the methods (the roofline always runs) and
+   ``--streaming-max-n`` leaves the streamed kernel out above a size.
 
 2. The InfoNCE normaliser :math:`\log \sum_j e^{f(z_i, z'_j)}` of a bilinear/cosine critic, as
    ``cross_entropy``: ``cross_entropy(z1 @ z2.T / tau, arange(N))`` (N x N memory) against
@@ -40,7 +45,8 @@ resident set size, reset with /proc/self/clear_refs, after ``malloc_trim``).
 
 Examples: ``python benchmarks/marginal.py --device cpu --threads 1 --min-n 2048 --max-n 2048
 --dims 64`` (the three-regime table of benchmarks/README.md); ``python benchmarks/marginal.py
---device cuda`` (N = 1024 ... 262144, D = 16 and 128).
+--device cuda`` (N = 1024 ... 262144, D = 16 and 128); ``benchmarks/gpu_fused.sh`` (the fused
+kernel on CUDA against the broadcast and the roofline).
 """
 
 from __future__ import annotations
@@ -50,9 +56,11 @@ import contextlib
 import ctypes
 import json
 import math
+import os
 import platform
 import sys
 import time
+import traceback
 from collections.abc import Callable
 
 import torch
@@ -62,9 +70,11 @@ from torch.utils.checkpoint import checkpoint
 
 from rpm.ops import (
     dense_gaussian_mixture_log_prob,
+    fused_gaussian_mixture_log_prob,
     ieee_float32_matmul,
     streaming_gaussian_mixture_log_prob,
     streaming_matmul_logsumexp,
+    triton_available,
 )
 
 GIB = 1 << 30
@@ -125,6 +135,7 @@ def best_time(fn: Callable[[], None], device: torch.device, repeats: int) -> flo
 
 # ----------------------------------------------------------------------------- the data
 REGIMES = ("overlapping", "separated", "tight")
+METHODS = ("broadcast", "dense", "streaming", "fused")
 _CLUSTERS = 8
 
 
@@ -219,8 +230,17 @@ def info_nce_streaming(z1, z2, tau: float, block_size: int | None):
 
 
 # ----------------------------------------------------------------------------- the run
-def measure(make, device, repeats, budget, estimate) -> dict:
-    """Times one method (fwd + bwd) and measures its peak memory; skipped above the budget."""
+def _failure(error: Exception) -> dict:
+    """A row for a method that raised (printed in full: a kernel that fails to compile must
+    not stop the other methods)."""
+    traceback.print_exception(error, file=sys.stdout)
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return {"skipped": f"error {type(error).__name__}: {first[:200]}"}
+
+
+def measure(make, device, repeats, budget, estimate, catch=False) -> dict:
+    """Times one method (fwd + bwd) and measures its peak memory; skipped above the budget
+    (and, with ``catch``, reported instead of raised when it fails)."""
     if estimate is not None and estimate > budget:
         return {"skipped": f"needs ~{estimate / GIB:.1f} GiB > budget"}
     try:
@@ -229,6 +249,10 @@ def measure(make, device, repeats, budget, estimate) -> dict:
         memory = peak_memory(fn, device)
     except torch.OutOfMemoryError:
         return {"skipped": "out of memory"}
+    except Exception as error:
+        if not catch:
+            raise
+        return _failure(error)
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -248,6 +272,15 @@ def memory_budget(device: torch.device, args) -> float:
     return 8.0 * GIB
 
 
+def fused_unavailable(device: torch.device) -> str | None:
+    """Why the fused kernel cannot run on this device, or None."""
+    if not triton_available():
+        return "triton is not installed"
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return "needs CUDA (or TRITON_INTERPRET=1)"
+    return None
+
+
 def bench_mixture(regime: str, num: int, dim: int, device: torch.device, args) -> dict:
     """The mixture methods at one (regime, N, D): {method: row}."""
     budget = memory_budget(device, args)
@@ -263,17 +296,36 @@ def bench_mixture(regime: str, num: int, dim: int, device: torch.device, args) -
         ("broadcast", broadcast_mixture, 6 * element * dim),
         ("dense", dense_gaussian_mixture_log_prob, 12 * element),
         ("streaming", streaming, None),
+        ("fused", fused_gaussian_mixture_log_prob, None),
     ):
+        if name not in args.methods:
+            continue
+        if name == "streaming" and args.streaming_max_n and num > args.streaming_max_n:
+            rows[name] = {"skipped": f"N > --streaming-max-n {args.streaming_max_n}"}
+            continue
+        why = fused_unavailable(device) if name == "fused" else None
+        if why is not None:
+            rows[name] = {"skipped": why}
+            continue
+        catch = name == "fused"
         rows[name] = measure(lambda fn=fn: fwd_bwd(fn, inputs), device, args.repeats, budget,
-                             estimate)
+                             estimate, catch)
         if reference is not None and "skipped" not in rows[name]:
-            rows[name].update(errors(fn, inputs, reference))
+            try:
+                rows[name].update(errors(fn, inputs, reference))
+            except Exception as error:
+                if not catch:
+                    raise
+                rows[name] = _failure(error)
     rows["3 gemms"] = measure(lambda: three_gemms(num, 2 * dim, device), device, args.repeats,
                               budget, 2 * element)
-    base = rows["broadcast"].get("ms")
+    base = rows.get("broadcast", {}).get("ms")
+    roofline = rows["3 gemms"].get("ms")
     for row in rows.values():
         if base is not None and "ms" in row:
             row["x_broadcast"] = base / row["ms"]
+        if roofline is not None and "ms" in row:
+            row["x_roofline"] = row["ms"] / roofline
     return rows
 
 
@@ -300,9 +352,11 @@ def bench_info_nce(num: int, dim: int, device: torch.device, args) -> dict:
     return rows
 
 
-def run_device(device: torch.device, args) -> dict:
+def run_device(device: torch.device, args, results: dict, save: Callable[[], None]) -> dict:
+    """Fills ``results`` size by size, calling ``save()`` after each row (a run cut short by
+    a time limit keeps what it measured)."""
     sizes = [n for n in (1 << k for k in range(6, 19)) if args.min_n <= n <= args.max_n]
-    results = {"mixture": {regime: {} for regime in args.regimes}, "info_nce": {}}
+    results.update({"mixture": {regime: {} for regime in args.regimes}, "info_nce": {}})
     for dim in args.dims:
         for num in sizes:
             key = f"N={num} D={dim}"
@@ -310,10 +364,12 @@ def run_device(device: torch.device, args) -> dict:
                 rows = bench_mixture(regime, num, dim, device, args)
                 results["mixture"][regime][key] = rows
                 print_rows(device, f"mixture {regime}", key, rows, "broadcast")
+                save()
             if args.info_nce:
                 rows = bench_info_nce(num, dim, device, args)
                 results["info_nce"][key] = rows
                 print_rows(device, "info_nce", key, rows, "cross_entropy")
+                save()
     return results
 
 
@@ -332,6 +388,8 @@ def print_rows(device, part: str, key: str, rows: dict, reference: str) -> None:
         text = f"{name}: {_fmt(entry, 'ms', '.1f')} ms / {_fmt(entry, 'peak_mb', '.0f')} MB"
         if name != reference and "ms" in ref:
             text += f" (x{ref['ms'] / entry['ms']:.1f} faster than {reference})"
+        if name != "3 gemms" and "x_roofline" in entry:
+            text += f" ({entry['x_roofline']:.2f}x 3 gemms)"
         if "value_err" in entry:
             text += f" err {entry['value_err']:.1e} / grad {entry['grad_err']:.1e}"
         line.append(text)
@@ -364,16 +422,21 @@ def main(args) -> dict:
         raise SystemExit("--device cuda: no CUDA device is available")
     report = {"torch": torch.__version__, "block_size": args.block_size,
               "regimes": list(args.regimes), "devices": {}}
+
+    def save() -> None:
+        if args.json:
+            with open(args.json, "w") as out:
+                json.dump(report, out, indent=1)
+
     with ieee_float32_matmul():
         for device in devices:
             print(f"# {device.type}: {machine_name(device)}, torch {torch.__version__}",
                   flush=True)
-            report["devices"][device.type] = {
-                "machine": machine_name(device), "results": run_device(device, args)
-            }
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(report, out, indent=1)
+            results = {}
+            report["devices"][device.type] = {"machine": machine_name(device),
+                                              "results": results}
+            run_device(device, args, results, save)
+    save()
     return report
 
 
@@ -390,6 +453,11 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-check-n", type=int, default=8192,
                         help="largest N whose errors are measured against float64")
+    parser.add_argument("--methods", type=lambda s: s.split(","), default=list(METHODS),
+                        help=f"comma-separated mixture methods (default: {','.join(METHODS)}; "
+                             "the roofline always runs)")
+    parser.add_argument("--streaming-max-n", type=int, default=0,
+                        help="leave the streamed mixture kernel out above this N (0: never)")
     parser.add_argument("--no-info-nce", dest="info_nce", action="store_false",
                         help="skip the InfoNCE normaliser part")
     parser.add_argument("--block-size", type=int, default=None,
@@ -404,6 +472,9 @@ def parse_args(argv=None):
     unknown = set(args.regimes) - set(REGIMES)
     if unknown:
         parser.error(f"unknown regimes {sorted(unknown)}; choose from {', '.join(REGIMES)}")
+    unknown = set(args.methods) - set(METHODS)
+    if unknown:
+        parser.error(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)}")
     return args
 
 
