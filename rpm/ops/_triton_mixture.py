@@ -194,55 +194,49 @@ def _num_splits(parallel_blocks: int, reduced_blocks: int, device: torch.device)
     return max(1, min(wanted, reduced_blocks))
 
 
-class _Operands:
-    """The kernels' inputs: points and components transposed to (D, rows), w = sigma^-2 and
-    l_n (its sum of logarithms in float64)."""
-
-    def __init__(self, z: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor):
-        dim = z.shape[1]
-        self.zt = z.t().contiguous()  # (D, M)
-        self.loct = loc.t().contiguous()  # (D, N)
-        self.weightt = scale.t().reciprocal().square().contiguous()  # (D, N)
-        log_det = scale.double().log().sum(-1)
-        self.log_norm = (-log_det - 0.5 * dim * math.log(2 * math.pi)).to(z.dtype)  # (N,)
-
-    def args(self) -> tuple[torch.Tensor, ...]:
-        return self.zt, self.loct, self.weightt, self.log_norm
+def kernel_operands(
+    z: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernels' inputs: z^T (D, M), mu^T (D, N), w^T = sigma^-2 (D, N), contiguous, and
+    l_n (N,) (its sum of logarithms in float64)."""
+    dim = z.shape[1]
+    log_det = scale.double().log().sum(-1)
+    log_norm = (-log_det - 0.5 * dim * math.log(2 * math.pi)).to(z.dtype)
+    return (z.t().contiguous(), loc.t().contiguous(),
+            scale.t().reciprocal().square().contiguous(), log_norm)
 
 
 def _launch_options() -> dict:
     return {"num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
 
 
-def row_log_sum_exp(
-    z: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor, exclude_self: bool
-) -> torch.Tensor:
+def row_log_sum_exp(operands: tuple[torch.Tensor, ...], exclude_self: bool) -> torch.Tensor:
     """logsumexp_n L_mn for every row, shape (M,) (the forward kernel and the combination of
-    its splits)."""
-    num_points, dim = z.shape
-    num_comps = loc.shape[0]
-    operands = _Operands(z, loc, scale)
+    its splits), from :func:`kernel_operands`."""
+    dim, num_points = operands[0].shape
+    num_comps = operands[1].shape[1]
     row_blocks = triton.cdiv(num_points, BLOCK_M)
     col_blocks = triton.cdiv(num_comps, BLOCK_N)
-    splits = _num_splits(row_blocks, col_blocks, z.device)
-    partial = z.new_empty(splits, num_points)
+    splits = _num_splits(row_blocks, col_blocks, operands[0].device)
+    partial = operands[0].new_empty(splits, num_points)
     _forward_kernel[(row_blocks, splits)](
-        *operands.args(), partial, num_points, num_comps, dim, triton.cdiv(col_blocks, splits),
+        *operands, partial, num_points, num_comps, dim, triton.cdiv(col_blocks, splits),
         splits,
         EXCLUDE_SELF=exclude_self, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, **_launch_options())
     return partial[0] if splits == 1 else torch.logsumexp(partial, 0)
 
 
 def mixture_gradients(
-    z: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor, exclude_self: bool,
+    operands: tuple[torch.Tensor, ...], scale: torch.Tensor, exclude_self: bool,
     lse: torch.Tensor, grad: torch.Tensor, needs: tuple[bool, bool, bool],
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Gradients of sum_m grad_m logsumexp_n L_mn with respect to (z, loc, scale), each None
-    where ``needs`` says it is not wanted (the two backward kernels, see the module docstring).
+    where ``needs`` says it is not wanted (the two backward kernels, see the module docstring),
+    from :func:`kernel_operands` and the scales.
     """
-    num_points, dim = z.shape
-    num_comps = loc.shape[0]
-    operands = _Operands(z, loc, scale)
+    dim, num_points = operands[0].shape
+    num_comps = operands[1].shape[1]
+    z = operands[0]  # for its device and dtype
     grad = grad.contiguous()
     row_blocks, col_blocks = triton.cdiv(num_points, BLOCK_M), triton.cdiv(num_comps, BLOCK_N)
     flags = {"EXCLUDE_SELF": exclude_self, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N}
@@ -251,18 +245,21 @@ def mixture_gradients(
         splits = _num_splits(row_blocks, col_blocks, z.device)
         partial = z.new_zeros(splits, dim, num_points)
         _grad_points_kernel[(row_blocks, splits)](
-            *operands.args(), lse, grad, partial, num_points, num_comps, dim,
+            *operands, lse, grad, partial, num_points, num_comps, dim,
             triton.cdiv(col_blocks, splits), splits, **flags, **_launch_options())
         grad_z = partial.sum(0).t().neg()  # (M, D)
     if needs[1] or needs[2]:
         splits = _num_splits(col_blocks, row_blocks, z.device)
-        partial0 = z.new_zeros(splits, num_comps)
-        partial1 = z.new_zeros(splits, dim, num_comps)
-        partial2 = z.new_zeros(splits, dim, num_comps)
+        buffer = z.new_zeros((2 * dim + 1) * splits * num_comps)  # one allocation, one fill
+        partial1, partial2, partial0 = buffer.split(
+            [dim * splits * num_comps, dim * splits * num_comps, splits * num_comps])
+        partial0 = partial0.view(splits, num_comps)
+        partial1 = partial1.view(splits, dim, num_comps)
+        partial2 = partial2.view(splits, dim, num_comps)
         _grad_components_kernel[(col_blocks, splits)](
-            *operands.args(), lse, grad, partial0, partial1, partial2, num_points, num_comps,
+            *operands, lse, grad, partial0, partial1, partial2, num_points, num_comps,
             dim, triton.cdiv(row_blocks, splits), splits, **flags, **_launch_options())
-        weight = operands.weightt.t()  # (N, D)
+        weight = operands[2].t()  # (N, D)
         if needs[1]:
             grad_loc = partial1.sum(0).t() * weight
         if needs[2]:
@@ -272,30 +269,32 @@ def mixture_gradients(
 
 
 class FusedGaussianMixture(torch.autograd.Function):
-    """log Q(z_m) through the fused kernels: saves the row log-sum-exps only."""
+    """log Q(z_m) through the fused kernels: saves the row log-sum-exps (and the kernels'
+    O((M + N) D) operands), never a block of L."""
 
     @staticmethod
     def forward(ctx, z, loc, scale, exclude_self: bool):
         num_points, num_comps = z.shape[0], loc.shape[0]
         with torch.no_grad():
+            operands = kernel_operands(z, loc, scale)
             if num_points == 0:
                 lse = z.new_empty(0)
             else:
-                lse = row_log_sum_exp(z, loc, scale, exclude_self)
+                lse = row_log_sum_exp(operands, exclude_self)
         ctx.exclude_self = exclude_self
-        ctx.save_for_backward(z, loc, scale, lse)
+        ctx.save_for_backward(z, loc, scale, lse, *operands)
         return lse - math.log(num_comps - 1 if exclude_self else num_comps)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        z, loc, scale, lse = ctx.saved_tensors
+        z, loc, scale, lse, *operands = ctx.saved_tensors
         needs = tuple(ctx.needs_input_grad[:3])
         if z.shape[0] == 0:
             zeros = (torch.zeros_like(z), torch.zeros_like(loc), torch.zeros_like(scale))
             return (*(t if need else None for t, need in zip(zeros, needs, strict=True)),
                     None)
         with torch.no_grad():
-            grads = mixture_gradients(z, loc, scale, ctx.exclude_self, lse, grad, needs)
+            grads = mixture_gradients(operands, scale, ctx.exclude_self, lse, grad, needs)
         return (*grads, None)
 
