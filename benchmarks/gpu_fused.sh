@@ -59,7 +59,7 @@ import rpm.ops._triton_mixture as kernels
 from rpm.ops import fused_gaussian_mixture_log_prob
 
 torch.manual_seed(0)
-ok = True
+ok = True  # D = 16 and 128 decide whether the benchmarks include the fused kernel
 for num, dim, exclude_self in ((1000, 16, True), (777, 128, False), (300, 1, False)):
     z, loc = torch.randn(num, dim, device="cuda"), torch.randn(num, dim, device="cuda")
     scale = 0.5 + torch.rand(num, dim, device="cuda")
@@ -85,7 +85,7 @@ for num, dim, exclude_self in ((1000, 16, True), (777, 128, False), (300, 1, Fal
               f"error {(got - want.detach()).abs().max().item():.1e}, gradient errors "
               + " ".join(f"{g:.1e}" for g in grads), flush=True)
     except Exception:
-        ok = False
+        ok = ok and dim == 1
         traceback.print_exc()
 for kernel in (kernels._forward_kernel, kernels._grad_points_kernel,
                kernels._grad_components_kernel):
@@ -153,16 +153,25 @@ for dim in (16, 128):
 
     torch.backends.cuda.matmul.allow_tf32 = False
     roofline = best(gemms)
-    for config in ((64, 64, 4, 2), (64, 64, 8, 2), (128, 64, 8, 2), (64, 128, 8, 2),
-                   (128, 128, 8, 2), (32, 32, 2, 2), (64, 64, 4, 1), (64, 64, 4, 3)):
+    first = None
+    for config in ((64, 64, 4, 1), (64, 64, 8, 1), (128, 64, 8, 1), (64, 128, 8, 1),
+                   (128, 128, 8, 1), (32, 32, 2, 1), (64, 64, 4, 2), (128, 128, 8, 2)):
         kernels.BLOCK_M, kernels.BLOCK_N, kernels.NUM_WARPS, kernels.NUM_STAGES = config
         try:
+            values = fused_gaussian_mixture_log_prob(*leaves)
+            grads = torch.autograd.grad(values.sum(), leaves)
+            if first is None:
+                first = values, grads
+            # the same numbers as the first configuration (a race would show here)
+            change = max([(values - first[0]).abs().max().item()]
+                         + [((g - f).abs().max() / f.abs().max()).item()
+                            for g, f in zip(grads, first[1])])
             both = best(lambda: fused_gaussian_mixture_log_prob(*leaves).sum().backward())
             with torch.no_grad():
                 forward = best(lambda: fused_gaussian_mixture_log_prob(*leaves))
             print(f"D={dim} BM,BN,warps,stages={config}: fwd+bwd {both:.2f} ms, fwd "
-                  f"{forward:.2f} ms, 3 gemms {roofline:.2f} ms, ratio {both / roofline:.2f}",
-                  flush=True)
+                  f"{forward:.2f} ms, 3 gemms {roofline:.2f} ms, ratio {both / roofline:.2f}, "
+                  f"largest change from the first {change:.1e}", flush=True)
         except Exception as error:
             print(f"D={dim} {config}: {type(error).__name__}: {str(error)[:300]}", flush=True)
 EOF

@@ -46,9 +46,11 @@ from torch.autograd.function import once_differentiable
 BLOCK_M = 64
 BLOCK_N = 64
 NUM_WARPS = 4
+# No software pipelining: the loops load small vectors (no tl.dot to feed), and the backward
+# kernels' read-modify-write of their sums stays in program order.
+NUM_STAGES = 1
 # Dimensions summed per partial sum of the quadratic form.
 CHUNK_D: tl.constexpr = tl.constexpr(16)
-NUM_STAGES = 2
 # Programs per streaming multiprocessor that the splits of the reduced axis aim for.
 _PROGRAMS_PER_SM = 4
 
@@ -146,8 +148,8 @@ def _grad_points_kernel(
 @triton.jit
 def _grad_components_kernel(
     zt_ptr, loct_ptr, weightt_ptr, log_norm_ptr, lse_ptr, grad_ptr, partial0_ptr,
-    partial1_ptr, partial2_ptr, num_points, num_comps, dim, num_steps, num_splits, EXCLUDE_SELF: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    partial1_ptr, partial2_ptr, num_points, num_comps, dim, num_steps, num_splits,
+    EXCLUDE_SELF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """partial0[split, n] = sum_m G_mn, partial1[split, d, n] = sum_m G_mn (z_md - mu_nd) and
     partial2[split, d, n] = sum_m G_mn (z_md - mu_nd)^2 over this split's row blocks (the
