@@ -155,7 +155,7 @@ for dim in (16, 128):
     roofline = best(gemms)
     first = None
     for config in ((64, 64, 4, 1), (64, 64, 8, 1), (128, 64, 8, 1), (64, 128, 8, 1),
-                   (128, 128, 8, 1), (32, 32, 2, 1), (64, 64, 4, 2), (128, 128, 8, 2)):
+                   (128, 128, 8, 1), (64, 64, 4, 2)):
         kernels.BLOCK_M, kernels.BLOCK_N, kernels.NUM_WARPS, kernels.NUM_STAGES = config
         try:
             values = fused_gaussian_mixture_log_prob(*leaves)
