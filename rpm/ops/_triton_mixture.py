@@ -196,6 +196,11 @@ def _num_splits(parallel_blocks: int, reduced_blocks: int, device: torch.device)
     return max(1, min(wanted, reduced_blocks))
 
 
+def _combine(partial: torch.Tensor) -> torch.Tensor:
+    """The sum over the splits (the first axis); no copy for one split."""
+    return partial[0] if partial.shape[0] == 1 else partial.sum(0)
+
+
 def kernel_operands(
     z: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -249,7 +254,7 @@ def mixture_gradients(
         _grad_points_kernel[(row_blocks, splits)](
             *operands, lse, grad, partial, num_points, num_comps, dim,
             triton.cdiv(col_blocks, splits), splits, **flags, **_launch_options())
-        grad_z = partial.sum(0).t().neg()  # (M, D)
+        grad_z = _combine(partial).t().neg_()  # (M, D)
     if needs[1] or needs[2]:
         splits = _num_splits(col_blocks, row_blocks, z.device)
         buffer = z.new_zeros((2 * dim + 1) * splits * num_comps)  # one allocation, one fill
@@ -263,10 +268,10 @@ def mixture_gradients(
             dim, triton.cdiv(row_blocks, splits), splits, **flags, **_launch_options())
         weight = operands[2].t()  # (N, D)
         if needs[1]:
-            grad_loc = partial1.sum(0).t() * weight
+            grad_loc = _combine(partial1).t() * weight
         if needs[2]:
-            second = partial2.sum(0).t() * weight - partial0.sum(0)[:, None]
-            grad_scale = second / scale
+            second = _combine(partial2).t() * weight
+            grad_scale = second.sub_(_combine(partial0)[:, None]).div_(scale)
     return grad_z, grad_loc, grad_scale
 
 
