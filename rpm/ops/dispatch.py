@@ -3,8 +3,11 @@ fused Triton kernel, when a matrix of pairwise terms is streamed in blocks inste
 how big the blocks are, and full-precision float32 matrix products.
 
 The fused kernel (:func:`~rpm.ops.fused_gaussian_mixture_log_prob`) serves the mixture
-marginal of float32 CUDA inputs whenever Triton is importable, at every size: it never stores
-the M x N matrix and computes each pair in the difference form.
+marginal of float32 CUDA inputs with at most ``FUSED_MAX_DIM`` latent dimensions whenever Triton
+is importable, at every size: it never stores the M x N matrix and computes each pair in the
+difference form. That form has no matrix product: its backward pass costs about 13 scalar
+operations per pair and dimension where the expansion's three matrix products cost 6 fused
+multiply-adds, so for wider latents the matrix-product paths below are used.
 :func:`fused_mixture_kernel` switches it off (to compare it with the other paths).
 
 One rule serves the mixture marginal (:func:`~rpm.ops.gaussian_mixture_log_prob`) and the
@@ -25,6 +28,7 @@ from collections.abc import Iterator
 import torch
 
 __all__ = [
+    "FUSED_MAX_DIM",
     "RECOMPUTE_MIN_PAIRS",
     "STREAMING_MIN_PAIRS",
     "default_block_size",
@@ -49,6 +53,9 @@ RECOMPUTE_MIN_PAIRS = 1 << 22
 _OTHER_MIN_PAIRS = 1 << 22
 # Default block edge per device type: a block of the streamed matrix is block_size^2 elements.
 _DEFAULT_BLOCK_SIZE = {"cpu": 1024, "cuda": 4096}
+#: The widest latent (D) the fused mixture kernel serves by default; wider latents use the
+#: dense or streamed matrix-product kernels (module docstring).
+FUSED_MAX_DIM = 32
 # Whether the fused mixture kernel may be used (switched by fused_mixture_kernel).
 _FUSED_MIXTURE = {"enabled": True}
 
@@ -61,13 +68,15 @@ def triton_available() -> bool:
 
 def use_fused_mixture(z: torch.Tensor) -> bool:
     """Whether the mixture marginal of these points runs in the fused Triton kernel: float32 on
-    CUDA, Triton installed, and not switched off by :func:`fused_mixture_kernel`.
+    CUDA, at most :data:`FUSED_MAX_DIM` dimensions, Triton installed, and not switched off by
+    :func:`fused_mixture_kernel`.
 
-    :param torch.Tensor z: the points (their device and dtype are those of the whole call).
+    :param torch.Tensor z: the points, shape (M, D) (their device and dtype are those of the
+        whole call).
     :return: True for the fused kernel.
     """
     return (_FUSED_MIXTURE["enabled"] and z.device.type == "cuda" and z.dtype == torch.float32
-            and triton_available())
+            and z.shape[-1] <= FUSED_MAX_DIM and triton_available())
 
 
 @contextlib.contextmanager

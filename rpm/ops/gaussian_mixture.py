@@ -153,8 +153,9 @@ def gaussian_mixture_log_prob(
     as used when z_m was sampled from component m) and the normaliser is :math:`\log(N - 1)`.
 
     Computed in the dtype of the inputs; float32 stays within 1e-4 of float64. Float32 CUDA
-    inputs go to the fused Triton kernel (:func:`fused_gaussian_mixture_log_prob`, O((M + N) D)
-    memory, not twice differentiable) when Triton is installed and no ``block_size`` is given
+    inputs of at most :data:`~rpm.ops.dispatch.FUSED_MAX_DIM` dimensions go to the fused Triton
+    kernel (:func:`fused_gaussian_mixture_log_prob`, O((M + N) D) memory, not twice
+    differentiable) when Triton is installed and no ``block_size`` is given
     (:func:`~rpm.ops.dispatch.use_fused_mixture`). Otherwise the dispatch policy
     :func:`~rpm.ops.dispatch.use_streaming` chooses between the dense path
     (:func:`dense_gaussian_mixture_log_prob`, twice differentiable, O(M N) memory) and the

@@ -27,6 +27,7 @@ from rpm.ops import (
     triton_available,
     use_fused_mixture,
 )
+from rpm.ops.dispatch import FUSED_MAX_DIM
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -241,6 +242,9 @@ def test_cuda_dispatch_uses_the_fused_kernel_for_float32_unless_switched_off():
     streamed = gaussian_mixture_log_prob(z32, loc32, scale32, block_size=64)
     assert "Streaming" in type(streamed.grad_fn).__name__
     assert "Fused" not in type(gaussian_mixture_log_prob(z, loc, scale).grad_fn).__name__
+    # wider latents than FUSED_MAX_DIM go to the matrix-product paths
+    wide = torch.zeros(5, FUSED_MAX_DIM + 1, device="cuda")
+    assert use_fused_mixture(wide[:, :FUSED_MAX_DIM]) and not use_fused_mixture(wide)
 
 
 # ----------------------------------------------------------------------------- everywhere
