@@ -12,7 +12,6 @@ likelihood divides by, a structured posterior) and those of an :class:`Energy` a
 """
 
 from rpm.priors.base import Energy, Prior
-from rpm.priors.circular_step import BallDynamicsPrior, CircularStep
 from rpm.priors.energies import (
     AnisotropicEnergy,
     BilinearEnergy,
@@ -50,9 +49,7 @@ from rpm.priors.stationary import StationaryStateSpacePrior
 
 __all__ = [
     "AnisotropicEnergy",
-    "BallDynamicsPrior",
     "BilinearEnergy",
-    "CircularStep",
     "CosineEnergy",
     "Energy",
     "GaussianRandomWalkPrior",

@@ -58,7 +58,7 @@ def evaluate_missing_frames(model: rpm.SequenceRPM, frames: torch.Tensor, centre
     dropped with probability ``fraction`` (module docstring). The encoder is left in
     evaluation mode.
 
-    :param model: a SequenceRPM with a :class:`~rpm.models.bouncing_balls.GaussianBallEncoder`
+    :param model: a SequenceRPM with a :class:`~rpm.experiments.bouncing_balls.encoders.GaussianBallEncoder`
         and a state-space prior (:class:`~rpm.priors.StationaryStateSpacePrior` or
         :class:`~rpm.priors.StateSpacePrior`).
     :param torch.Tensor frames: the whole video, shape (F, C, H, W).

@@ -10,7 +10,7 @@ import torch
 from pyro.distributions import MultivariateNormal, Normal
 from pyro.infer import Trace_ELBO
 
-from rpm.inference.rp_gssm import folded_recognition, rp_gssm_elbo
+from rpm.experiments.bouncing_balls.rp_gssm import folded_recognition, rp_gssm_elbo
 from rpm.priors import StateSpacePosterior, StateSpacePrior, StationaryStateSpacePrior
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
