@@ -24,8 +24,9 @@ _LAZY = {
     "info_nce": "rpm.inference",
     "load": "rpm.experiments.trained",
 }
-_SUBPACKAGES = frozenset({"data", "distributed", "evaluation", "experiments", "inference", "losses",
-                          "marginals", "metrics", "mi", "models", "nn", "ops", "priors", "training"})
+_SUBPACKAGES = frozenset({"data", "distributed", "distributions", "evaluation", "experiments",
+                          "inference", "losses", "marginals", "metrics", "mi", "models", "nn", "ops",
+                          "priors", "training"})
 
 __all__ = [
     "DeltaRecognition",

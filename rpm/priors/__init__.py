@@ -28,7 +28,6 @@ from rpm.priors.explicit import (
     LinearDynamicsPrior,
     RandomWalkEnergy,
 )
-from rpm.priors.generalized_normal import GeneralizedNormal
 from rpm.priors.implicit import ImplicitConditional, ImplicitPrior, implicit_log_ratio
 from rpm.priors.multiview import MultiViewImplicitPrior, PartnerMixturePrior, StarImplicitPrior
 from rpm.priors.pooled import PooledImplicitPrior
@@ -39,12 +38,7 @@ from rpm.priors.sequence import (
     MarkovPrior,
     SequencePrior,
 )
-from rpm.priors.state_space import (
-    GaussianStateSpace,
-    LinearGaussianPrior,
-    StateSpacePosterior,
-    StateSpacePrior,
-)
+from rpm.priors.state_space import LinearGaussianPrior, StateSpacePrior
 from rpm.priors.stationary import StationaryStateSpacePrior
 
 __all__ = [
@@ -53,8 +47,6 @@ __all__ = [
     "CosineEnergy",
     "Energy",
     "GaussianRandomWalkPrior",
-    "GaussianStateSpace",
-    "GeneralizedNormal",
     "GeneralizedNormalRandomWalkPrior",
     "ImplicitConditional",
     "ImplicitPrior",
@@ -75,7 +67,6 @@ __all__ = [
     "RandomWalkEnergy",
     "SequencePrior",
     "StarImplicitPrior",
-    "StateSpacePosterior",
     "StateSpacePrior",
     "StationaryStateSpacePrior",
     "implicit_log_ratio",

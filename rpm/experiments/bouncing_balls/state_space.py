@@ -21,7 +21,7 @@ of positions and velocities (H = 12). Two priors (``--state-space-prior``):
 
 The encoder's recognition noise :math:`\sigma` is fixed (``--state-space-noise``) unless
 ``--learn-recognition-noise``. The guide is the structured posterior
-(:class:`~rpm.priors.StateSpacePosterior`): the chain conditioned on the recognition means as
+(:class:`~rpm.distributions.StateSpacePosterior`): the chain conditioned on the recognition means as
 Gaussian pseudo-observations, sampled by forward filtering and backward sampling, so the
 latents of a window are inferred together (``guide="recognition"`` is the ablation). The
 objective is the RPM ELBO, or RP-GSSM's (``--state-space-objective rp-gssm``,
@@ -265,8 +265,8 @@ def evaluate_dynamics(model: rpm.SequenceRPM, frames: torch.Tensor, centres: tor
     learned = model.prior.distribution(loc.shape[0])
     params = {name: getattr(learned, name).detach().to("cpu", torch.float64)
               for name in learned.arg_constraints}
-    chain = rpm.priors.GaussianStateSpace(**params, duration=loc.shape[0])
-    posterior = rpm.priors.StateSpacePosterior(chain, loc[None], scale[None])
+    chain = rpm.distributions.GaussianStateSpace(**params, duration=loc.shape[0])
+    posterior = rpm.distributions.StateSpacePosterior(chain, loc[None], scale[None])
     filtered = posterior.filtered  # Kalman filter of mu_{1:F} under noise R + Sigma
     smoothed = rts_smoother(filtered, params["transition_matrix"],
                             params["transition_scale_tril"]).loc[0]  # (F, H)
