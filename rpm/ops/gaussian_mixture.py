@@ -101,7 +101,7 @@ def gaussian_mixture_log_prob(
     float64 (TF32 off, cancelling pairs recomputed exactly). The dispatch policy
     :func:`~rpm.ops.dispatch.use_streaming` chooses between the dense path
     (:func:`dense_gaussian_mixture_log_prob`, twice differentiable, O(M N) memory) and the
-    streamed kernel (:func:`~rpm.ops.streaming_gaussian_mixture_log_prob`, O((M + N) D)
+    streamed kernel (:func:`~rpm.ops.streaming.streaming_gaussian_mixture_log_prob`, O((M + N) D)
     memory); a ``block_size`` always streams.
 
     :param torch.Tensor z: points, shape (M, D).

@@ -19,7 +19,6 @@ from rpm.priors.energies import (
     LpEnergy,
     NeuralEnergy,
     RBFEnergy,
-    squared_distances,
 )
 from rpm.priors.explicit import (
     GaussianRandomWalkPrior,
@@ -70,5 +69,4 @@ __all__ = [
     "StateSpacePrior",
     "StationaryStateSpacePrior",
     "implicit_log_ratio",
-    "squared_distances",
 ]
