@@ -21,7 +21,6 @@ _LAZY = {
     "RPMELBO": "rpm.inference",
     "ScaleFloorWarning": "rpm.models",
     "SequenceRPM": "rpm.models",
-    "info_nce": "rpm.inference",
     "load": "rpm.experiments.trained",
 }
 _SUBPACKAGES = frozenset({"data", "distributed", "distributions", "evaluation", "experiments",
@@ -36,7 +35,6 @@ __all__ = [
     "RPMELBO",
     "ScaleFloorWarning",
     "SequenceRPM",
-    "info_nce",
     "load",
     "marginals",
     "priors",
@@ -61,6 +59,6 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs
     from rpm import marginals, priors
     from rpm.experiments.trained import load
-    from rpm.inference import RPMELBO, info_nce
+    from rpm.inference import RPMELBO
     from rpm.marginals import MixtureMarginal
     from rpm.models import RPM, DeltaRecognition, GaussianRecognition, ScaleFloorWarning, SequenceRPM
