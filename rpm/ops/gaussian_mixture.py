@@ -33,7 +33,7 @@ from rpm.ops.dispatch import ieee_float32_matmul, use_streaming
 from rpm.ops.logsumexp import safe_logsumexp
 from rpm.ops.streaming import streaming_gaussian_mixture_log_prob
 
-__all__ = ["gaussian_mixture_log_prob"]
+__all__ = ["dense_gaussian_mixture_log_prob", "gaussian_mixture_log_prob"]
 
 
 def dense_gaussian_mixture_log_prob(
