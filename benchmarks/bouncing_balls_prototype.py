@@ -1,6 +1,6 @@
 """Plain-PyTorch InfoNCE on the bouncing-balls video: RBF versus bilinear energy.
 
-A sanity benchmark for :mod:`rpm.data.bouncing_balls` and :mod:`rpm.models.bouncing_balls`
+A sanity benchmark for :mod:`rpm.data.bouncing_balls` and :mod:`rpm.experiments.bouncing_balls.encoders`
 that does not use the Pyro machinery. Consecutive frames ``(x_t, x_{t+1})`` of the first
 ``--train-frames`` frames are the positive pairs, the other pairs' second frames the negatives;
 the loss is the InfoNCE cross-entropy with logits ``f(z_i, z'_j)`` (Eq. 23-25 of Aitchison &
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rpm.data.bouncing_balls import generate_bouncing_balls
-from rpm.models.bouncing_balls import BallEncoder
+from rpm.experiments.bouncing_balls.encoders import BallEncoder
 
 
 class RBFEnergy(nn.Module):

@@ -21,11 +21,11 @@ _LAZY = {
     "RPMELBO": "rpm.inference",
     "ScaleFloorWarning": "rpm.models",
     "SequenceRPM": "rpm.models",
-    "info_nce": "rpm.inference",
     "load": "rpm.experiments.trained",
 }
-_SUBPACKAGES = frozenset({"data", "distributed", "evaluation", "experiments", "inference", "losses",
-                          "marginals", "metrics", "mi", "models", "nn", "ops", "priors", "training"})
+_SUBPACKAGES = frozenset({"data", "distributed", "distributions", "evaluation", "experiments",
+                          "inference", "losses", "marginals", "metrics", "mi", "models", "nn", "ops",
+                          "priors", "training"})
 
 __all__ = [
     "DeltaRecognition",
@@ -35,7 +35,6 @@ __all__ = [
     "RPMELBO",
     "ScaleFloorWarning",
     "SequenceRPM",
-    "info_nce",
     "load",
     "marginals",
     "priors",
@@ -60,6 +59,6 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs
     from rpm import marginals, priors
     from rpm.experiments.trained import load
-    from rpm.inference import RPMELBO, info_nce
+    from rpm.inference import RPMELBO
     from rpm.marginals import MixtureMarginal
     from rpm.models import RPM, DeltaRecognition, GaussianRecognition, ScaleFloorWarning, SequenceRPM

@@ -27,6 +27,9 @@ the one-directional, cross-view InfoNCE of :class:`~rpm.priors.ImplicitPrior`,
 
 Both take ``learn_temperature=True``: the temperature is then learned as CLIP learns its logit
 scale (:class:`ScaledCosineEnergy`).
+
+:func:`info_nce` is the same InfoNCE from a matrix of logits :math:`F_{ij} = f(z_i, z'_j)`, the
+reference of the identity :math:`\mathcal{L}/N = -\text{InfoNCE} + \log N`.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from rpm.priors.energies import CosineEnergy, unit_vectors
 from rpm.priors.multiview import MultiViewImplicitPrior
 from rpm.priors.multiview_terms import multiview_anchor_terms, multiview_loss
 
-__all__ = ["InfoNCELoss", "NTXentLoss", "ScaledCosineEnergy"]
+__all__ = ["InfoNCELoss", "NTXentLoss", "ScaledCosineEnergy", "info_nce"]
 
 _FORMS = {"out": StarImplicitPrior, "in": PartnerMixturePrior}
 
@@ -556,3 +559,28 @@ class InfoNCELoss(torch.nn.Module):
         if self.reduction == "sum":
             return losses.sum()
         return losses
+
+
+def info_nce(logits: torch.Tensor) -> torch.Tensor:
+    r"""The InfoNCE loss (CPC, Oord et al. 2018) of a batch of N positive pairs (i, i) from its
+    logits :math:`F_{ij} = f(z_i, z'_j)`: the mean cross-entropy of row i against label i,
+
+    .. math::
+
+        \text{InfoNCE} = \frac1N \sum_i -\log \frac{e^{F_{ii}}}{\sum_j e^{F_{ij}}}.
+
+    The per-pair RPM ELBO under the implicit prior with energy f (Eq. 23-25 of Aitchison &
+    Ganev) is :math:`\mathcal{L}_i = F_{ii} - \log \frac1N \sum_j e^{F_{ij}}`, so
+    :math:`\frac1N \sum_i \mathcal{L}_i = -\text{InfoNCE} + \log N`.
+
+    :param torch.Tensor logits: :math:`F_{ij}`, shape (N, N); the positives on the diagonal.
+    :return: a scalar.
+    """
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 \
+            or logits.shape[0] != logits.shape[1]:
+        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(
+            "logits must be the square matrix F_ij = f(z_i, z'_j) of a batch of positive pairs, "
+            f"shape (N, N); got {shape}")
+    labels = torch.arange(logits.shape[0], device=logits.device)
+    return torch.nn.functional.cross_entropy(logits, labels)

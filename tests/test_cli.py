@@ -263,7 +263,7 @@ def test_import_rpm_leaves_out_the_trainer_tqdm_and_matplotlib():
 def test_flag_choices_written_in_the_commands_match_the_library():
     from rpm.data.synthetic import CONDITIONALS, MARGINALS, SPACES
     from rpm.experiments.identifiability import command, model
-    from rpm.models.mlp import ENCODER_SPACES
+    from rpm.experiments.identifiability.encoder import ENCODER_SPACES
 
     assert (command.SPACES, command.MARGINALS, command.CONDITIONALS) == (
         SPACES, MARGINALS, CONDITIONALS)

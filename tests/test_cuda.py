@@ -13,8 +13,10 @@ from torch.distributions import Normal
 
 import rpm
 from rpm.cli import main
-from rpm.marginals import gaussian_mixture_log_prob, streaming_gaussian_mixture_log_prob
-from rpm.ops import dense_gaussian_mixture_log_prob, ieee_float32_matmul, streaming_matmul_logsumexp
+from rpm.ops import gaussian_mixture_log_prob, streaming_matmul_logsumexp
+from rpm.ops.dispatch import ieee_float32_matmul
+from rpm.ops.gaussian_mixture import dense_gaussian_mixture_log_prob
+from rpm.ops.streaming import streaming_gaussian_mixture_log_prob
 from rpm.priors import CosineEnergy, ImplicitPrior, LpEnergy, RBFEnergy
 
 pytestmark = pytest.mark.cuda

@@ -25,9 +25,13 @@ def test_reference_builds_offline_with_warnings_as_errors(tmp_path):
                          str(source), str(html)])
     assert status == 0, "the reference has warnings: run the command of README's API reference"
     for page in ["index", "theory", "tutorials", "api/index", "api/rpm.priors", "api/rpm.models",
-                 "api/rpm.inference", "tutorials/01_infonce_is_an_rpm"]:
+                 "api/rpm.inference", "api/rpm.distributions", "tutorials/01_infonce_is_an_rpm"]:
         assert (html / f"{page}.html").is_file(), f"{page}.html was not built"
     priors = (html / "api" / "rpm.priors.html").read_text()
     assert 'id="rpm.priors.RBFEnergy"' in priors  # documented at its home, the package
     index = (html / "api" / "index.html").read_text()
     assert 'href="rpm.models.html#rpm.models.RPM"' in index  # rpm.RPM links to it
+    distributions = (html / "api" / "rpm.distributions.html").read_text()
+    assert 'id="rpm.distributions.GaussianStateSpace"' in distributions  # the package is its home
+    experiments = (html / "api" / "rpm.experiments.html").read_text()
+    assert 'id="rpm.experiments.identifiability.encoder.MLPEncoder"' in experiments

@@ -21,7 +21,8 @@ import pytest
 import torch
 
 import rpm
-from rpm.marginals import MixtureMarginal, gaussian_mixture_log_prob
+from rpm.marginals import MixtureMarginal
+from rpm.ops import gaussian_mixture_log_prob
 from rpm.priors import (
     AnisotropicEnergy,
     BilinearEnergy,

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rpm
-from rpm.marginals import gaussian_mixture_log_prob
+from rpm.ops import gaussian_mixture_log_prob
 from rpm.priors import (
     AnisotropicEnergy,
     BilinearEnergy,

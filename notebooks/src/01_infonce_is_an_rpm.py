@@ -148,7 +148,7 @@ for name, energy in energies.items():
     slow = -pyro.infer.Trace_ELBO().loss(m.model, m.guide, x64, x2_64) / N
     with torch.no_grad():
         logits = energy(m.encode(x64), m.encode(x2_64))
-    reference = -rpm.info_nce(logits).item() + math.log(N)
+    reference = -rpm.losses.info_nce(logits).item() + math.log(N)
     print(f"{name:15s} {fast:12.8f} {slow:13.8f} {reference:14.8f}")
 torch.set_default_dtype(torch.float32)
 

@@ -34,7 +34,8 @@ import torch
 from pyro.nn import PyroModule, PyroParam
 
 import rpm
-from rpm.priors import Energy, ImplicitPrior, LinearDynamicsPrior, squared_distances
+from rpm.ops import squared_distances
+from rpm.priors import Energy, ImplicitPrior, LinearDynamicsPrior
 
 SMOKE_TEST = os.environ.get("SMOKE_TEST") == "1"
 _ = torch.manual_seed(0)

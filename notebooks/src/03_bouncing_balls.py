@@ -34,8 +34,9 @@ import torch
 
 import rpm
 from rpm.data.bouncing_balls import generate_bouncing_balls
-from rpm.models.bouncing_balls import BallEncoder
-from rpm.priors import BallDynamicsPrior, BilinearEnergy, ImplicitPrior, RBFEnergy
+from rpm.experiments.bouncing_balls.circular_step import BallDynamicsPrior
+from rpm.experiments.bouncing_balls.encoders import BallEncoder
+from rpm.priors import BilinearEnergy, ImplicitPrior, RBFEnergy
 
 SMOKE_TEST = os.environ.get("SMOKE_TEST") == "1"
 _ = torch.manual_seed(0)

@@ -37,8 +37,8 @@ import torch
 
 import rpm
 from rpm.data.synthetic import InvertibleMLP, LatentProcess
+from rpm.experiments.identifiability.encoder import MLPEncoder
 from rpm.metrics import mcc, mcc_per_dimension, r2, r2_per_dimension
-from rpm.models import MLPEncoder
 from rpm.priors import AnisotropicEnergy, CosineEnergy, ImplicitPrior
 
 SMOKE_TEST = os.environ.get("SMOKE_TEST") == "1"

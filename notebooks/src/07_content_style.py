@@ -37,8 +37,8 @@ import torch
 import rpm
 from rpm.data.synthetic import ContentStyleProcess, InvertibleMLP
 from rpm.experiments.content_style.plots import plot_table
+from rpm.experiments.identifiability.encoder import MLPEncoder
 from rpm.metrics import block_r2
-from rpm.models import MLPEncoder
 from rpm.priors import ImplicitPrior, RBFEnergy
 
 SMOKE_TEST = os.environ.get("SMOKE_TEST") == "1"

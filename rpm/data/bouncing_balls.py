@@ -42,7 +42,7 @@ clipped to 1) for experiments that do not need that evaluation.
 
 Coordinates are in pixel units: pixel ``[i, j]`` (row ``i``, column ``j``) has centre
 :math:`(x, y) = (j + 1/2, i + 1/2)`, and a centre ``(x, y)`` lies in the box
-:math:`[0, S]^2`. This matches :class:`rpm.models.center_of_mass.CenterOfMass` with
+:math:`[0, S]^2`. This matches :class:`rpm.experiments.center_of_mass.CenterOfMass` with
 ``normalized=False``.
 
 References:

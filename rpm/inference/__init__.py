@@ -1,9 +1,8 @@
 """Inference: the RPM ELBO (:mod:`rpm.inference.objective`, :class:`RPMELBO`), the candidates of
 its normalisers (the batch, the global batch, a queue; :mod:`rpm.marginals.candidates`,
-re-exported here) and the reference InfoNCE loss."""
+re-exported here)."""
 
 from rpm.inference.elbo import RPMELBO, rpm_log_ratio
-from rpm.inference.losses import info_nce
 from rpm.inference.objective import elbo, rpm_elbo
 from rpm.marginals.candidates import Candidates, LatentQueue
 
@@ -12,7 +11,6 @@ __all__ = [
     "Candidates",
     "LatentQueue",
     "elbo",
-    "info_nce",
     "rpm_elbo",
     "rpm_log_ratio",
 ]

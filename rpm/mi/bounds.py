@@ -253,7 +253,7 @@ def info_nce_bound(scores: torch.Tensor) -> torch.Tensor:
         I_\text{NCE} = \frac1N \sum_i \Big[F_{ii} - \log \frac1N \sum_j e^{F_{ij}}\Big]
             = \log N - \text{InfoNCE loss}.
 
-    Computed by :func:`rpm.ops.diagonal_log_softmax` with offset :math:`\log N` (the package's
+    Computed by :func:`rpm.ops.logsumexp.diagonal_log_softmax` with offset :math:`\log N` (the package's
     one InfoNCE kernel). A lower bound on I in expectation for every critic, tight as
     :math:`N \to \infty` at :math:`f = \log r + c(x)`; low variance (each term is a log-softmax,
     at most 0); biased: each term is at most :math:`\log N`, so the estimate never exceeds

@@ -1,7 +1,6 @@
-"""Models: recognition models Q(z|x), the RPM itself, and encoders."""
+"""Models: recognition models Q(z|x) and the RPM itself."""
 
 from rpm.models.base import RPMBase
-from rpm.models.mlp import MLPEncoder
 from rpm.models.recognition import DeltaRecognition, GaussianRecognition, ScaleFloorWarning
 from rpm.models.rpm import RPM
 from rpm.models.sequence import SequenceRPM
@@ -9,7 +8,6 @@ from rpm.models.sequence import SequenceRPM
 __all__ = [
     "DeltaRecognition",
     "GaussianRecognition",
-    "MLPEncoder",
     "RPM",
     "RPMBase",
     "ScaleFloorWarning",

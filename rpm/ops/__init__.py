@@ -1,34 +1,22 @@
 r"""Numerical kernels of the package, apart from the distributions that use them (as
-:mod:`pyro.ops`): the minibatch-mixture log-density, dense, streamed in blocks and fused in
-Triton kernels on CUDA (for any other family of recognition distributions, in row blocks over
-its ``log_prob``), the streamed log-sum-exp of a matrix product and the underflow-safe dense
-one, weighted squared distances, powers of Lp distances in blocks, and the Kalman filter,
-smoother and backward sampler of linear-Gaussian state-space models (square-root recursions,
-associative scans over time for long sequences: :mod:`rpm.ops.kalman_scan`, or the window's
-dense joint Gaussian for short ones: :mod:`rpm.ops.kalman_dense`), with masks over frames."""
+:mod:`pyro.ops`): the minibatch-mixture log-density (Gaussian components through matrix
+products, dense or streamed in blocks, or fused in Triton kernels on CUDA; any other family in
+row blocks over its ``log_prob``),
+the underflow-safe log-sum-exp and the streamed log-sum-exp of a matrix product, weighted
+squared and Lp distances, and the Kalman filter, smoother, forecast and backward sampler of
+linear-Gaussian state-space models with masks over frames (square-root recursions, associative
+scans over time for long sequences: :mod:`rpm.ops.kalman_scan`, or the window's dense joint
+Gaussian for short ones: :mod:`rpm.ops.kalman_dense`), and the stationary covariance of a
+linear recursion.
 
-from rpm.ops.dispatch import (
-    default_block_size,
-    fused_mixture_kernel,
-    ieee_float32_matmul,
-    triton_available,
-    use_fused_mixture,
-    use_streaming,
-)
-from rpm.ops.distances import (
-    expansion_rounding_bound,
-    squared_distance_factors,
-    squared_distances,
-)
-from rpm.ops.distribution_mixture import (
-    distribution_mixture_block_rows,
-    distribution_mixture_log_prob,
-)
-from rpm.ops.gaussian_mixture import (
-    dense_gaussian_mixture_log_prob,
-    fused_gaussian_mixture_log_prob,
-    gaussian_mixture_log_prob,
-)
+The package exports the kernels a user writing a prior, an energy or a marginal calls; the
+dispatch policies, block sizes, rounding bounds and dense variants the core uses stay in their
+modules (:mod:`rpm.ops.dispatch`, :mod:`rpm.ops.distances`, :mod:`rpm.ops.gaussian_mixture`,
+:mod:`rpm.ops.logsumexp`, :mod:`rpm.ops.streaming` ...)."""
+
+from rpm.ops.distances import squared_distances
+from rpm.ops.distribution_mixture import distribution_mixture_log_prob
+from rpm.ops.gaussian_mixture import gaussian_mixture_log_prob
 from rpm.ops.kalman import (
     backward_sample,
     kalman_filter,
@@ -36,43 +24,21 @@ from rpm.ops.kalman import (
     kalman_log_prob,
     rts_smoother,
 )
-from rpm.ops.logsumexp import (
-    diagonal_log_softmax,
-    exp_floor,
-    safe_logsumexp,
-    streaming_matmul_logsumexp,
-)
-from rpm.ops.lp_distances import lp_distances, lp_paired_distances
+from rpm.ops.logsumexp import safe_logsumexp, streaming_matmul_logsumexp
+from rpm.ops.lp_distances import lp_distances
 from rpm.ops.lyapunov import stationary_covariance
-from rpm.ops.streaming import check_mixture_arguments, streaming_gaussian_mixture_log_prob
 
 __all__ = [
     "backward_sample",
-    "check_mixture_arguments",
-    "default_block_size",
-    "dense_gaussian_mixture_log_prob",
-    "diagonal_log_softmax",
-    "distribution_mixture_block_rows",
     "distribution_mixture_log_prob",
-    "exp_floor",
-    "expansion_rounding_bound",
-    "fused_gaussian_mixture_log_prob",
-    "fused_mixture_kernel",
     "gaussian_mixture_log_prob",
-    "ieee_float32_matmul",
     "kalman_filter",
     "kalman_forecast",
     "kalman_log_prob",
     "lp_distances",
-    "lp_paired_distances",
     "rts_smoother",
     "safe_logsumexp",
-    "stationary_covariance",
-    "squared_distance_factors",
     "squared_distances",
-    "streaming_gaussian_mixture_log_prob",
+    "stationary_covariance",
     "streaming_matmul_logsumexp",
-    "triton_available",
-    "use_fused_mixture",
-    "use_streaming",
 ]

@@ -1,6 +1,6 @@
 r"""The log-component matrix of a diagonal Gaussian mixture, block by block, shared by the dense
 (:func:`~rpm.ops.gaussian_mixture_log_prob`) and streamed
-(:func:`~rpm.ops.streaming_gaussian_mixture_log_prob`) kernels.
+(:func:`~rpm.ops.streaming.streaming_gaussian_mixture_log_prob`) kernels.
 
 For points :math:`z_m` and components :math:`(\mu_n, \sigma_n)`,
 

@@ -2,7 +2,7 @@ r"""The dispatch policy of the kernels of :mod:`rpm.ops`: when the mixture margi
 fused Triton kernel, when a matrix of pairwise terms is streamed in blocks instead of stored,
 how big the blocks are, and full-precision float32 matrix products.
 
-The fused kernel (:func:`~rpm.ops.fused_gaussian_mixture_log_prob`) serves the mixture
+The fused kernel (:func:`~rpm.ops.gaussian_mixture.fused_gaussian_mixture_log_prob`) serves the mixture
 marginal of float32 CUDA inputs with at most ``FUSED_MAX_DIM`` latent dimensions whenever Triton
 is importable, at every size: it never stores the M x N matrix and computes each pair in the
 difference form. That form has no matrix product: its backward pass costs about 13 scalar

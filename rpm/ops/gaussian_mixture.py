@@ -44,7 +44,8 @@ from rpm.ops.dispatch import (
 from rpm.ops.logsumexp import safe_logsumexp
 from rpm.ops.streaming import streaming_gaussian_mixture_log_prob
 
-__all__ = ["gaussian_mixture_log_prob"]
+__all__ = ["dense_gaussian_mixture_log_prob", "fused_gaussian_mixture_log_prob",
+           "gaussian_mixture_log_prob"]
 
 
 def fused_gaussian_mixture_log_prob(
@@ -159,9 +160,8 @@ def gaussian_mixture_log_prob(
     (:func:`~rpm.ops.dispatch.use_fused_mixture`). Otherwise the dispatch policy
     :func:`~rpm.ops.dispatch.use_streaming` chooses between the dense path
     (:func:`dense_gaussian_mixture_log_prob`, twice differentiable, O(M N) memory) and the
-    streamed kernel (:func:`~rpm.ops.streaming_gaussian_mixture_log_prob`, O((M + N) D)
-    memory); both go through matrix products (TF32 off, cancelling pairs recomputed exactly). A
-    ``block_size`` always streams.
+    streamed kernel (:func:`~rpm.ops.streaming.streaming_gaussian_mixture_log_prob`, O((M + N) D)
+    memory); a ``block_size`` always streams.
 
     :param torch.Tensor z: points, shape (M, D).
     :param torch.Tensor loc: component means, shape (N, D).

@@ -12,7 +12,6 @@ likelihood divides by, a structured posterior) and those of an :class:`Energy` a
 """
 
 from rpm.priors.base import Energy, Prior
-from rpm.priors.circular_step import BallDynamicsPrior, CircularStep
 from rpm.priors.energies import (
     AnisotropicEnergy,
     BilinearEnergy,
@@ -20,7 +19,6 @@ from rpm.priors.energies import (
     LpEnergy,
     NeuralEnergy,
     RBFEnergy,
-    squared_distances,
 )
 from rpm.priors.explicit import (
     GaussianRandomWalkPrior,
@@ -29,7 +27,6 @@ from rpm.priors.explicit import (
     LinearDynamicsPrior,
     RandomWalkEnergy,
 )
-from rpm.priors.generalized_normal import GeneralizedNormal
 from rpm.priors.implicit import ImplicitConditional, ImplicitPrior, implicit_log_ratio
 from rpm.priors.multiview import MultiViewImplicitPrior, PartnerMixturePrior, StarImplicitPrior
 from rpm.priors.pooled import PooledImplicitPrior
@@ -40,24 +37,15 @@ from rpm.priors.sequence import (
     MarkovPrior,
     SequencePrior,
 )
-from rpm.priors.state_space import (
-    GaussianStateSpace,
-    LinearGaussianPrior,
-    StateSpacePosterior,
-    StateSpacePrior,
-)
+from rpm.priors.state_space import LinearGaussianPrior, StateSpacePrior
 from rpm.priors.stationary import StationaryStateSpacePrior
 
 __all__ = [
     "AnisotropicEnergy",
-    "BallDynamicsPrior",
     "BilinearEnergy",
-    "CircularStep",
     "CosineEnergy",
     "Energy",
     "GaussianRandomWalkPrior",
-    "GaussianStateSpace",
-    "GeneralizedNormal",
     "GeneralizedNormalRandomWalkPrior",
     "ImplicitConditional",
     "ImplicitPrior",
@@ -78,9 +66,7 @@ __all__ = [
     "RandomWalkEnergy",
     "SequencePrior",
     "StarImplicitPrior",
-    "StateSpacePosterior",
     "StateSpacePrior",
     "StationaryStateSpacePrior",
     "implicit_log_ratio",
-    "squared_distances",
 ]

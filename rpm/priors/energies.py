@@ -45,7 +45,6 @@ __all__ = [
     "LpEnergy",
     "NeuralEnergy",
     "RBFEnergy",
-    "squared_distances",
 ]
 
 
@@ -186,7 +185,7 @@ class RBFEnergy(Energy):
     Under a uniform Q(z') this is the Gaussian conditional :math:`P(z'|z) = \mathcal{N}(z, l^2 I)`;
     it encodes "adjacent frames have nearby latents", which is what makes the bouncing-balls
     experiment work where the bilinear critic fails. Matrix-product factors: the expanded
-    squared distance with weights :math:`1/l^2` (:func:`~rpm.ops.squared_distance_factors`).
+    squared distance with weights :math:`1/l^2` (:func:`~rpm.ops.distances.squared_distance_factors`).
 
     :param float lengthscale: initial :math:`l > 0` (float64 until cast).
     :param bool learn_lengthscale: learn l (a positive :class:`PyroParam`).

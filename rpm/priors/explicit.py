@@ -23,8 +23,8 @@ from pyro.nn import PyroParam
 from torch.distributions import constraints
 
 from rpm._validation import check_positive_int
+from rpm.distributions.generalized_normal import GeneralizedNormal
 from rpm.priors.base import Energy, Prior, positive_hyperparameter
-from rpm.priors.generalized_normal import GeneralizedNormal
 
 __all__ = ["GaussianRandomWalkPrior", "GeneralizedNormalRandomWalkPrior", "LaplaceRandomWalkPrior",
            "LinearDynamicsPrior", "RandomWalkEnergy"]
@@ -121,7 +121,7 @@ class GeneralizedNormalRandomWalkPrior(_RandomWalkPrior):
         P(z'|z) = \prod_{d=1}^D \frac{\beta}{2 \alpha \Gamma(1/\beta)}
             \exp\Big(-\Big|\frac{z'_d - z_d}{\alpha}\Big|^\beta\Big)
 
-    (:class:`~rpm.priors.GeneralizedNormal`), with s, the step scale :math:`\alpha` and, with
+    (:class:`~rpm.distributions.GeneralizedNormal`), with s, the step scale :math:`\alpha` and, with
     ``learn_shape``, the shape :math:`\beta` learned: :math:`\beta = 2` is the Gaussian walk,
     1 the Laplace walk, and :math:`\beta < 1` the sparser steps of natural video (Klindt et
     al. 2021).

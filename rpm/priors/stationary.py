@@ -32,9 +32,9 @@ chain :math:`(A_0, Q_0)` is such a chain in the basis that whitens its stationar
 :math:`P_0 = S S^\top`: :math:`A = S^{-1} A_0 S`, :math:`C = C_0 S`
 (:meth:`StationaryStateSpacePrior.from_dynamics`).
 
-The log-likelihood is the Kalman filter's (:class:`~rpm.priors.GaussianStateSpace`, square-root
+The log-likelihood is the Kalman filter's (:class:`~rpm.distributions.GaussianStateSpace`, square-root
 form in float64), the structured guide the same as the free prior's
-(:class:`~rpm.priors.StateSpacePosterior`). Pyro's :class:`~pyro.distributions.GaussianHMM`
+(:class:`~rpm.distributions.StateSpacePosterior`). Pyro's :class:`~pyro.distributions.GaussianHMM`
 with initial state :math:`\mathcal{N}(0, I)` describes this chain without any conversion: one
 transition from the stationary distribution leaves it unchanged.
 """
@@ -47,8 +47,9 @@ from pyro.nn import PyroParam
 from torch.distributions import constraints
 
 from rpm._validation import check_positive_int
+from rpm.distributions.state_space import GaussianStateSpace
 from rpm.ops.lyapunov import stationary_covariance
-from rpm.priors.state_space import GaussianStateSpace, LinearGaussianPrior, _cholesky_init
+from rpm.priors.state_space import LinearGaussianPrior, _cholesky_init
 
 __all__ = ["StationaryStateSpacePrior", "contraction_weight"]
 
@@ -89,7 +90,7 @@ class StationaryStateSpacePrior(LinearGaussianPrior):
     stays at its start as a buffer, kept in the ``state_dict``). Every frame's latent has the
     same marginal :math:`\mathcal{N}(b, C C^\top + R)` (:meth:`marginal`). Called inside the
     model's plate over sequences as ``prior(q)`` it declares ``"z"`` ~
-    :class:`~rpm.priors.GaussianStateSpace` (event_shape (T, D)); :meth:`posterior` is the
+    :class:`~rpm.distributions.GaussianStateSpace` (event_shape (T, D)); :meth:`posterior` is the
     structured guide; as an explicit density it needs stochastic recognition (Appendix B of
     Aitchison & Ganev).
 

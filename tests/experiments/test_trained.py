@@ -215,7 +215,7 @@ def test_a_pendulum_run_on_colour_non_square_videos_loads(tmp_path):
 def test_an_identifiability_run_on_pairs_of_another_dimension_loads(tmp_path):
     """Pairs of P = 5 numbers for n = 3 latents (in_dim != dim): the record holds in_dim, and the
     loaded model encodes new inputs as the MLP encoder P -> n given the checkpoint's weights."""
-    from rpm.models.mlp import MLPEncoder
+    from rpm.experiments.identifiability.encoder import MLPEncoder
 
     views = torch.randn(40, 2, 5, generator=torch.Generator().manual_seed(0))
     out = _run_on_file(tmp_path, "identifiability", {"views": views.numpy()}, "--dim", "3",

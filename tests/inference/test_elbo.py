@@ -77,7 +77,7 @@ def test_elbo_is_minus_infonce_plus_log_n(energy, batch):
         logits = model.prior.energy(z, z2)
     expected = -info_nce_loop(logits) + math.log(N)
     assert abs(-loss.item() / N - expected) < 1e-10
-    assert abs(rpm.info_nce(logits).item() - info_nce_loop(logits)) < 1e-10
+    assert abs(rpm.losses.info_nce(logits).item() - info_nce_loop(logits)) < 1e-10
     per_pair = rpm.priors.implicit_log_ratio(logits)
     assert abs(per_pair.mean().item() - expected) < 1e-10
     # Pyro's own Trace_ELBO on the same model gives the same number.

@@ -4,8 +4,9 @@ as eager, on one small case with several blocks, anchors and refined pairs."""
 import pytest
 import torch
 
-from rpm.ops import streaming_gaussian_mixture_log_prob, streaming_matmul_logsumexp
+from rpm.ops import streaming_matmul_logsumexp
 from rpm.ops._mixture_terms import MixtureTerms
+from rpm.ops.streaming import streaming_gaussian_mixture_log_prob
 from tests.ops.test_mixture_terms import mixture_loop, regime
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]

@@ -1,4 +1,4 @@
-"""``rpm.ops.diagonal_log_softmax``, the per-pair InfoNCE terms of the dense implicit prior
+"""``rpm.ops.logsumexp.diagonal_log_softmax``, the per-pair InfoNCE terms of the dense implicit prior
 (Eq. 23-25 of Aitchison & Ganev), against a float64 loop written from the equation, autograd's
 gradient of that loop, ``gradcheck`` and the float64 value of float32 logits spread over up to
 1e4 nats."""
@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from rpm.ops import diagonal_log_softmax, safe_logsumexp
+from rpm.ops import safe_logsumexp
+from rpm.ops.logsumexp import diagonal_log_softmax
 from rpm.priors import implicit_log_ratio
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -5,7 +5,8 @@ import torch
 
 import rpm.ops.dispatch as dispatch
 import rpm.ops.logsumexp as logsumexp
-from rpm.ops import gaussian_mixture_log_prob, ieee_float32_matmul, use_streaming
+from rpm.ops import gaussian_mixture_log_prob
+from rpm.ops.dispatch import ieee_float32_matmul, use_streaming
 from rpm.priors import CosineEnergy, ImplicitPrior
 
 

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from rpm.ops import expansion_rounding_bound, squared_distance_factors, squared_distances
+from rpm.ops import squared_distances
+from rpm.ops.distances import expansion_rounding_bound, squared_distance_factors
 
 
 def loop_distances(a, b, weight):

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rpm.marginals import gaussian_mixture_log_prob
+from rpm.ops import gaussian_mixture_log_prob
 
 
 def mixture_loop(z, loc, scale, exclude_self=False):

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from rpm.marginals import streaming_matmul_logsumexp
+from rpm.ops import streaming_matmul_logsumexp
 from rpm.priors import (
     AnisotropicEnergy,
     BilinearEnergy,

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from rpm.ops import lp_distances, lp_paired_distances
+from rpm.ops import lp_distances
+from rpm.ops.lp_distances import lp_paired_distances
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -7,7 +7,8 @@ import torch
 from torch.distributions import Normal
 
 import rpm.ops.dispatch as dispatch
-from rpm.marginals import gaussian_mixture_log_prob, streaming_gaussian_mixture_log_prob
+from rpm.ops import gaussian_mixture_log_prob
+from rpm.ops.streaming import streaming_gaussian_mixture_log_prob
 
 cuda = pytest.mark.cuda
 

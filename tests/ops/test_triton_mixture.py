@@ -18,16 +18,16 @@ import numpy as np
 import pytest
 import torch
 
-from rpm.ops import (
-    fused_gaussian_mixture_log_prob,
+from rpm.ops import gaussian_mixture_log_prob
+from rpm.ops.dispatch import (
+    FUSED_MAX_DIM,
     fused_mixture_kernel,
-    gaussian_mixture_log_prob,
     ieee_float32_matmul,
-    streaming_gaussian_mixture_log_prob,
     triton_available,
     use_fused_mixture,
 )
-from rpm.ops.dispatch import FUSED_MAX_DIM
+from rpm.ops.gaussian_mixture import fused_gaussian_mixture_log_prob
+from rpm.ops.streaming import streaming_gaussian_mixture_log_prob
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 

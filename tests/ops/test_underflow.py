@@ -9,13 +9,9 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from rpm.ops import (
-    exp_floor,
-    gaussian_mixture_log_prob,
-    safe_logsumexp,
-    streaming_gaussian_mixture_log_prob,
-    streaming_matmul_logsumexp,
-)
+from rpm.ops import gaussian_mixture_log_prob, safe_logsumexp, streaming_matmul_logsumexp
+from rpm.ops.logsumexp import exp_floor
+from rpm.ops.streaming import streaming_gaussian_mixture_log_prob
 from rpm.priors import CosineEnergy, ImplicitPrior, NeuralEnergy, PooledImplicitPrior, RBFEnergy
 from rpm.priors.implicit import energy_log_normalizer
 

@@ -3,15 +3,8 @@
 import pytest
 import torch
 
-from rpm.priors import (
-    AnisotropicEnergy,
-    BilinearEnergy,
-    CosineEnergy,
-    LpEnergy,
-    NeuralEnergy,
-    RBFEnergy,
-    squared_distances,
-)
+from rpm.ops import squared_distances
+from rpm.priors import AnisotropicEnergy, BilinearEnergy, CosineEnergy, LpEnergy, NeuralEnergy, RBFEnergy
 
 D = 4
 

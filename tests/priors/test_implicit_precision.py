@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import rpm.ops.logsumexp as logsumexp
-from rpm.ops import expansion_rounding_bound, squared_distance_factors
+from rpm.ops.distances import expansion_rounding_bound, squared_distance_factors
 from rpm.priors import ImplicitPrior, RBFEnergy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

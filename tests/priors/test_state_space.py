@@ -9,7 +9,8 @@ from pyro.distributions import Delta, GaussianHMM, MultivariateNormal, Normal
 from pyro.nn import PyroParam
 from torch.distributions import constraints
 
-from rpm.priors.state_space import GaussianStateSpace, StateSpacePosterior, StateSpacePrior
+from rpm.distributions import GaussianStateSpace, StateSpacePosterior
+from rpm.priors import StateSpacePrior
 from tests.ops.test_kalman import condition, dense_joint, random_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -4,8 +4,8 @@ frame (a fixed DeltaRecognition noise), with the same values as per-frame recurs
 import pytest
 import torch
 
+from rpm.distributions.state_space import StateSpacePosterior
 from rpm.priors import StateSpacePrior
-from rpm.priors.state_space import StateSpacePosterior
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -10,9 +10,10 @@ from pyro.distributions import GaussianHMM, MultivariateNormal
 from pyro.infer import Trace_ELBO
 
 from rpm import RPMELBO, GaussianRecognition
+from rpm.distributions import GaussianStateSpace
 from rpm.models.sequence import SequenceRPM
 from rpm.ops.lyapunov import stationary_covariance
-from rpm.priors import GaussianStateSpace, StationaryStateSpacePrior
+from rpm.priors import StationaryStateSpacePrior
 from rpm.priors.stationary import contraction_weight
 from tests.helpers import GaussianHead
 

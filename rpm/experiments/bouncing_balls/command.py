@@ -3,7 +3,7 @@ Appendix D of Aitchison & Ganev; ``docs/theory.md``, *Bouncing balls*).
 
 One continuous video (:func:`~rpm.data.bouncing_balls.generate_bouncing_balls`) shows three
 balls, each in its own colour channel. An RPM with the encoder
-:class:`~rpm.models.bouncing_balls.BallEncoder` (two batch-normalised convolutions and the soft
+:class:`~rpm.experiments.bouncing_balls.encoders.BallEncoder` (two batch-normalised convolutions and the soft
 centre of mass of 3 feature maps: 6 numbers) is trained on the pairs of consecutive frames of
 the first ``--frames - --test-frames`` frames, the other pairs of the minibatch serving as
 negatives through the minibatch-mixture marginal. The loss is the negative RPM ELBO per pair
@@ -16,7 +16,7 @@ bilinear     implicit prior, :math:`f(z,z') = z^\top W z'`, W learned from I: CP
              critic (Eq. 8)
 cosine       implicit prior, :math:`f(z,z') = \kappa \hat z^\top \hat z'`, :math:`\kappa` learned
              from 10 (SimCLR / vMF-InfoNCE)
-dynamics     explicit prior :class:`~rpm.priors.circular_step.BallDynamicsPrior`:
+dynamics     explicit prior :class:`~rpm.experiments.bouncing_balls.circular_step.BallDynamicsPrior`:
              each ball moves by a learned step length in a uniformly random direction (the
              velocity, invisible in a pair of frames, marginalised out), with a recognition
              model :math:`\mathcal{N}(\mu(x), \epsilon^2 I)`, :math:`\epsilon` = ``--noise-scale``
@@ -225,7 +225,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--state-space-objective", choices=("rpm", "rp-gssm"), default="rpm",
                        help="objective of the stationary state-space prior: the RPM ELBO with "
                        "the structured guide, or RP-GSSM's (each frame's own marginal "
-                       "likelihood of the factors subtracted, rpm.inference.rp_gssm) "
+                       "likelihood of the factors subtracted, rpm.experiments.bouncing_balls.rp_gssm) "
                        "(default: rpm)")
     group.add_argument("--state-space-steps", type=positive_int, default=STATE_SPACE_STEPS,
                        help="most training steps of the state-space prior (its run stops earlier "
@@ -398,7 +398,7 @@ def model_arguments(name: str, args: argparse.Namespace, in_channels: int) -> di
 
 
 def build_model(name: str, args: argparse.Namespace, in_channels: int):
-    """The RPM of prior ``name`` with a fresh :class:`~rpm.models.bouncing_balls.BallEncoder`
+    """The RPM of prior ``name`` with a fresh :class:`~rpm.experiments.bouncing_balls.encoders.BallEncoder`
     (6 outputs, pixel units); for ``"state-space"`` the :class:`~rpm.SequenceRPM` of
     :func:`~rpm.experiments.bouncing_balls.state_space.build_state_space_model`:
     :func:`model_from_arguments` of :func:`model_arguments`.
@@ -418,8 +418,9 @@ def model_from_arguments(arguments: dict):
     :rtype: rpm.RPM or rpm.SequenceRPM
     """
     import rpm
-    from rpm.models.bouncing_balls import BallEncoder
-    from rpm.priors import BallDynamicsPrior, BilinearEnergy, CosineEnergy, ImplicitPrior, RBFEnergy
+    from rpm.experiments.bouncing_balls.circular_step import BallDynamicsPrior
+    from rpm.experiments.bouncing_balls.encoders import BallEncoder
+    from rpm.priors import BilinearEnergy, CosineEnergy, ImplicitPrior, RBFEnergy
 
     name, in_channels = arguments["prior"], arguments["in_channels"]
     args = argparse.Namespace(**arguments["flags"])
@@ -571,9 +572,9 @@ def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train
     from rpm.data.missing import drop_frames
     from rpm.experiments.bouncing_balls.evaluate import evaluate
     from rpm.experiments.bouncing_balls.missing_frames import evaluate_missing_frames
+    from rpm.experiments.bouncing_balls.rp_gssm import rp_gssm_elbo
     from rpm.experiments.bouncing_balls.state_space import evaluate_dynamics, window_batch
     from rpm.experiments.trained import write_model_record
-    from rpm.inference.rp_gssm import rp_gssm_elbo
     from rpm.training.trainer import Trainer
 
     seed_everything(args.seed)  # each prior's run is the same whichever others run with it

@@ -64,7 +64,7 @@ def encode(encoder: torch.nn.Module, frames: torch.Tensor, chunk: int = 256) -> 
     statistics, so that a frame's code does not depend on its batch), float64 on the CPU.
     Leaves the encoder in evaluation mode.
 
-    :param torch.nn.Module encoder: e.g. :class:`~rpm.models.bouncing_balls.BallEncoder`.
+    :param torch.nn.Module encoder: e.g. :class:`~rpm.experiments.bouncing_balls.encoders.BallEncoder`.
     :param torch.Tensor frames: Shape: (T, C, H, W).
     :param int chunk: frames per forward pass.
     :return: Shape: (T, 2K).

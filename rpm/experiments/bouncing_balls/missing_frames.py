@@ -3,7 +3,7 @@ when a fraction of the held-out frames is dropped at random (issue "Sequences 2"
 
 With a mask over frames (:func:`rpm.data.missing.drop_frames`, each held-out frame dropped
 with probability p) the learned chain is conditioned on the recognition means of the observed
-frames only (:class:`~rpm.priors.StateSpacePosterior` with the mask: the Kalman filter skips
+frames only (:class:`~rpm.distributions.StateSpacePosterior` with the mask: the Kalman filter skips
 the dropped frames' updates), and the scores are those of
 :func:`~rpm.experiments.bouncing_balls.state_space.evaluate_dynamics`, decoded to positions by
 the same affine decoder fitted on the training frames' means:
@@ -58,7 +58,7 @@ def evaluate_missing_frames(model: rpm.SequenceRPM, frames: torch.Tensor, centre
     dropped with probability ``fraction`` (module docstring). The encoder is left in
     evaluation mode.
 
-    :param model: a SequenceRPM with a :class:`~rpm.models.bouncing_balls.GaussianBallEncoder`
+    :param model: a SequenceRPM with a :class:`~rpm.experiments.bouncing_balls.encoders.GaussianBallEncoder`
         and a state-space prior (:class:`~rpm.priors.StationaryStateSpacePrior` or
         :class:`~rpm.priors.StateSpacePrior`).
     :param torch.Tensor frames: the whole video, shape (F, C, H, W).
@@ -82,9 +82,9 @@ def evaluate_missing_frames(model: rpm.SequenceRPM, frames: torch.Tensor, centre
     observation, offset = params["observation_matrix"], params["observation_offset"]
 
     def read_out(observed: torch.Tensor | None):
-        chain = rpm.priors.GaussianStateSpace(**params, duration=num_frames,
+        chain = rpm.distributions.GaussianStateSpace(**params, duration=num_frames,
                                               mask=None if observed is None else observed[None])
-        filtered = rpm.priors.StateSpacePosterior(chain, loc[None], scale[None]).filtered
+        filtered = rpm.distributions.StateSpacePosterior(chain, loc[None], scale[None]).filtered
         smoothed = rts_smoother(filtered, params["transition_matrix"],
                                 params["transition_scale_tril"]).loc[0]  # (F, H)
         forecast = _decode(filtered.predicted_loc[0] @ observation.T + offset, position)

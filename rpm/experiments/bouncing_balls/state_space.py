@@ -3,7 +3,7 @@ r"""The state-space prior of ``rpm bouncing-balls``: an RPM over windows of T co
 A prior over a *pair* of frames cannot know that a ball keeps moving: two frames show no
 velocity. :class:`~rpm.SequenceRPM` with a state-space prior sees windows of ``--window``
 consecutive frames (8 by default) and models the 6 numbers of
-:class:`~rpm.models.bouncing_balls.GaussianBallEncoder` as the noisy read-out of a hidden state
+:class:`~rpm.experiments.bouncing_balls.encoders.GaussianBallEncoder` as the noisy read-out of a hidden state
 of positions and velocities (H = 12). Two priors (``--state-space-prior``):
 
 * ``stationary`` (the default), :class:`~rpm.priors.StationaryStateSpacePrior`: the scale-pinned
@@ -21,14 +21,14 @@ of positions and velocities (H = 12). Two priors (``--state-space-prior``):
 
 The encoder's recognition noise :math:`\sigma` is fixed (``--state-space-noise``) unless
 ``--learn-recognition-noise``. The guide is the structured posterior
-(:class:`~rpm.priors.StateSpacePosterior`): the chain conditioned on the recognition means as
+(:class:`~rpm.distributions.StateSpacePosterior`): the chain conditioned on the recognition means as
 Gaussian pseudo-observations, sampled by forward filtering and backward sampling, so the
 latents of a window are inferred together (``guide="recognition"`` is the ablation). The
 objective is the RPM ELBO, or RP-GSSM's (``--state-space-objective rp-gssm``,
-:mod:`rpm.inference.rp_gssm`). The marginals are per view (the mixture over the t-th frames of
-the batch's windows), the :class:`~rpm.SequenceRPM` default: pooling them over all frames (the
-video is stationary and the encoder shared, so it is allowed) gave a lower position R^2 in the
-measurements of ``benchmarks/README.md``.
+:mod:`rpm.experiments.bouncing_balls.rp_gssm`). The marginals are per view (the mixture over
+the t-th frames of the batch's windows), the :class:`~rpm.SequenceRPM` default: pooling them
+over all frames (the video is stationary and the encoder shared, so it is allowed) gave a lower
+position R^2 in the measurements of ``benchmarks/README.md``.
 
 **Training length.** At most ``--state-space-steps`` (1500) steps; the run stops earlier when it
 has converged (:func:`~rpm.experiments.bouncing_balls.command.converged`: the mean training loss
@@ -93,9 +93,9 @@ from typing import NamedTuple
 import torch
 
 import rpm
+from rpm.experiments.bouncing_balls.encoders import GaussianBallEncoder
 from rpm.experiments.bouncing_balls.evaluate import encode, fit_linear_decoder
 from rpm.metrics import r2_per_dimension
-from rpm.models.bouncing_balls import GaussianBallEncoder
 from rpm.ops.kalman import rts_smoother
 from rpm.priors import StateSpacePrior, StationaryStateSpacePrior
 
@@ -265,8 +265,8 @@ def evaluate_dynamics(model: rpm.SequenceRPM, frames: torch.Tensor, centres: tor
     learned = model.prior.distribution(loc.shape[0])
     params = {name: getattr(learned, name).detach().to("cpu", torch.float64)
               for name in learned.arg_constraints}
-    chain = rpm.priors.GaussianStateSpace(**params, duration=loc.shape[0])
-    posterior = rpm.priors.StateSpacePosterior(chain, loc[None], scale[None])
+    chain = rpm.distributions.GaussianStateSpace(**params, duration=loc.shape[0])
+    posterior = rpm.distributions.StateSpacePosterior(chain, loc[None], scale[None])
     filtered = posterior.filtered  # Kalman filter of mu_{1:F} under noise R + Sigma
     smoothed = rts_smoother(filtered, params["transition_matrix"],
                             params["transition_scale_tril"]).loc[0]  # (F, H)

@@ -6,7 +6,8 @@ Latents :math:`z = (c, s)`, :math:`n_c = n_s = 5`, and positive pairs that keep 
 change each style coordinate with probability ``p_change``
 (:class:`~rpm.data.synthetic.ContentStyleProcess`) are mixed by a random invertible 3-layer
 leaky-ReLU MLP g (:class:`~rpm.data.synthetic.InvertibleMLP`, slope 0.2) into
-:math:`x = g(z)`. An MLP encoder (:class:`~rpm.models.MLPEncoder`) to ``--content-dims``
+:math:`x = g(z)`. An MLP encoder
+(:class:`~rpm.experiments.identifiability.encoder.MLPEncoder`) to ``--content-dims``
 outputs is the recognition model of an RPM whose prior keeps the content, in one of two forms
 (``--prior``, :mod:`~rpm.experiments.content_style.model`): the implicit prior with an RBF
 energy (InfoNCE, the paper's loss) or the explicit Gaussian transition (AlignMaxEnt).

@@ -50,13 +50,13 @@ PRIORS = ("rbf", "gaussian")
 def model_from_arguments(arguments: dict) -> rpm.RPM:
     """The untrained model of ``rpm content-style`` from its model record
     (:mod:`rpm.experiments.trained`): :func:`build_model` of the
-    :class:`~rpm.models.MLPEncoder` ``(content_dims, hidden, depth, "unbounded",
+    :class:`~rpm.experiments.identifiability.encoder.MLPEncoder` ``(content_dims, hidden, depth, "unbounded",
     in_dim=dim)``.
 
     :param dict arguments: ``dim`` (n, the observations), ``content_dims`` (m, the
         representation), ``hidden``, ``depth``, ``prior``, ``lengthscale``, ``noise_scale``.
     """
-    from rpm.models.mlp import MLPEncoder
+    from rpm.experiments.identifiability.encoder import MLPEncoder
 
     encoder = MLPEncoder(arguments["content_dims"], arguments["hidden"], arguments["depth"],
                          "unbounded", in_dim=arguments["dim"])

@@ -96,7 +96,7 @@ __all__ = ["CONDITIONALS", "ENCODER_SPACES", "ENERGIES", "MARGINALS", "SPACES", 
 
 # The choices of the flags, written out so that the parser is built without importing torch
 # (``python -m rpm --help`` stays fast); tests check them against the library's own tuples
-# (rpm.data.synthetic, rpm.models.mlp and .model).
+# (rpm.data.synthetic, rpm.experiments.identifiability.encoder and .model).
 SPACES = ("sphere", "box", "unbounded")
 MARGINALS = ("uniform", "normal", "laplace")
 CONDITIONALS = ("vmf", "normal", "laplace", "gennorm", "anisotropic")

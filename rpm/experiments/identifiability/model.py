@@ -1,5 +1,5 @@
 r"""Model of the ``rpm identifiability`` experiment: the energies of the implicit prior and the
-RPM that joins them to the encoder (:class:`rpm.models.MLPEncoder`).
+RPM that joins them to the encoder (:class:`rpm.experiments.identifiability.encoder.MLPEncoder`).
 
 The RPM is :math:`Q(z|x) = \delta(z - h(x))` with the implicit prior of energy f (Eq. 21-22 of
 Aitchison & Ganev), so its negative ELBO per pair is the InfoNCE loss with critic f minus
@@ -77,16 +77,18 @@ def build_rpm(encoder: nn.Module, energy) -> rpm.RPM:
 def model_from_arguments(arguments: dict, compile: bool = False) -> rpm.RPM:
     r"""The untrained model of ``rpm identifiability`` from its model record
     (:mod:`rpm.experiments.trained`): :func:`build_rpm` of the
-    :class:`~rpm.models.MLPEncoder` ``(dim, hidden, depth, encoder_space, in_dim=in_dim)`` and
+    :class:`~rpm.experiments.identifiability.encoder.MLPEncoder`
+    ``(dim, hidden, depth, encoder_space, in_dim=in_dim)`` and
     :func:`build_energy` ``(energy, dim, tau, p, learn_temperature, encoder_space)``.
 
     :param dict arguments: ``energy``, ``dim`` (the latents n), ``in_dim`` (P, the dimension of
         an observation; n if absent, as in the records written before ``--data``), ``hidden``,
         ``depth``, ``encoder_space``, ``tau``, ``p``, ``learn_temperature``.
-    :param bool compile: compile the encoder's MLP (:class:`~rpm.models.MLPEncoder`; the same
-        parameters either way).
+    :param bool compile: compile the encoder's MLP
+        (:class:`~rpm.experiments.identifiability.encoder.MLPEncoder`; the same parameters
+        either way).
     """
-    from rpm.models.mlp import MLPEncoder
+    from rpm.experiments.identifiability.encoder import MLPEncoder
 
     encoder = MLPEncoder(arguments["dim"], arguments["hidden"], arguments["depth"],
                          arguments["encoder_space"], compile=compile,

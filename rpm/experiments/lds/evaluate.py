@@ -4,7 +4,7 @@ k-step forecasts.
 
 **Smoothed latents.** Given the encoder's means :math:`\mu_{1:T}` and noise :math:`\sigma` of a
 whole sequence, the learned chain conditioned on them as pseudo-observations (the structured
-guide, :class:`~rpm.priors.StateSpacePosterior`) is filtered and smoothed (RTS): the smoothed
+guide, :class:`~rpm.distributions.StateSpacePosterior`) is filtered and smoothed (RTS): the smoothed
 latents are :math:`E[s_t | \mu_{1:T}]`, shape (N, T, H).
 
 **Held-out R^2.** A least-squares affine map from the smoothed latents to the true state is
@@ -34,9 +34,9 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
+from rpm.distributions import StateSpacePosterior
 from rpm.metrics import r2_per_dimension
 from rpm.ops.kalman import KalmanFilterResult, rts_smoother
-from rpm.priors import StateSpacePosterior
 
 __all__ = ["Inference", "affine_apply", "affine_fit", "decoded_states", "eigenvalue_error",
            "forecast_errors", "heldout_r2", "infer_states"]
@@ -68,7 +68,7 @@ def infer_states(model, x: torch.Tensor, chunk: int = 64, mask: torch.Tensor | N
     put in evaluation mode.
 
     :param model: a :class:`~rpm.SequenceRPM` whose recognition returns a diagonal Gaussian and
-        whose prior has ``distribution(T)`` (a :class:`~rpm.priors.GaussianStateSpace`).
+        whose prior has ``distribution(T)`` (a :class:`~rpm.distributions.GaussianStateSpace`).
     :param torch.Tensor x: the sequences, shape (N, T, ...).
     :param int chunk: sequences encoded at once.
     :param mask: missing frames: None, or a bool tensor (N, T), True where the frame is

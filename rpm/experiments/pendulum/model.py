@@ -5,7 +5,7 @@ scale of the means is free).
 **Keypoints** (:class:`GaussianKeypointEncoder`, the default): convolutions at full resolution
 give K maps of logits :math:`h_{k,ij}`; a softmax over the pixels of each map and its centre of
 mass (the spatial soft-argmax of Levine et al. 2016 and Finn et al. 2016,
-:class:`~rpm.models.center_of_mass.CenterOfMass`) give K points,
+:class:`~rpm.experiments.center_of_mass.CenterOfMass`) give K points,
 
 .. math::
 
@@ -49,7 +49,7 @@ import torch
 from torch import nn
 
 from rpm._validation import check_int, check_positive, check_positive_int
-from rpm.models.center_of_mass import CenterOfMass
+from rpm.experiments.center_of_mass import CenterOfMass
 
 __all__ = ["ENCODERS", "GaussianConvEncoder", "GaussianKeypointEncoder", "build_encoder",
            "model_from_arguments"]

@@ -212,8 +212,8 @@ def test_rpm_load_gives_each_prior_in_eval_mode(reference):
     normalisation), and their read-out of the run's video gives the run's own held-out R^2."""
     import rpm
     from rpm.data.bouncing_balls import generate_bouncing_balls
+    from rpm.experiments.bouncing_balls.encoders import BallEncoder
     from rpm.experiments.bouncing_balls.evaluate import evaluate
-    from rpm.models.bouncing_balls import BallEncoder
     from rpm.training.checkpoint import load_checkpoint
     from rpm.training.run_folder import RunFolderError
 

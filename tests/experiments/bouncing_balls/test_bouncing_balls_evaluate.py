@@ -7,7 +7,7 @@ import torch
 
 from rpm.data.bouncing_balls import generate_bouncing_balls
 from rpm.experiments.bouncing_balls.evaluate import encode, evaluate, fit_linear_decoder
-from rpm.models.center_of_mass import CenterOfMass
+from rpm.experiments.center_of_mass import CenterOfMass
 
 
 class _DistortedCentres(torch.nn.Module):

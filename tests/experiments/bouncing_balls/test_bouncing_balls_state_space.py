@@ -11,6 +11,7 @@ import torch
 
 from rpm.cli import main
 from rpm.data.bouncing_balls import generate_bouncing_balls
+from rpm.distributions import GaussianStateSpace
 from rpm.experiments.bouncing_balls.command import converged
 from rpm.experiments.bouncing_balls.evaluate import fit_linear_decoder
 from rpm.experiments.bouncing_balls.state_space import (
@@ -19,7 +20,6 @@ from rpm.experiments.bouncing_balls.state_space import (
     evaluate_dynamics,
     window_batch,
 )
-from rpm.priors import GaussianStateSpace
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -13,7 +13,7 @@ from rpm.experiments.common import derived_seed
 from rpm.experiments.content_style import command, model
 from rpm.experiments.content_style.train import block_scores
 from rpm.experiments.identifiability.data import held_out_set
-from rpm.models.mlp import MLPEncoder
+from rpm.experiments.identifiability.encoder import MLPEncoder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -136,8 +136,8 @@ def test_rpm_load_gives_each_trained_energy_in_eval_mode(tmp_path):
     from rpm.data.synthetic import InvertibleMLP
     from rpm.experiments.common import derived_seed
     from rpm.experiments.identifiability.data import held_out_set
+    from rpm.experiments.identifiability.encoder import MLPEncoder
     from rpm.metrics import r2
-    from rpm.models.mlp import MLPEncoder
     from rpm.training.checkpoint import load_checkpoint
     from rpm.training.run_folder import RunFolderError
 

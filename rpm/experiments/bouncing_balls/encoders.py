@@ -6,7 +6,7 @@ Two batch-normalised convolutions turn a frame into ``num_maps`` feature maps in
 
     h = \mathrm{ReLU}(\mathrm{BN}(W_1 * x)), \qquad m = \sigma(\mathrm{BN}(W_2 * h)),
 
-and the soft centre of mass of each map (:class:`~rpm.models.center_of_mass.CenterOfMass`)
+and the soft centre of mass of each map (:class:`~rpm.experiments.center_of_mass.CenterOfMass`)
 gives its ``(x, y)``: ``2 * num_maps`` numbers, six for three balls, read as the balls'
 positions. :class:`BallEncoder` is the deterministic network (for ``rpm.DeltaRecognition``);
 :class:`GaussianBallEncoder` adds a learned per-dimension standard deviation and returns
@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from rpm._validation import check_positive, check_positive_int
-from rpm.models.center_of_mass import CenterOfMass
+from rpm.experiments.center_of_mass import CenterOfMass
 
 __all__ = ["BallEncoder", "GaussianBallEncoder"]
 

@@ -10,8 +10,9 @@ import torch
 from pyro.distributions import MultivariateNormal, Normal
 from pyro.infer import Trace_ELBO
 
-from rpm.inference.rp_gssm import folded_recognition, rp_gssm_elbo
-from rpm.priors import StateSpacePosterior, StateSpacePrior, StationaryStateSpacePrior
+from rpm.distributions import StateSpacePosterior
+from rpm.experiments.bouncing_balls.rp_gssm import folded_recognition, rp_gssm_elbo
+from rpm.priors import StateSpacePrior, StationaryStateSpacePrior
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

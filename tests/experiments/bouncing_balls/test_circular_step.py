@@ -11,7 +11,7 @@ from pyro import poutine
 from pyro.distributions import Normal
 
 import rpm
-from rpm.priors.circular_step import BallDynamicsPrior, CircularStep
+from rpm.experiments.bouncing_balls.circular_step import BallDynamicsPrior, CircularStep
 
 
 def _log_heading_average(delta: torch.Tensor, radius: float, noise: float, num: int = 20000):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
-from rpm.priors import GeneralizedNormal
+from rpm.distributions import GeneralizedNormal
 
 
 @pytest.mark.parametrize("shape", [0.4, 0.7, 1.0, 2.0, 3.5])

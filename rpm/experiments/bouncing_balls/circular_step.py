@@ -36,10 +36,10 @@ explicit twin of the RBF energy (Eq. 27); for r > 0 it puts its mass on a ring, 
     P(z'|z) = \prod_{k=1}^{K} p_{r_k, w_k}\big(z'_k - z_k\big),
 
 on latents :math:`z = (x_1, y_1, \dots, x_K, y_K)` (the centre-of-mass read-out of
-:class:`~rpm.models.bouncing_balls.BallEncoder`), with m, s, the step lengths :math:`r_k` and the
-noise scales :math:`w_k` learned (one r and w per ball, because each feature map may read its
-ball out at its own scale). Being an explicit density it needs a recognition model with a
-density (``DeltaRecognition(net, noise_scale=eps)``, Appendix B).
+:class:`~rpm.experiments.bouncing_balls.encoders.BallEncoder`), with m, s, the step lengths
+:math:`r_k` and the noise scales :math:`w_k` learned (one r and w per ball, because each
+feature map may read its ball out at its own scale). Being an explicit density it needs a
+recognition model with a density (``DeltaRecognition(net, noise_scale=eps)``, Appendix B).
 
 What it learns (``rpm bouncing-balls``, eps = 0.3): a step noise :math:`w_k` close to
 :math:`\sqrt2\,\epsilon`, the noise of the two frames' recognition models alone, so the

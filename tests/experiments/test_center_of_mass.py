@@ -1,11 +1,11 @@
-"""``rpm.models.center_of_mass.CenterOfMass``: the soft centre of mass of feature maps against
+"""``rpm.experiments.center_of_mass.CenterOfMass``: the soft centre of mass of feature maps against
 hand computations and a loop over pixels in float64, and on rendered balls."""
 
 import pytest
 import torch
 
 from rpm.data.bouncing_balls import generate_bouncing_balls
-from rpm.models.center_of_mass import CenterOfMass
+from rpm.experiments.center_of_mass import CenterOfMass
 
 
 def _center_of_mass_loop(maps: torch.Tensor, normalized: bool, eps: float = 0.0) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""``rpm.inference.losses.info_nce`` against a loop written from its equation,
+"""``rpm.losses.info_nce`` against a loop written from its equation,
 InfoNCE = (1/N) sum_i -log( exp F_ii / sum_j exp F_ij ), in float64."""
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from rpm.inference.losses import info_nce
+from rpm.losses import info_nce
 
 
 def _info_nce_loop(logits):
@@ -47,3 +47,8 @@ def test_info_nce_gradient_is_softmax_minus_identity_over_n():
 def test_info_nce_refuses_logits_that_are_not_square(shape):
     with pytest.raises(ValueError, match=r"shape \(N, N\)"):
         info_nce(torch.zeros(shape))
+
+
+def test_info_nce_refuses_logits_that_are_not_a_tensor():
+    with pytest.raises(ValueError, match=r"shape \(N, N\); got list"):
+        info_nce([[1.0, 0.0], [0.0, 1.0]])

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from rpm.data.bouncing_balls import generate_bouncing_balls
-from rpm.models.bouncing_balls import BallEncoder, GaussianBallEncoder
-from rpm.models.center_of_mass import CenterOfMass
+from rpm.experiments.bouncing_balls.encoders import BallEncoder, GaussianBallEncoder
+from rpm.experiments.center_of_mass import CenterOfMass
 
 
 @pytest.mark.parametrize("normalized", [False, True])

@@ -13,7 +13,7 @@ distribution,
 
 with :math:`F_t` the mixture of :math:`f(\cdot|x_{n,t})` over the batch's n (per frame t). With
 the guide :math:`q(z_{1:T}) = p(z_{1:T}) \prod_t \tilde f_t(z_t) / Z_q`
-(:class:`~rpm.priors.StateSpacePosterior` conditioned on :math:`\tilde\mu, \tilde\Sigma`,
+(:class:`~rpm.distributions.StateSpacePosterior` conditioned on :math:`\tilde\mu, \tilde\Sigma`,
 :math:`Z_q` the Kalman likelihood of :math:`\tilde\mu_{1:T}` under noise :math:`R +
 \tilde\Sigma_t`), the RPM ELBO of this recognition model, :math:`\mathbb{E}_q[\log p(z_{1:T})
 + \sum_t (\log f(z_t|x_t) - \log F_t(z_t)) - \log q(z_{1:T})]`, is exactly
@@ -36,9 +36,9 @@ import math
 import torch
 from pyro.distributions import MultivariateNormal, TorchDistribution
 
+from rpm.distributions.state_space import StateSpacePosterior
 from rpm.marginals.sequence_marginal import sequence_components
 from rpm.ops.logsumexp import safe_logsumexp
-from rpm.priors.state_space import StateSpacePosterior
 from rpm.priors.stationary import StationaryStateSpacePrior
 
 __all__ = ["folded_recognition", "rp_gssm_elbo"]

@@ -4,7 +4,7 @@ its argument checks."""
 import pytest
 import torch
 
-from rpm.models import MLPEncoder
+from rpm.experiments.identifiability.encoder import MLPEncoder
 
 
 @pytest.mark.parametrize("space", ["sphere", "box", "unbounded"])
