@@ -30,12 +30,11 @@ from rpm.priors.explicit import (
     RandomWalkEnergy,
 )
 from rpm.priors.generalized_normal import GeneralizedNormal
-from rpm.priors.implicit import ImplicitConditional, ImplicitPrior, implicit_log_ratio
+from rpm.priors.implicit import ImplicitPrior, implicit_log_ratio
 from rpm.priors.multiview import MultiViewImplicitPrior, PartnerMixturePrior, StarImplicitPrior
 from rpm.priors.pooled import PooledImplicitPrior
 from rpm.priors.sequence import (
     MarkovChain,
-    MarkovImplicitChain,
     MarkovImplicitPrior,
     MarkovPrior,
     SequencePrior,
@@ -59,14 +58,12 @@ __all__ = [
     "GaussianStateSpace",
     "GeneralizedNormal",
     "GeneralizedNormalRandomWalkPrior",
-    "ImplicitConditional",
     "ImplicitPrior",
     "LaplaceRandomWalkPrior",
     "LinearDynamicsPrior",
     "LinearGaussianPrior",
     "LpEnergy",
     "MarkovChain",
-    "MarkovImplicitChain",
     "MarkovImplicitPrior",
     "MarkovPrior",
     "MultiViewImplicitPrior",
