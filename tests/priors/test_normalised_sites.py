@@ -346,3 +346,32 @@ def test_log_prob_sum_of_the_model_trace_is_the_loop_and_the_elbo():
     with torch.no_grad():
         ratio = model.log_ratio(z, z2, q, q2)
     assert elbo.item() == pytest.approx(ratio.item(), rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["markov", "markov-pooled-marginal", "star",
+                                  "partners-cross-view"])
+def test_vectorised_particles_on_the_priors_over_j_views_average_the_particles(name):
+    """Trace_ELBO with 3 vectorised particles (the sites' leading dimensions) against the same
+    random numbers drawn by hand: minus the mean over the particles of the model's
+    log_prob_sum at each particle's latents less the guide's log-density there."""
+    model, inputs = implicit_rpm(name, recognition="gaussian")
+    inputs = inputs + views(1)                                                  # J = 3
+    particles = 3
+    torch.manual_seed(5)
+    loss = pyro.infer.Trace_ELBO(num_particles=particles, vectorize_particles=True,
+                                 max_plate_nesting=1).loss(model.model, model.guide, inputs)
+    q = model.recognise(inputs)
+    torch.manual_seed(5)
+    z = q.rsample((particles,)).detach()                                        # (P, N, J, D)
+    elbos = []
+    with torch.no_grad():
+        for latents in z:
+            conditioned = poutine.condition(model.model, data={"z": latents})
+            log_joint = poutine.trace(conditioned).get_trace(inputs).log_prob_sum()
+            elbos.append(log_joint - q.log_prob(latents).sum())
+    assert loss == pytest.approx(-torch.stack(elbos).mean().item(), rel=1e-10)
+    delta, inputs = implicit_rpm(name)
+    single = pyro.infer.Trace_ELBO().loss(delta.model, delta.guide, inputs)
+    vectorised = pyro.infer.Trace_ELBO(num_particles=particles, vectorize_particles=True,
+                                       max_plate_nesting=1).loss(delta.model, delta.guide, inputs)
+    assert vectorised == pytest.approx(single, rel=1e-12)
