@@ -21,7 +21,7 @@ import pyro
 import pytest
 import torch
 from pyro import poutine
-from pyro.distributions import Normal, StudentT
+from pyro.distributions import StudentT
 from pyro.infer import Importance, Predictive
 from pyro.infer.importance import vectorized_importance_weights
 from pyro.poutine.util import site_is_subsample
@@ -212,14 +212,17 @@ def test_sites_of_the_explicit_and_state_space_priors_are_normalised_and_sample_
 
 
 def test_markov_chain_of_a_pair_prior_samples_the_chain_its_log_prob_is():
-    """MarkovPrior's site (log_prob pinned to the product of the pair prior's factors in
-    tests/models/test_sequence.py): 4000 sequences of T = 3 drawn in one batch have the
+    """MarkovPrior's site, a MarkovChain (log_prob pinned to the product of the pair prior's
+    factors in tests/models/test_sequence.py): 4000 sequences of T = 3 drawn in one batch have the
     closed-form moments of z_1 ~ N(0, s^2), z_{t+1} = a z_t + N(0, sigma^2), each within 5
     standard errors."""
     pair = LinearDynamicsPrior(1, scale=1.2, noise=0.5)
     num, steps = 4000, 3
-    q = Normal(torch.zeros(num, steps, 1), 1.0).to_event(1)
-    draws = MarkovChain(pair, q).sample()[..., 0]                               # (num, T)
+    model = rpm.RPM(rpm.GaussianRecognition(GaussianHead(X_DIM, D)), MarkovPrior(pair))
+    inputs = views(steps, num)
+    site = poutine.trace(model.model).get_trace(inputs).nodes["z"]
+    assert isinstance(site["fn"], MarkovChain) and site["fn"].batch_shape == (num,)
+    draws = site["fn"].sample()[..., 0]                                        # (num, T)
     a = pair.transition.item()
     s2 = (pair.initial_scale_tril ** 2).item()
     sigma2 = (pair.noise_scale_tril ** 2).item()
