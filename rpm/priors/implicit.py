@@ -128,8 +128,8 @@ def tilt_factor(name: str, tilt, *values: torch.Tensor, event_dim: int = 2) -> t
         r_i = f(z_i, z'_i) - \log \hat Z(z_i),
 
     so that every sample site is a normalised distribution whose ``sample`` draws from its
-    ``log_prob`` (``docs/theory.md#normalised-sample-sites``), and the model's density, Eq. 15's
-    integrand, is unchanged.
+    ``log_prob`` (``docs/theory.md#normalised-sample-sites``), while the model's density is that
+    of the prior of Eq. 21-22 with the estimated normaliser.
 
     :param str name: the factor's site name.
     :param tilt: maps one batch of each value (its last ``event_dim`` dimensions) to the
@@ -159,8 +159,8 @@ class ImplicitPrior(Prior):
     draws of a view's :class:`~rpm.marginals.MixtureMarginal` as one event of shape (N, D),
     and the factor ``"z_to_z2"``, the tilt :math:`\sum_i f(z_i, z'_i) - \log \hat Z(z_i)`
     (its :meth:`log_ratio` summed, :func:`tilt_factor`); it returns the sites' values. Every
-    sample site is a normalised distribution whose ``sample`` draws from its ``log_prob``; the
-    model's density, and so every ELBO, is unchanged by writing the tilt as a factor. Its
+    sample site is a normalised distribution whose ``sample`` draws from its ``log_prob``, and
+    the model's density, sites and factor together, is the prior's of Eq. 21-22. Its
     normaliser couples the pairs of the batch, so it is :attr:`joint_over_batch`: the
     :class:`~rpm.RPM` calls it outside its plate over the pairs and its guide declares the same
     two sites as whole-batch events. Its ELBO is InfoNCE with critic f: per pair,
