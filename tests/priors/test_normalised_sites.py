@@ -11,11 +11,14 @@ RPM's numbers (``docs/theory.md#normalised-sample-sites``).
   the self-normalised importance estimate under ``log_prob``.
 * ``Importance``'s log evidence against an exact enumeration of a tiny finite problem (Delta
   encoders, N = 2, D = 1); ``Predictive`` then ``log_prob`` against the exact entropy;
-  ``trace.log_prob_sum()`` against a float64 loop of the ELBO's terms.
+  ``trace.log_prob_sum()`` against a float64 loop of the ELBO's terms; vectorised particles on
+  the priors over J views against particles drawn by hand; ``TraceMeanField_ELBO`` and
+  ``RenyiELBO`` against ``Trace_ELBO``.
 """
 
 import itertools
 import math
+import warnings
 
 import pyro
 import pytest
@@ -378,3 +381,22 @@ def test_vectorised_particles_on_the_priors_over_j_views_average_the_particles(n
     vectorised = pyro.infer.Trace_ELBO(num_particles=particles, vectorize_particles=True,
                                        max_plate_nesting=1).loss(delta.model, delta.guide, inputs)
     assert vectorised == pytest.approx(single, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["implicit", "pooled-backward", "markov", "star"])
+@pytest.mark.parametrize("recognition", ["delta", "gaussian"])
+def test_mean_field_and_renyi_elbos_run_on_the_rpm_and_agree_with_trace_elbo(name, recognition):
+    """TraceMeanField_ELBO (no closed-form KL between a recognition and a mixture site: the
+    Monte Carlo terms) and RenyiELBO with alpha = 0 and one particle are Trace_ELBO's value at
+    the same random numbers, with warnings as errors."""
+    model, inputs = implicit_rpm(name, recognition)
+    args = inputs if not model_is_joint(model) else [inputs]
+    values = []
+    for elbo in (pyro.infer.Trace_ELBO(), pyro.infer.TraceMeanField_ELBO(),
+                 pyro.infer.RenyiELBO(alpha=0.0, num_particles=1)):
+        pyro.set_rng_seed(1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            values.append(elbo.loss(model.model, model.guide, *args))
+    assert values[1] == pytest.approx(values[0], rel=1e-12)
+    assert values[2] == pytest.approx(values[0], rel=1e-12)
