@@ -99,10 +99,12 @@ def view(q: TorchDistribution, t: int) -> TorchDistribution:
 class SequenceMixtureMarginal(TorchDistribution):
     r""":math:`\prod_t Q_t(z_t)`, the product of the per-view (or pooled) minibatch mixtures.
 
-    ``batch_shape`` (N,) (one draw per sequence of the model's plate), ``event_shape`` (T, D).
-    ``log_prob`` of a value (N, T, D) is :math:`\sum_t \log Q_t(z_{n,t})`, shape (N,);
-    :meth:`view_log_prob` gives the terms, shape (N, T). With Delta recognition the mixtures are
-    the empirical distributions of the batch points (Appendix A.1).
+    ``batch_shape`` (N,) (one draw per sequence of the model's plate; ``expand`` adds leading
+    dimensions, e.g. a plate of particles), ``event_shape`` (T, D). ``log_prob`` of a value
+    (..., N, T, D) is :math:`\sum_t \log Q_t(z_{n,t})`, shape (..., N); :meth:`view_log_prob`
+    gives the terms, shape (..., N, T); ``sample`` picks a component uniformly for each draw
+    (each view's own, or any frame's when pooled) and samples from it. With Delta recognition
+    the mixtures are the empirical distributions of the batch points (Appendix A.1).
 
     :param q: recognition distributions, batch_shape (N, T), event_shape (D,).
     :param bool pooled: one mixture over all N T frames for every view, instead of one mixture
