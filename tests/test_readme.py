@@ -22,7 +22,7 @@ def test_readme_example_runs(tmp_path, capsys):
     out = capsys.readouterr().out
     match = re.search(r"ELBO/N = (-?[\d.]+), -InfoNCE \+ log N = (-?[\d.]+)", out)
     assert match and match.group(1) == match.group(2)
-    assert "prior sites: ['z', 'z2'] likelihood factors: ['x', 'x2']" in out
+    assert "prior sites: ['z', 'z2'] factors: ['z_to_z2', 'x', 'x2']" in out
     step = float(re.search(r"learned step of the Student-t walk: ([\d.]+)", out).group(1))
     assert step != pytest.approx(0.5, abs=1e-3)  # the custom prior's parameter was learned
 

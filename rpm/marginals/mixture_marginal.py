@@ -131,7 +131,8 @@ class Atoms(constraints.Constraint):
 
     :param torch.Tensor points: the atoms, shape (N, D).
     :param int event_dim: 1 for one latent per value (shape (..., D)), 2 for a whole batch of
-        latents as one event (shape (..., M, D)).
+        latents as one event (shape (..., M, D)), 3 for a batch of several latents each (shape
+        (..., M, T, D)).
     """
 
     is_discrete = True
@@ -146,7 +147,9 @@ class Atoms(constraints.Constraint):
         distance = torch.cdist(flat, self.points.detach(),
                                compute_mode="donot_use_mm_for_euclid_dist")  # (M, N)
         on_atom = (distance == 0).any(-1).reshape(value.shape[:-1])
-        return on_atom if self.event_dim == 1 else on_atom.all(-1)
+        if self.event_dim == 1:
+            return on_atom
+        return on_atom.flatten(start_dim=on_atom.dim() - self.event_dim + 1).all(-1)
 
 
 def _check_value(value: torch.Tensor, dim: int) -> None:

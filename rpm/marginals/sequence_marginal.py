@@ -39,7 +39,7 @@ from torch.distributions import constraints
 
 from rpm._validation import check_bool
 from rpm.marginals.candidates import Candidates
-from rpm.marginals.mixture_marginal import delta_mixture_log_prob
+from rpm.marginals.mixture_marginal import Atoms, delta_mixture_log_prob
 from rpm.ops import gaussian_mixture_log_prob
 
 __all__ = ["SequenceMixtureMarginal", "sequence_components", "sequence_mask", "view"]
@@ -99,10 +99,12 @@ def view(q: TorchDistribution, t: int) -> TorchDistribution:
 class SequenceMixtureMarginal(TorchDistribution):
     r""":math:`\prod_t Q_t(z_t)`, the product of the per-view (or pooled) minibatch mixtures.
 
-    ``batch_shape`` (N,) (one draw per sequence of the model's plate), ``event_shape`` (T, D).
-    ``log_prob`` of a value (N, T, D) is :math:`\sum_t \log Q_t(z_{n,t})`, shape (N,);
-    :meth:`view_log_prob` gives the terms, shape (N, T). With Delta recognition the mixtures are
-    the empirical distributions of the batch points (Appendix A.1).
+    ``batch_shape`` (N,) (one draw per sequence of the model's plate; ``expand`` adds leading
+    dimensions, e.g. a plate of particles), ``event_shape`` (T, D). ``log_prob`` of a value
+    (..., N, T, D) is :math:`\sum_t \log Q_t(z_{n,t})`, shape (..., N); :meth:`view_log_prob`
+    gives the terms, shape (..., N, T); ``sample`` picks a component uniformly for each draw
+    (each view's own, or any frame's when pooled) and samples from it. With Delta recognition
+    the mixtures are the empirical distributions of the batch points (Appendix A.1).
 
     :param q: recognition distributions, batch_shape (N, T), event_shape (D,).
     :param bool pooled: one mixture over all N T frames for every view, instead of one mixture
@@ -117,7 +119,6 @@ class SequenceMixtureMarginal(TorchDistribution):
     """
 
     arg_constraints: dict = {}
-    support = constraints.independent(constraints.real, 2)
     has_rsample = False
 
     def __init__(self, q: TorchDistribution, pooled: bool = False, block_size: int | None = None,
@@ -148,12 +149,31 @@ class SequenceMixtureMarginal(TorchDistribution):
         """True for Delta recognition (no density on R^D)."""
         return self.scale is None
 
+    @property
+    def support(self) -> constraints.Constraint:
+        """For Delta recognition the batch's atoms (discrete,
+        :class:`~rpm.marginals.mixture_marginal.Atoms`: each latent one of the batch points),
+        else real (T, D) matrices."""
+        if self.scale is None:
+            return Atoms(self.components[0].reshape(-1, self.loc.shape[-1]), event_dim=2)
+        return constraints.independent(constraints.real, 2)
+
     def expand(self, batch_shape, _instance=None):
-        if torch.Size(batch_shape) != self.batch_shape:
+        """The same marginals for leading batch dimensions (e.g. a plate of particles):
+        ``batch_shape`` (..., N); the last dimension stays the N sequences."""
+        batch_shape = torch.Size(batch_shape)
+        if batch_shape[-1:] != self.batch_shape:
             raise ValueError(
                 f"the mixture marginals of {self.batch_shape[0]} sequences cannot be expanded "
                 f"to {tuple(batch_shape)}; use a plate of the number of sequences")
-        return self
+        if batch_shape == self.batch_shape:
+            return self
+        new = self._get_checked_instance(SequenceMixtureMarginal, _instance)
+        new.__dict__.update({key: value for key, value in self.__dict__.items()
+                             if key not in ("_batch_shape", "_event_shape")})
+        TorchDistribution.__init__(new, batch_shape, self.event_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
 
     def _mixture(self, points: torch.Tensor, loc: torch.Tensor, scale) -> torch.Tensor:
         if scale is None:
@@ -161,15 +181,28 @@ class SequenceMixtureMarginal(TorchDistribution):
         return gaussian_mixture_log_prob(points, loc, scale, block_size=self.block_size)
 
     def view_log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        r""":math:`\log Q_t(z_{n,t})` for a value of shape (N, T, D); returns (N, T)."""
-        if value.shape != self.loc.shape:
+        r""":math:`\log Q_t(z_{n,t})` for a value of shape (..., N, T, D) (leading dimensions:
+        e.g. a plate of particles); returns (..., N, T)."""
+        if value.shape[-3:] != self.loc.shape:
             raise ValueError(
                 "the mixture marginals are evaluated at the batch's latents, shape "
-                f"{tuple(self.loc.shape)}; got {tuple(value.shape)}")
-        num_sequences, num_views, dim = value.shape
-        loc, scale = self.components
+                f"(..., {', '.join(map(str, self.loc.shape))}); got {tuple(value.shape)}")
+        if value.dim() > 3:  # each row is evaluated on its own: the leading batches as rows
+            lead = value.shape[:-3]
+            if self.mask is not None:  # the mask pairs row n with sequence n
+                flat = value.reshape((-1,) + value.shape[-3:])
+                return torch.stack([self.view_log_prob(batch) for batch in flat]).reshape(
+                    lead + value.shape[-3:-1])
+            rows = self._view_log_prob_rows(value.reshape((-1,) + value.shape[-2:]))
+            return rows.reshape(lead + value.shape[-3:-1])
         if self.mask is not None:
             return self._masked_view_log_prob(value)
+        return self._view_log_prob_rows(value)
+
+    def _view_log_prob_rows(self, value: torch.Tensor) -> torch.Tensor:
+        """:meth:`view_log_prob` without a mask, for any number of rows (R, T, D); (R, T)."""
+        num_sequences, num_views, dim = value.shape
+        loc, scale = self.components
         if self.pooled:
             flat = lambda tensor: None if tensor is None else tensor.reshape(-1, dim)  # noqa: E731
             return self._mixture(flat(value), flat(loc), flat(scale)).reshape(

@@ -27,12 +27,11 @@ from rpm.priors.explicit import (
     LinearDynamicsPrior,
     RandomWalkEnergy,
 )
-from rpm.priors.implicit import ImplicitConditional, ImplicitPrior, implicit_log_ratio
+from rpm.priors.implicit import ImplicitPrior, implicit_log_ratio
 from rpm.priors.multiview import MultiViewImplicitPrior, PartnerMixturePrior, StarImplicitPrior
 from rpm.priors.pooled import PooledImplicitPrior
 from rpm.priors.sequence import (
     MarkovChain,
-    MarkovImplicitChain,
     MarkovImplicitPrior,
     MarkovPrior,
     SequencePrior,
@@ -47,14 +46,12 @@ __all__ = [
     "Energy",
     "GaussianRandomWalkPrior",
     "GeneralizedNormalRandomWalkPrior",
-    "ImplicitConditional",
     "ImplicitPrior",
     "LaplaceRandomWalkPrior",
     "LinearDynamicsPrior",
     "LinearGaussianPrior",
     "LpEnergy",
     "MarkovChain",
-    "MarkovImplicitChain",
     "MarkovImplicitPrior",
     "MarkovPrior",
     "MultiViewImplicitPrior",

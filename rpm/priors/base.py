@@ -32,7 +32,7 @@ from __future__ import annotations
 import pyro
 import torch
 from pyro import poutine
-from pyro.distributions import TorchDistribution
+from pyro.distributions import TorchDistribution, Unit
 from pyro.infer.util import is_validation_enabled
 
 from rpm.marginals import MixtureMarginal
@@ -167,6 +167,13 @@ class Prior(NamedModule):
         Pair form: ``"z"`` and ``"z2"``, each (N, D), inside the model's plate over the N pairs
         (or as whole-batch events, :attr:`joint_over_batch`). Joint form: ``forward(q,
         marginal)`` declaring ``"z"`` (N, J, D).
+
+        Each site is a normalised distribution whose ``sample`` draws from the density its
+        ``log_prob`` defines, so that Pyro's tools (``Importance``, ``Predictive``,
+        ``trace.log_prob_sum()``) read the model correctly; a term of the log-density that is
+        not normalised (the implicit priors' tilt :math:`f(z, z') - \log \hat Z(z)`, with its
+        normaliser estimated on the batch) enters as a ``pyro.factor`` of another name
+        (``docs/theory.md#normalised-sample-sites``).
 
         :param q: the first view's recognition distributions, batch_shape (N,), event_shape
             (D,) (the implicit prior's marginal is built from them; explicit priors ignore them);
@@ -544,7 +551,9 @@ def declare_prior(prior, *args, sites: tuple[str, ...] = ("z", "z2")):
     The sites' latent size (the last axis of each site's event) must be the recognition's D
     (``args[0]``'s event_shape (D,)), and the returned values must be the sites' values in the
     order of ``sites`` (the model pairs them with the views' likelihood factors): a prior
-    returning ``(z2, z)`` is refused.
+    returning ``(z2, z)`` is refused. A site must be a distribution, not a ``pyro.factor``
+    (the latents are drawn from distributions, the unnormalised couplings are factors of other
+    names: :meth:`Prior.forward`).
 
     :return: the prior's return value: ``(z, z2)`` for the pair form, z for the joint form.
     :raises ValueError: for a missing site, a wrong return value, a site of another latent size
@@ -585,6 +594,14 @@ def _run_prior(prior, args: tuple, sites: tuple[str, ...]):
             "`return z, z2`"
         )
     nodes = [tracer.trace.nodes[site] for site in sites]
+    for node in nodes:
+        if isinstance(node["fn"], Unit):
+            raise ValueError(
+                f"the prior {name} declared {node['name']!r} with pyro.factor; declare the "
+                f"latent from a distribution, pyro.sample({node['name']!r}, ...), and a coupling "
+                f"that is not normalised as a factor of another name, e.g. "
+                f"pyro.factor('{node['name']}_tilt', log_weight)"
+            )
     _check_latent_size(name, nodes, args)
     _check_returned_values(name, result if len(sites) == 2 else (result,), nodes)
     return result, tracer.trace

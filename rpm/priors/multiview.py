@@ -28,8 +28,8 @@ The marginals cancel in the ELBO (Eq. 15) as in Eq. 23-25, the normaliser
 
 exactly, for every energy; with J = 2 and pooled candidates both are NT-Xent,
 :math:`\mathcal{L}/N = -\text{NT-Xent} + \log(2N - 1)` (:class:`~rpm.priors.PooledImplicitPrior`).
-As for the pair's implicit priors, each conditional is a contrastive surrogate: exact at the
-guide's values, which are all an ELBO scores (``docs/theory.md#what-the-implicit-conditional-is``).
+As for the pair's implicit priors, the sample site is a proper distribution (the model's
+marginals) and the coupling a factor (``docs/theory.md#normalised-sample-sites``).
 
 **One Pyro model for the average.** The average over centres of the ELBOs under one guide is the
 ELBO of the model whose prior log-density is the average of the centres' (as
@@ -65,6 +65,7 @@ from rpm.marginals.candidates import Candidates, LatentQueue
 from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
 from rpm.priors.base import Energy
 from rpm.priors.energy_range import check_implicit_log_ratio
+from rpm.priors.implicit import tilt_factor
 from rpm.priors.multiview_terms import (
     CANDIDATE_SETS,
     AnchorTerms,
@@ -275,12 +276,7 @@ class MultiViewImplicitPrior(SequencePrior):
         over the batch, and the factor ``"z_views"``, the centres' averaged tilt (module
         docstring); returns z. In training mode the queue then takes the partner views."""
         z = pyro.sample("z", marginal.to_event(1))
-        if z.dim() == 3:
-            tilt = self._ratio(z).sum()
-        else:  # leading dimensions (a plate of particles): one value per batch
-            flat = z.reshape((-1,) + z.shape[-3:])
-            tilt = torch.stack([self._ratio(batch).sum() for batch in flat]).reshape(z.shape[:-3])
-        pyro.factor("z_views", tilt)
+        tilt_factor("z_views", self._ratio, z, event_dim=3)
         if self.training:
             self.push(z.reshape((-1,) + z.shape[-2:]) if z.dim() > 3 else z)
         return z

@@ -49,30 +49,27 @@ loss (and lightly's ``NTXentLoss``). By contrast the one-directional, cross-view
 :class:`~rpm.priors.ImplicitPrior`, whose candidates are the N latents of the other view,
 gives :math:`\mathcal{L}/N = -\text{InfoNCE} + \log N` (what info-nce-pytorch computes).
 
-**What the conditionals are.** As for :class:`~rpm.priors.ImplicitPrior`, each direction's
-conditional is a contrastive surrogate, here NT-Xent's: its normaliser :math:`\hat Z` runs over
-the batch's other pooled latents, so it is exact where the ELBO scores it (the guide's values)
-but not a normalised distribution of the batch for finite N
-(``docs/theory.md#what-the-implicit-conditional-is``). Per pair the ELBO is at most
-:math:`\log(2N - 1)`; rpm claims no evidence bound for it
-(``docs/theory.md#what-each-elbo-bounds``).
+**What the sites are.** As for :class:`~rpm.priors.ImplicitPrior`, every sample site is a
+proper distribution and the coupling is a factor (``docs/theory.md#normalised-sample-sites``).
+Each direction's prior log-density is :math:`\log Q_\text{pool}(z) + \log Q_\text{pool}(z') +
+r^d`, the tilt :math:`r^d` being NT-Xent's estimate (its normaliser :math:`\hat Z` runs over the
+batch's other pooled latents). Per pair the ELBO is at most :math:`\log(2N - 1)`; rpm claims
+no evidence bound for it (``docs/theory.md#what-each-elbo-bounds``).
 
 **One Pyro model for the average.** The average of the two directions' ELBOs under the same
-guide is the ELBO of the model whose prior log-density is the average of the two directions'
-(the geometric mean of the two surrogates, unnormalised as any model with a ``pyro.factor``
-is). Both directions
-share the factor :math:`Q_\text{pool}(z)\, Q_\text{pool}(z')`, so
+guide is the ELBO of the model whose prior log-density is the average of the two directions'.
+Both directions share the factor :math:`Q_\text{pool}(z)\, Q_\text{pool}(z')`, so
 
 .. math::
 
     \tfrac12 \log P^{1 \to 2}(z, z') + \tfrac12 \log P^{2 \to 1}(z, z')
     = \log Q_\text{pool}(z) + \log Q_\text{pool}(z') + \tfrac12 r^{1 \to 2} + \tfrac12 r^{2 \to 1}:
 
-the model declares ``"z"`` and ``"z2"`` as draws from :math:`Q_\text{pool}`
-(:func:`pooled_marginal`) and adds each direction's tilt as a ``pyro.factor`` of weight 1/2
-(``"z_to_z2"``, ``"z2_to_z"``). With
-``direction="forward"`` (or ``"backward"``) the prior is the single RPM of that direction,
-written with its conditional as a distribution, :class:`PooledImplicitConditional`.
+the model declares ``"z"`` and ``"z2"`` as N draws each from :math:`Q_\text{pool}`
+(:func:`pooled_marginal`) and adds each direction's tilt, summed over the pairs, as a
+``pyro.factor`` of weight 1/2 (``"z_to_z2"``, ``"z2_to_z"``). With ``direction="forward"`` (or
+``"backward"``) the prior is the single RPM of that direction: the same two sites and the one
+factor ``"z_to_z2"`` (or ``"z2_to_z"``) of weight 1.
 """
 
 from __future__ import annotations
@@ -92,10 +89,9 @@ from rpm.ops.logsumexp import safe_logsumexp, streaming_matmul_logsumexp
 from rpm.priors.base import Energy
 from rpm.priors.energy_paths import blocked_energy_logsumexp, energy_logit_factors, energy_paired
 from rpm.priors.energy_range import check_implicit_log_ratio
-from rpm.priors.implicit import ImplicitPrior, TiltedConditional
+from rpm.priors.implicit import ImplicitPrior, tilt_factor
 
 __all__ = [
-    "PooledImplicitConditional",
     "PooledImplicitPrior",
     "pooled_log_normalizer",
     "pooled_log_ratios",
@@ -259,63 +255,6 @@ def pooled_marginal(q: TorchDistribution, q2: TorchDistribution) -> MixtureMargi
     return MixtureMarginal(pooled_recognition(q, q2)).expand(q.batch_shape)
 
 
-class PooledImplicitConditional(TiltedConditional):
-    r"""One direction's conditional of the pooled implicit prior, one event over the batch
-    (:class:`~rpm.priors.implicit.TiltedConditional`):
-    :math:`P(v_{1:N} | a_{1:N}) = \prod_i Q_\text{pool}(v_i)\, e^{f(a_i, v_i)} / \hat Z(a_i)`,
-    for anchors :math:`a_{1:N}` (the latents of one view) and partners :math:`v_{1:N}` (the
-    other view's).
-
-    The normaliser of pair i runs over the pooled latents except the anchor itself, so every
-    row's density depends on every other row: the distribution is one event of shape (N, D)
-    (batch_shape () for one batch, or the leading dimensions of the anchors, e.g. a plate of
-    particles). Its log-density at a batch of partners is
-
-    .. math::
-
-        \sum_i \Big[\log Q_\text{pool}(v_i) + f(a_i, v_i)
-        - \log \frac{1}{2N - 1} \sum_{m \ne i} e^{f(a_i, u_m)}\Big],
-        \qquad u = (a_1, \dots, a_N, v_1, \dots, v_N).
-
-    This is NT-Xent's surrogate of the tilted pooled marginal, not a normalised distribution of
-    the batch for finite N: its normaliser runs over the evaluated latents (anchors and
-    partners but the anchor itself), so it is exact at the guide's values, all an ELBO scores,
-    and its total mass over the support differs from 1
-    (``docs/theory.md#what-the-implicit-conditional-is``).
-
-    Support: the 2N atoms of Delta recognition (discrete,
-    :class:`~rpm.marginals.mixture_marginal.Atoms`) or :math:`\mathbb{R}^{N \times D}`.
-    ``sample`` draws 2N - 1 fresh proposals from :math:`Q_\text{pool}` (with Delta
-    recognition, atoms picked uniformly with replacement, the anchor's own atom possible) and,
-    for each i independently, picks proposal j with probability
-    :math:`\operatorname{softmax}_j f(a_i, c_j)`: self-normalised importance sampling of the
-    tilted pooled marginal, exact as N grows, and not the candidate set of ``log_prob``'s
-    normaliser, so the two describe different distributions.
-
-    :param torch.Tensor anchor: the anchors :math:`a_{1:N}`, shape (..., N, D).
-    :param ~rpm.marginals.MixtureMarginal pool: :math:`Q_\text{pool}`, the mixture of the 2N
-        recognition distributions of the batch (:func:`pooled_marginal`).
-    :param energy: the energy f, called with the anchors as first argument.
-    :param block_size: stream the normaliser in blocks; ``None`` decides by size.
-    """
-
-    def __init__(self, anchor: torch.Tensor, pool: MixtureMarginal, energy: Energy,
-                 block_size: int | None = None, validate_args=None):
-        self.block_size = block_size
-        super().__init__(anchor, pool, energy, pool.num_components // 2,
-                         validate_args=validate_args)
-
-    def tilt(self, anchor: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        r""":math:`f(a_i, v_i) - \log \frac{1}{2N - 1} \sum_{m \ne i} e^{f(a_i, u_m)}`
-        (:func:`pooled_log_ratios`, the direction from the anchors)."""
-        forward, _ = pooled_log_ratios(self.energy, anchor, value, "forward", self.block_size)
-        return forward
-
-    def candidates(self) -> torch.Tensor:
-        """2N - 1 draws from :math:`Q_\text{pool}`, shape (2N - 1, D)."""
-        return self.marginal.expand((2 * self.event_shape[0] - 1,)).sample()
-
-
 class PooledImplicitPrior(ImplicitPrior):
     r"""The pooled implicit prior, whose RPM ELBO is SimCLR's NT-Xent (module docstring).
 
@@ -337,15 +276,14 @@ class PooledImplicitPrior(ImplicitPrior):
 
     Called by the model as ``prior(q, q2)``, outside its plate over the pairs (the pairs are
     coupled through the normaliser, :attr:`joint_over_batch`), it declares ``"z"`` and ``"z2"``
-    as whole-batch events of shape (N, D): with ``direction="both"`` two draws of N latents from
-    :math:`Q_\text{pool}` (:func:`pooled_marginal`) and the factors ``"z_to_z2"`` and
-    ``"z2_to_z"`` (each direction's tilt summed over the pairs, weight 1/2); with
-    ``"forward"`` (view 1 -> 2), ``z`` from :math:`Q_\text{pool}` and ``z2 ~``
-    :class:`PooledImplicitConditional` given z; with ``"backward"`` the reverse. The RPM's
-    likelihood factors ``"x"``, ``"x2"`` divide by :math:`Q_\text{pool}` (Eq. 10,
-    :meth:`likelihood_marginals`). :meth:`log_ratio` gives the
-    ELBO's per-pair terms after the analytic cancellation, so :class:`~rpm.RPMELBO` never
-    evaluates a mixture.
+    as whole-batch events of shape (N, D), each N draws from :math:`Q_\text{pool}`
+    (:func:`pooled_marginal`), and the tilts as factors (:func:`~rpm.priors.implicit.tilt_factor`):
+    with ``direction="both"`` ``"z_to_z2"`` and ``"z2_to_z"`` (each direction's tilt summed
+    over the pairs, weight 1/2); with ``"forward"`` (view 1 -> 2) ``"z_to_z2"`` alone, with
+    ``"backward"`` ``"z2_to_z"`` alone (weight 1). The RPM's likelihood factors ``"x"``, ``"x2"``
+    divide by :math:`Q_\text{pool}` (Eq. 10, :meth:`likelihood_marginals`). :meth:`log_ratio`
+    gives the ELBO's per-pair terms after the analytic cancellation, so :class:`~rpm.RPMELBO`
+    never evaluates a mixture.
 
     It is the uniform-implicit prior on the pooled marginal, a subclass of
     :class:`~rpm.priors.ImplicitPrior`: the energy, the latent dimension
@@ -372,20 +310,16 @@ class PooledImplicitPrior(ImplicitPrior):
         the pairs: :attr:`joint_over_batch`) and the factors of the class docstring; returns
         ``(z, z2)``."""
         pool = pooled_marginal(q, q2)
-        if self.direction == "forward":
-            z = pyro.sample("z", pool.to_event(1))
-            z2 = pyro.sample("z2", PooledImplicitConditional(z, pool, self.energy))
-        elif self.direction == "backward":
-            z2 = pyro.sample("z2", pool.to_event(1))
-            z = pyro.sample("z", PooledImplicitConditional(z2, pool, self.energy))
-        else:
-            z = pyro.sample("z", pool.to_event(1))
-            z2 = pyro.sample("z2", pool.to_event(1))
-            # Each direction's log P(partners | anchors) - log Q_pool(partners), weight 1/2.
-            forward = PooledImplicitConditional(z, pool, self.energy).log_tilt(z2)
-            backward = PooledImplicitConditional(z2, pool, self.energy).log_tilt(z)
-            pyro.factor("z_to_z2", 0.5 * forward)
-            pyro.factor("z2_to_z", 0.5 * backward)
+        z = pyro.sample("z", pool.to_event(1))
+        z2 = pyro.sample("z2", pool.to_event(1))
+        weight = 0.5 if self.direction == "both" else 1.0
+        # Each direction's log P(partners | anchors) - log Q_pool(partners): its tilt.
+        if self.direction != "backward":
+            tilt_factor("z_to_z2", lambda z, z2: weight * pooled_log_ratios(
+                self.energy, z, z2, "forward")[0], z, z2)
+        if self.direction != "forward":
+            tilt_factor("z2_to_z", lambda z, z2: weight * pooled_log_ratios(
+                self.energy, z, z2, "backward")[1], z, z2)
         return z, z2
 
     def likelihood_marginals(

@@ -32,7 +32,7 @@ import math
 import pyro
 import torch
 from pyro import poutine
-from pyro.distributions import Categorical, TorchDistribution
+from pyro.distributions import TorchDistribution
 from torch.distributions import constraints
 
 from rpm.marginals.candidates import Candidates
@@ -40,14 +40,13 @@ from rpm.marginals.sequence_marginal import SequenceMixtureMarginal, view
 from rpm.ops.logsumexp import diagonal_log_softmax
 from rpm.priors.base import Prior
 from rpm.priors.energy_range import check_implicit_log_ratio
-from rpm.priors.implicit import ImplicitPrior, implicit_log_ratio
+from rpm.priors.implicit import ImplicitPrior, tilt_factor
 
 # The stacked path of MarkovImplicitPrior.log_ratio: at most this many entries of the
 # ((T - 1) N)^2 matrix (small batches, where one kernel beats T - 1).
 _STACKED_LIMIT = 2**14
 
-__all__ = ["MarkovChain", "MarkovImplicitChain", "MarkovImplicitPrior", "MarkovPrior",
-           "SequencePrior"]
+__all__ = ["MarkovChain", "MarkovImplicitPrior", "MarkovPrior", "SequencePrior"]
 
 
 class SequencePrior(Prior):
@@ -130,78 +129,6 @@ class _BatchChain(TorchDistribution):
         return torch.stack(draws).reshape(self._extended_shape(sample_shape))
 
 
-class MarkovImplicitChain(TorchDistribution):
-    r"""The Markov chain of implicit conditionals over the batch of sequences, one event over the
-    whole batch.
-
-    .. math::
-
-        \log P(z_{1:N, 1:T}) = \sum_n \Big(\sum_t \log Q_t(z_{n,t}) + \sum_{t=1}^{T-1}
-            \Big[f(z_{n,t}, z_{n,t+1}) - \log \frac1N \sum_j e^{f(z_{n,t}, z_{j,t+1})}\Big]\Big)
-
-    :math:`P(z_1) = Q_1(z_1)` and :math:`P(z_{t+1}|z_t) = Q_{t+1}(z_{t+1}) e^{f(z_t, z_{t+1})} /
-    \hat Z(z_t)`, with :math:`\hat Z` estimated over the batch's own (t+1)-th views, positive
-    included (Eq. 21-25 of Aitchison & Ganev per step). The normaliser couples the sequences,
-    so, like the pair's :class:`~rpm.priors.ImplicitConditional`, the chain is one event of
-    shape (N, T, D) (batch_shape () for one batch, or the leading dimensions of a value, e.g.
-    a plate of particles, through ``expand``): the model declares it outside its plate over the
-    sequences (:attr:`~rpm.priors.base.Prior.joint_over_batch`). ``sample`` draws
-    :math:`z_1 \sim Q_1` and each next view by self-normalised importance sampling of the
-    tilted marginal over N candidates.
-
-    :param SequenceMixtureMarginal marginal: the :math:`Q_t`, batch_shape (N,).
-    :param energy: f, mapping (N, D) and (M, D) latents to an (N, M) matrix.
-    """
-
-    arg_constraints: dict = {}
-    support = constraints.independent(constraints.real, 3)
-    has_rsample = False
-
-    def __init__(self, marginal: SequenceMixtureMarginal, energy, batch_shape=torch.Size(),
-                 validate_args=None):
-        self.marginal = marginal
-        self.energy = energy
-        event_shape = marginal.batch_shape + marginal.event_shape                 # (N, T, D)
-        super().__init__(torch.Size(batch_shape), event_shape, validate_args=validate_args)
-
-    def expand(self, batch_shape, _instance=None):
-        return MarkovImplicitChain(self.marginal, self.energy, batch_shape,
-                                   validate_args=self._validate_args)
-
-    def _log_prob_batch(self, value: torch.Tensor) -> torch.Tensor:
-        total = self.marginal.log_prob(value).sum()
-        for t in range(value.shape[1] - 1):
-            total = total + implicit_log_ratio(self.energy(value[:, t], value[:, t + 1])).sum()
-        return total
-
-    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        if value.dim() < 3 or value.shape[-3:] != self.event_shape:
-            raise ValueError(
-                f"the implicit chain is evaluated at the whole batch of sequences, shape "
-                f"(..., {', '.join(map(str, self.event_shape))}) (N, T, D); got {tuple(value.shape)}")
-        lead = value.shape[:-3]
-        flat = value.reshape((-1,) + self.event_shape)
-        result = torch.stack([self._log_prob_batch(batch) for batch in flat])
-        return result.reshape(lead)
-
-    def _sample_batch(self) -> torch.Tensor:
-        state = self.marginal.sample()[:, 0]
-        values = [state]
-        for t in range(1, self.event_shape[1]):
-            candidates = self.marginal.sample()[:, t]  # (N, D) draws from Q_t
-            index = Categorical(logits=self.energy(state, candidates)).sample()
-            state = candidates[index]
-            values.append(state)
-        return torch.stack(values, dim=1)
-
-    def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
-        shape = self._extended_shape(sample_shape)
-        num_draws = shape[:-3].numel()
-        with torch.no_grad():
-            draws = [self._sample_batch() for _ in range(num_draws)]
-        return torch.stack(draws).reshape(shape)
-
-
 class MarkovImplicitPrior(SequencePrior):
     r"""The Markov implicit prior over T views with energy f: a chain of the pair's implicit
     conditionals (Eq. 21-22 of Aitchison & Ganev, one per step),
@@ -222,6 +149,13 @@ class MarkovImplicitPrior(SequencePrior):
     marginal's ``block_size``, as ``RPMELBO(block_size=...)`` asks); with T = 2 this is
     exactly the pair model's ELBO.
 
+    Its Pyro program declares the latents from a proper distribution and the coupling as a
+    factor (``docs/theory.md#normalised-sample-sites``): ``"z"`` is the N draws of the model's
+    marginals :math:`\prod_t Q_t`, one event (N, T, D) over the batch (the normaliser of each
+    step couples the sequences, :attr:`joint_over_batch`), and the factor ``"z_chain"`` is the
+    sum of :meth:`log_ratio` (:func:`~rpm.priors.implicit.tilt_factor`), so that
+    :math:`\log P(z_{1:N, 1:T}) = \sum_{n, t} \log Q_t(z_{n,t}) + \sum_n \text{log\_ratio}_n`.
+
     :param energy: f(z, z'), e.g. :class:`~rpm.priors.RBFEnergy`.
     """
 
@@ -241,8 +175,13 @@ class MarkovImplicitPrior(SequencePrior):
         return self.pair.energy
 
     def forward(self, q: TorchDistribution, marginal: SequenceMixtureMarginal) -> torch.Tensor:
-        """Declares ``"z"`` ~ :class:`MarkovImplicitChain`; returns z, (N, T, D)."""
-        return pyro.sample("z", MarkovImplicitChain(marginal, self.energy))
+        """Declares ``"z"`` ~ the model's marginals, one event (N, T, D) over the batch, and
+        the factor ``"z_chain"``, the sum of this class's :meth:`log_ratio`; returns z,
+        (N, T, D)."""
+        z = pyro.sample("z", marginal.to_event(1))
+        tilt_factor("z_chain", lambda z: MarkovImplicitPrior.log_ratio(self, z, q, marginal), z,
+                    event_dim=3)
+        return z
 
     def log_ratio(self, z: torch.Tensor, q: TorchDistribution,
                   marginal: SequenceMixtureMarginal, candidates: Candidates | None = None,

@@ -77,6 +77,24 @@ def test_prior_that_forgets_a_site():
         rpm.RPMELBO().loss(model.model, model.guide, x, x)
 
 
+def test_prior_that_declares_a_latent_as_a_factor():
+    """A latent must be drawn from a distribution; a factor named "z2" is refused with the fix
+    (by the model and by the ELBO's traced fallback)."""
+    class FactorSite(pyro.nn.PyroModule):
+        def forward(self, q, q2):
+            z = pyro.sample("z", pyro.distributions.Normal(0.0, 1.0).expand([3]).to_event(1))
+            pyro.factor("z2", -z.pow(2).sum(-1))
+            return z, z
+
+    model = rpm.RPM(rpm.GaussianRecognition(GaussianHead(4, 3)), FactorSite())
+    x = torch.randn(5, 4)
+    expected = r"declared 'z2' with pyro.factor; declare the latent from a distribution"
+    with pytest.raises(ValueError, match=expected):
+        model.model(x, x)
+    with pytest.raises(ValueError, match=expected):
+        rpm.RPMELBO().loss(model.model, model.guide, x, x)
+
+
 def test_recognition_must_return_a_batch_of_vectors():
     model = rpm.RPM(rpm.DeltaRecognition(torch.nn.Flatten(0)), ImplicitPrior(RBFEnergy()))
     with pytest.raises(ValueError, match=r"shape \(N, D\)"):

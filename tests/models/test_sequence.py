@@ -25,7 +25,7 @@ from rpm.priors import (
     RBFEnergy,
     StateSpacePrior,
 )
-from rpm.priors.sequence import MarkovChain, MarkovImplicitChain, MarkovImplicitPrior, MarkovPrior
+from rpm.priors.sequence import MarkovChain, MarkovImplicitPrior, MarkovPrior
 from tests.helpers import GaussianHead
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -207,13 +207,15 @@ def test_markov_chain_of_a_pair_prior_is_the_product_of_its_factors():
 
 
 @pytest.mark.parametrize("pooled", [False, True])
-def test_markov_implicit_chain_log_prob_is_the_equation(pooled):
+def test_markov_implicit_prior_log_density_is_the_equation(pooled):
     energy = RBFEnergy(lengthscale=0.8)
     loc, scale = torch.randn(N, T, D), torch.rand(N, T, D) + 0.3
     q = pyro.distributions.Normal(loc, scale).to_event(1)
     marginal = SequenceMixtureMarginal(q, pooled=pooled)
     z = torch.randn(N, T, D)
-    chain = MarkovImplicitChain(marginal, energy)
+    prior = MarkovImplicitPrior(energy)
+    trace = poutine.trace(poutine.condition(prior, data={"z": z})).get_trace(q, marginal)
+    trace.compute_log_prob()
     expected = torch.zeros(N)
     for n in range(N):
         for t in range(T):
@@ -222,10 +224,14 @@ def test_markov_implicit_chain_log_prob_is_the_equation(pooled):
             f = lambda a, b: -((a - b) ** 2).sum() / (2 * 0.8 ** 2)  # noqa: E731
             normaliser = torch.logsumexp(torch.stack([f(z[n, t], z[j, t + 1]) for j in range(N)]), 0)
             expected[n] += f(z[n, t], z[n, t + 1]) - normaliser + math.log(N)
-    # one event over the whole batch (the normaliser couples the sequences): the sum
-    assert torch.allclose(chain.log_prob(z), expected.sum(), atol=1e-12)
+    # "z": the marginals, one event over the whole batch; "z_chain": the tilt (the normaliser
+    # couples the sequences); together the chain's log-density, summed over the batch
+    site = trace.nodes["z"]
+    assert site["fn"].batch_shape == () and site["fn"].event_shape == (N, T, D)
+    assert torch.allclose(site["log_prob"], marginal.log_prob(z).sum(), atol=1e-12)
+    log_density = site["log_prob"] + trace.nodes["z_chain"]["log_prob"]
+    assert torch.allclose(log_density, expected.sum(), atol=1e-12)
     # and the analytic cancellation of MarkovImplicitPrior.log_ratio
-    prior = MarkovImplicitPrior(energy)
     assert torch.allclose(prior.log_ratio(z, q, marginal), expected - marginal.log_prob(z), atol=1e-12)
 
 
@@ -283,26 +289,18 @@ def test_bad_input_is_refused():
         make(StateSpacePrior(3)).recognise(torch.randn(N, T, X_DIM))
 
 
-def test_the_chains_draw_whole_batches_and_refuse_other_batches_and_shapes():
+def test_the_markov_chain_draws_whole_batches_and_refuses_other_batches_and_shapes():
     loc, scale = torch.randn(N, T, D), torch.rand(N, T, D) + 0.3
     q = pyro.distributions.Normal(loc, scale).to_event(1)
-    chains = (MarkovImplicitChain(SequenceMixtureMarginal(q), RBFEnergy()),
-              MarkovChain(LinearDynamicsPrior(D), q))
-    for chain in chains:
-        torch.manual_seed(3)
-        both = chain.sample((2,))
-        torch.manual_seed(3)
-        one_by_one = torch.stack([chain.sample(), chain.sample()])
-        assert both.shape == (2, N, T, D) and torch.equal(both, one_by_one)
-        with pytest.raises(ValueError, match=rf"whole batch of sequences, shape \(.*{N}, {T}, {D}\)"):
-            chain.log_prob(torch.zeros(N - 1, T, D))
-    markov = chains[1]  # per-sequence factors: batch (N,), refusing another batch
+    markov = MarkovChain(LinearDynamicsPrior(D), q)
+    torch.manual_seed(3)
+    both = markov.sample((2,))
+    torch.manual_seed(3)
+    one_by_one = torch.stack([markov.sample(), markov.sample()])
+    assert both.shape == (2, N, T, D) and torch.equal(both, one_by_one)
+    with pytest.raises(ValueError, match=rf"whole batch of sequences, shape \(.*{N}, {T}, {D}\)"):
+        markov.log_prob(torch.zeros(N - 1, T, D))
+    # per-sequence factors: batch (N,), refusing another batch
     with pytest.raises(ValueError, match="use a plate of the number of sequences"):
         markov.expand((N + 1,))
     assert markov.expand((N,)) is markov
-    # The implicit chain is one event over the batch: batch_shape (), expandable (particles)
-    implicit = chains[0]
-    assert implicit.batch_shape == () and implicit.event_shape == (N, T, D)
-    z = torch.randn(N, T, D)
-    particles = implicit.expand((3,)).log_prob(z.expand(3, N, T, D))
-    assert particles.shape == (3,) and torch.allclose(particles, implicit.log_prob(z).expand(3))

@@ -1,6 +1,7 @@
-"""The implicit prior as honest Pyro distributions: the conditional is one event over the batch,
-checked against a loop written from its equation; supports, expand, off-atom values; the pair
-model under vectorised particles, Predictive and poutine.scale."""
+"""The implicit prior as honest Pyro distributions: its sites are the recognition mixtures as
+whole-batch events and its coupling the factor "z_to_z2", checked against a loop written from
+the conditional's equation; supports, leading dimensions, off-atom values; the pair model under
+vectorised particles, Predictive and poutine.scale."""
 
 import math
 
@@ -12,7 +13,8 @@ from pyro.distributions import Delta, Normal
 from pyro.infer import Predictive, Trace_ELBO
 
 import rpm
-from rpm.priors import CosineEnergy, ImplicitConditional, ImplicitPrior, RBFEnergy
+from rpm.priors import CosineEnergy, ImplicitPrior, RBFEnergy
+from rpm.priors.implicit import tilt_factor
 from tests.helpers import GaussianHead
 
 N, X_DIM, D = 6, 4, 2
@@ -44,58 +46,75 @@ def gaussian_q():
     return Normal(loc, scale).to_event(1), loc, scale
 
 
-def test_conditional_is_one_event_over_the_batch_and_matches_the_loop():
+def prior_trace(prior, q, q2, z, z2):
+    """The prior's program with its sites conditioned on (z, z2), log-densities computed."""
+    data = {"z": z, "z2": z2}
+    trace = poutine.trace(poutine.condition(prior, data=data)).get_trace(q, q2)
+    trace.compute_log_prob()
+    return trace
+
+
+def test_sites_are_the_mixtures_and_the_factor_is_the_tilt_matching_the_loop():
+    """"z" and "z2" are N draws of each view's recognition mixture, one event over the batch;
+    the factor "z_to_z2" is the tilt, and log Q(z'_i) summed plus the tilt is the loop of the
+    implicit conditional's equation."""
+    q, _, _ = gaussian_q()
     q2, loc, scale = gaussian_q()
     energy = RBFEnergy(lengthscale=0.8)
     z, value = torch.randn(N, D), torch.randn(N, D)
-    conditional = ImplicitConditional(z, q2, energy)
-    assert conditional.batch_shape == () and conditional.event_shape == (N, D)
-    assert not conditional.support.is_discrete and conditional.support.event_dim == 2
-    log_prob = conditional.log_prob(value)
-    assert log_prob.shape == ()
+    trace = prior_trace(ImplicitPrior(energy), q, q2, z, value)
+    for name, view in (("z", q), ("z2", q2)):
+        fn = trace.nodes[name]["fn"]
+        assert fn.batch_shape == () and fn.event_shape == (N, D)
+        assert isinstance(fn.base_dist, rpm.MixtureMarginal) and fn.base_dist.q is view
+        assert not fn.support.is_discrete and fn.support.event_dim == 2
+    factor = trace.nodes["z_to_z2"]
+    assert factor["is_observed"] and factor["log_prob"].shape == ()
     with torch.no_grad():
         expected = loop_log_prob(energy, z, value, loc.tolist(), scale.tolist())
-    assert log_prob.item() == pytest.approx(expected, rel=1e-12)
+    got = trace.nodes["z2"]["log_prob"] + factor["log_prob"]
+    assert got.item() == pytest.approx(expected, rel=1e-12)
+    sites = [name for name, site in trace.nodes.items() if site["type"] == "sample"]
+    assert sites == ["z", "z2", "z_to_z2"]
 
 
-def test_every_row_of_the_value_moves_the_log_density():
-    """The rows are coupled through the normaliser: the gradient of the joint log-density
-    with respect to each row is nonzero (a batch of independent rows would not couple them)."""
+def test_every_row_of_the_partners_moves_the_factor():
+    """The rows are coupled through the normaliser: the gradient of the factor with respect to
+    each row of z2 is nonzero (a sum of per-row terms of each row's own would not couple them)."""
+    q, _, _ = gaussian_q()
     q2, _, _ = gaussian_q()
     z, value = torch.randn(N, D), torch.randn(N, D, requires_grad=True)
-    conditional = ImplicitConditional(z, q2, CosineEnergy(kappa=3.0))
-    (grad,) = torch.autograd.grad(conditional.log_prob(value), value)
+    trace = prior_trace(ImplicitPrior(CosineEnergy(kappa=3.0)), q, q2, z, value)
+    (grad,) = torch.autograd.grad(trace.nodes["z_to_z2"]["log_prob"], value)
     assert (grad.abs().sum(-1) > 0).all()
 
 
-def test_expand_and_batched_log_prob():
-    q2, _, _ = gaussian_q()
+def test_tilt_factor_is_one_value_per_batch_of_the_leading_dimensions():
+    """Values (3, N, D) against (N, D): the factor is (3,), each entry the tilt of one batch."""
     energy = RBFEnergy()
-    z = torch.randn(N, D)
-    conditional = ImplicitConditional(z, q2, energy)
-    expanded = conditional.expand((3,))
-    assert expanded.batch_shape == (3,) and expanded.event_shape == (N, D)
-    values = torch.randn(3, N, D)
-    expected = torch.stack([conditional.log_prob(v) for v in values])
-    torch.testing.assert_close(expanded.log_prob(values), expected, rtol=0, atol=1e-12)
-    assert expanded.sample().shape == (3, N, D)
-    assert conditional.sample((2,)).shape == (2, N, D)
-    with pytest.raises(ValueError, match=r"shape \(\.\.\., 6, 2\)"):
-        ImplicitConditional(z[:4], q2, energy)
+    z, values = torch.randn(N, D), torch.randn(3, N, D)
+    with poutine.trace() as tracer:
+        log_weight = tilt_factor("t", lambda a, b: rpm.priors.implicit_log_ratio(energy(a, b)),
+                                 z, values)
+    expected = torch.stack([rpm.priors.implicit_log_ratio(energy(z, v)).sum() for v in values])
+    assert log_weight.shape == (3,)
+    torch.testing.assert_close(log_weight, expected, rtol=0, atol=1e-12)
+    tracer.trace.compute_log_prob()
+    torch.testing.assert_close(tracer.trace.nodes["t"]["log_prob"], expected, rtol=0, atol=0)
 
 
-def test_delta_conditional_is_discrete_and_minus_infinite_off_the_atoms():
+def test_delta_sites_are_discrete_and_minus_infinite_off_the_atoms():
     points = torch.randn(N, D)
-    conditional = ImplicitConditional(torch.randn(N, D), Delta(points, event_dim=1), RBFEnergy(),
-                                      validate_args=False)
-    assert conditional.support.is_discrete
-    assert torch.isfinite(conditional.log_prob(points[torch.randperm(N)]))
+    q, q2 = Delta(torch.randn(N, D), event_dim=1), Delta(points, event_dim=1)
+    pyro.enable_validation(False)
+    trace = prior_trace(ImplicitPrior(RBFEnergy()), q, q2, q.v, points[torch.randperm(N)])
+    assert trace.nodes["z2"]["fn"].support.is_discrete
+    assert torch.isfinite(trace.nodes["z2"]["log_prob"])
     off = points.clone()
     off[2, 0] += 0.5
-    assert conditional.log_prob(off).item() == -math.inf
-    with pytest.raises(ValueError, match="support"):
-        ImplicitConditional(torch.randn(N, D), Delta(points, event_dim=1), RBFEnergy(),
-                            validate_args=True).log_prob(off)
+    trace = prior_trace(ImplicitPrior(RBFEnergy()), q, q2, q.v, off)
+    assert trace.nodes["z2"]["log_prob"].item() == -math.inf
+    assert torch.isfinite(trace.nodes["z_to_z2"]["log_prob"])
 
 
 def delta_rpm():

@@ -27,11 +27,7 @@ from rpm.priors import (
     PooledImplicitPrior,
     RBFEnergy,
 )
-from rpm.priors.pooled import (
-    PooledImplicitConditional,
-    pooled_log_normalizer,
-    pooled_marginal,
-)
+from rpm.priors.pooled import pooled_log_normalizer, pooled_marginal
 from tests.helpers import GaussianHead
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -182,14 +178,14 @@ def test_model_sites_are_whole_batch_events(batch):
     for name in ("x", "x2"):
         assert trace.nodes[name]["fn"].batch_shape == (N,)
     assert set(trace.observation_nodes) == {"z_to_z2", "z2_to_z", "x", "x2"}
-    forward = rpm.RPM(model.recognition, PooledImplicitPrior(RBFEnergy(), direction="forward"))
-    trace = poutine.trace(forward.model).get_trace(*batch)
-    assert isinstance(trace.nodes["z2"]["fn"], PooledImplicitConditional)
-    assert trace.nodes["z2"]["fn"].event_shape == (N, D)
-    assert "z_to_z2" not in trace.nodes
-    backward = rpm.RPM(model.recognition, PooledImplicitPrior(RBFEnergy(), direction="backward"))
-    trace = poutine.trace(backward.model).get_trace(*batch)
-    assert isinstance(trace.nodes["z"]["fn"], PooledImplicitConditional)
+    for direction, factor, absent in (("forward", "z_to_z2", "z2_to_z"),
+                                      ("backward", "z2_to_z", "z_to_z2")):
+        one = rpm.RPM(model.recognition, PooledImplicitPrior(RBFEnergy(), direction=direction))
+        trace = poutine.trace(one.model).get_trace(*batch)
+        for name in ("z", "z2"):
+            fn = trace.nodes[name]["fn"]
+            assert fn.event_shape == (N, D) and isinstance(fn.base_dist, MixtureMarginal)
+        assert trace.nodes[factor]["is_observed"] and absent not in trace.nodes
 
 
 def test_likelihood_factors_divide_by_the_pooled_marginal(batch):
@@ -256,35 +252,38 @@ def test_pooled_marginal_is_the_mixture_of_both_views(batch):
     assert marginal.sample((3,)).shape == (3, N, D)
 
 
-def test_conditional_log_density_is_one_event_and_matches_the_loop(batch):
-    """Every row of the partners moves the density (the normaliser runs over all of them);
-    batched over leading dimensions and expandable."""
+@pytest.mark.parametrize("direction", ["forward", "backward", "both"])
+def test_factors_are_the_tilts_of_the_loop(direction, batch):
+    """The factors of each direction, at conditioned latents, against the loop of the tilt
+    r_i = f(a_i, v_i) - log (1/(2N - 1)) sum_{m != i} exp f(a_i, u_m), u = (z, z2) pooled, with
+    weight 1/2 for "both"; every row of the partners moves the forward factor."""
     recognition = RECOGNITION["gaussian"]()
     q, q2 = recognition(batch[0]), recognition(batch[1])
-    pool = pooled_marginal(q, q2)
     energy = CosineEnergy(kappa=3.0)
-    anchor, value = torch.randn(N, D), torch.randn(N, D)
-    conditional = PooledImplicitConditional(anchor, pool, energy)
-    assert conditional.batch_shape == () and conditional.event_shape == (N, D)
-    u = torch.cat([anchor, value])
-    expected = 0.0
-    for i in range(N):
-        others = [energy(anchor[i:i + 1], u[m:m + 1]).item() for m in range(2 * N) if m != i]
-        log_z = math.log(sum(math.exp(v) for v in others) / (2 * N - 1))
-        expected += (pool.log_prob(value[i]).item()
-                     + energy(anchor[i:i + 1], value[i:i + 1]).item() - log_z)
-    assert abs(conditional.log_prob(value).item() - expected) < 1e-10
-    values = torch.stack([value, torch.randn(N, D)])
-    batched = conditional.expand((2,)).log_prob(values)
-    assert batched.shape == (2,)
-    assert abs(batched[0].item() - expected) < 1e-10
-    assert abs(batched[1].item() - conditional.log_prob(values[1]).item()) < 1e-12
-    moved = value.clone()
-    moved[-1] += 0.5                    # moves its own row and every other row's normaliser
-    own_row = (pool.log_prob(moved[-1]) - pool.log_prob(value[-1])
-               + energy(anchor[-1:], moved[-1:]) - energy(anchor[-1:], value[-1:])).item()
-    change = (conditional.log_prob(moved) - conditional.log_prob(value)).item()
-    assert abs(change - own_row) > 1e-6
+    z, z2 = torch.randn(N, D), torch.randn(N, D, requires_grad=True)
+    prior = PooledImplicitPrior(energy, direction=direction)
+    trace = poutine.trace(poutine.condition(prior, data={"z": z, "z2": z2})).get_trace(q, q2)
+    trace.compute_log_prob()
+    u = torch.cat([z, z2]).detach()
+
+    def tilt_loop(anchors, partners, offset):
+        total = 0.0
+        for i in range(N):
+            others = [energy(anchors[i:i + 1], u[m:m + 1]).item()
+                      for m in range(2 * N) if m != i + offset]
+            log_z = math.log(sum(math.exp(v) for v in others) / (2 * N - 1))
+            total += energy(anchors[i:i + 1], partners[i:i + 1]).item() - log_z
+        return total
+
+    weight = 0.5 if direction == "both" else 1.0
+    expected = {"z_to_z2": weight * tilt_loop(z, z2.detach(), 0),
+                "z2_to_z": weight * tilt_loop(z2.detach(), z, N)}
+    names = {"forward": ["z_to_z2"], "backward": ["z2_to_z"], "both": ["z_to_z2", "z2_to_z"]}
+    for name in names[direction]:
+        assert abs(trace.nodes[name]["log_prob"].item() - expected[name]) < 1e-10
+    if direction == "forward":
+        (grad,) = torch.autograd.grad(trace.nodes["z_to_z2"]["log_prob"], z2)
+        assert (grad.abs().sum(-1) > 0).all()
 
 
 def test_vectorised_particles_with_delta_encoders_equal_one_particle(batch):
@@ -321,7 +320,7 @@ def test_predictive_in_parallel(batch):
                            return_sites=["z", "z2"])(*batch)
     assert posterior["z"].shape == (3, 1, N, D) and posterior["z2"].shape == (3, 1, N, D)
     torch.testing.assert_close(posterior["z"][1, 0], model.encode(batch[0]).detach())
-    for direction in ("both", "forward"):
+    for direction in ("both", "forward", "backward"):
         model.prior.direction = direction
         prior_draws = Predictive(model.model, num_samples=2, parallel=True,
                                  return_sites=["z", "z2"])(*batch)
@@ -341,25 +340,6 @@ def test_conditioning_z_off_the_atoms_gives_minus_infinity_not_nan(batch):
     for site in trace.nodes.values():
         if site["type"] == "sample":
             assert not torch.isnan(site["log_prob"]).any()
-
-
-def test_conditional_samples_lie_on_the_pooled_atoms_for_delta_encoders(batch):
-    recognition = RECOGNITION["delta"]()
-    q, q2 = recognition(batch[0]), recognition(batch[1])
-    conditional = PooledImplicitConditional(q.v.detach(), pooled_marginal(q, q2),
-                                            CosineEnergy(kappa=2.0))
-    draw = conditional.sample()
-    atoms = torch.cat([q.v, q2.v]).detach()
-    assert draw.shape == (N, D)
-    assert bool(conditional.support.check(draw))
-    assert bool((torch.cdist(draw, atoms).min(1).values == 0).all())
-    assert conditional.sample((2,)).shape == (2, N, D)
-    off = torch.randn(N, D)
-    with pytest.raises(ValueError, match="support"):
-        conditional.log_prob(off)                      # under validation: refused
-    unchecked = PooledImplicitConditional(q.v.detach(), pooled_marginal(q, q2),
-                                          CosineEnergy(kappa=2.0), validate_args=False)
-    assert unchecked.log_prob(off).item() == -math.inf
 
 
 @pytest.mark.parametrize("energy", ["bilinear", "cosine", "rbf", "anisotropic", "lp2", "lp1"])
