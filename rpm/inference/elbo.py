@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 
 import torch
 from pyro.infer import ELBO, Trace_ELBO
@@ -43,13 +44,39 @@ from rpm.nn import pyro_method
 
 __all__ = ["RPMELBO", "rpm_log_ratio"]
 
+#: class -> whether its objective_inputs describes its model and guide (:func:`_describes`).
+_DESCRIBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _owning_model(model, guide) -> RPMBase | None:
-    """The model whose bound ``model`` and ``guide`` methods ``(model, guide)`` are, or None
-    (a plain Pyro program, or one wrapped in handlers such as ``poutine.scale(m.model, 2)``)."""
+    """The model whose bound ``model`` and ``guide`` methods ``(model, guide)`` are, when its
+    :meth:`~rpm.models.base.RPMBase.objective_inputs` describes them (:func:`_describes`); else
+    None (a plain Pyro program, one wrapped in handlers such as ``poutine.scale(m.model, 2)``,
+    or a subclass that redefines ``model`` or ``guide`` only: Pyro's ``Trace_ELBO`` runs it)."""
     owner = getattr(model, "__self__", None)
-    if isinstance(owner, RPMBase) and getattr(guide, "__self__", None) is owner:
-        return owner
-    return None
+    if not (isinstance(owner, RPMBase) and getattr(guide, "__self__", None) is owner):
+        return None
+    cls = type(owner)
+    described = _DESCRIBED.get(cls)
+    if described is None:
+        described = _DESCRIBED[cls] = _describes(cls)
+    if not described or model.__func__ is not cls.model or guide.__func__ is not cls.guide:
+        return None
+    return owner
+
+
+def _definer(cls: type, name: str) -> type:
+    """The class of ``cls``'s MRO whose body defines ``name``."""
+    return next(klass for klass in cls.__mro__ if name in vars(klass))
+
+
+def _describes(cls: type) -> bool:
+    """True when ``cls.objective_inputs`` describes ``cls.model`` and ``cls.guide``: no class
+    below the one that defines ``objective_inputs`` redefines ``model`` or ``guide`` (a
+    subclass that overrides them overrides what the objective's inputs stand for)."""
+    definer = _definer(cls, "objective_inputs")
+    return all(not (issubclass(_definer(cls, name), definer) and _definer(cls, name) is not definer)
+               for name in ("model", "guide"))
 
 
 def _handlers_scale() -> float | None:
@@ -184,8 +211,10 @@ class RPMELBO(ELBO):
     active around the call multiplies the loss, as it does under ``Trace_ELBO``, and
     ``poutine.trace``, ``block`` and ``seed`` do not change it (the active handlers are asked
     with one message, as :func:`pyro.poutine.runtime.get_mask` asks them). Any other program
-    (a plain Pyro model and guide, or ``m.model`` wrapped in handlers such as
-    ``poutine.scale(m.model, 2.0)`` or ``poutine.condition``), and any call under handlers
+    (a plain Pyro model and guide, ``m.model`` wrapped in handlers such as
+    ``poutine.scale(m.model, 2.0)`` or ``poutine.condition``, or the model and guide of a
+    subclass that redefines ``model`` or ``guide`` but not ``objective_inputs``, whose own code
+    then runs), and any call under handlers
     that do more than scale by one number (``poutine.mask``, a ``pyro.plate``, a tensor
     scale), is evaluated by Pyro's ``Trace_ELBO``, which honours every handler: the same ELBO,
     with each encoder evaluated twice. Handlers of named sites (``condition``, ``replay``,

@@ -29,7 +29,9 @@ class RPMBase(NamedModule):
       (Eq. 15 of Aitchison & Ganev) as a differentiable scalar.
 
     ``RPMELBO().differentiable_loss(m.model, m.guide, *args)`` is then minus that ELBO;
-    :class:`~rpm.RPM` implements it for pairs and J views.
+    :class:`~rpm.RPM` implements it for pairs and J views. A subclass that redefines ``model``
+    or ``guide`` without redefining :meth:`objective_inputs` is evaluated by Pyro's
+    ``Trace_ELBO`` on its own model and guide.
 
     :param name: the prefix of the model's parameters in Pyro's param store (``"a"`` gives
         ``"a.prior.energy.lengthscale"``, ``"a.recognition.net$$$0.weight"``, ...); by default
