@@ -595,7 +595,7 @@ class RPM(RPMBase):
         global_batch: bool = False, block_size: int | None = None,
     ) -> torch.Tensor:
         r"""Pair form: total :math:`\sum_i \log P(z_i, z'_i) - \log Q(z_i) - \log Q(z'_i)` over
-        the batch (:func:`~rpm.priors.base.prior_log_ratio`: the prior's analytic log-ratio, or
+        the batch (:func:`~rpm.inference.objective.prior_log_ratio`: the prior's analytic log-ratio, or
         the traced prior minus the likelihood marginals).
 
         :param torch.Tensor z: first-view latents, shape (N, D).
