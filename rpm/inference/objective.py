@@ -90,8 +90,9 @@ class ObjectiveInputs:
     #: True when the guide is not the recognition models (a structured posterior): the
     #: recognition log-densities then no longer cancel (joint form).
     structured: bool = False
-    #: The prior is in the joint form (:attr:`~rpm.priors.base.Prior.joint_views`).
-    joint: bool = False
+    #: The prior is in the joint form (:attr:`~rpm.priors.base.Prior.joint_views`); None: read
+    #: from the prior.
+    joint: bool | None = None
 
 
 # -- the likelihood (Eq. 10) ----------------------------------------------------------------------
@@ -277,10 +278,11 @@ def elbo(inputs: ObjectiveInputs, num_particles: int = 1,
     """
     if num_particles != 1:
         check_positive_int("num_particles", num_particles)
+    joint = inputs.joint if inputs.joint is not None else hook(inputs.prior, "joint_views")
     total = 0.0
     for _ in range(num_particles):
         latents = tuple(_rsample(guide) for guide in inputs.guides)
-        if inputs.joint:
+        if joint:
             (z,) = latents  # (N, J, D): the guide's site "z"
             q, marginal = inputs.recognitions
             terms = None

@@ -582,7 +582,7 @@ class RPM(RPMBase):
         if q is None:
             return ObjectiveInputs(prior=prior, guides=tuple(encoded),
                                    recognitions=tuple(encoded), plate=_PAIR_PLATE,
-                                   candidates=candidates)
+                                   candidates=candidates, joint=False)
         marginal = self.marginal(q, block_size=block_size, candidates=candidates)
         guide = self.guide_distribution(q)
         return ObjectiveInputs(prior=prior, guides=(guide,), recognitions=(q, marginal),
