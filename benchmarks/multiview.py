@@ -16,9 +16,6 @@ Two measurements, each a ratio against a baseline measured in the same run:
   ``ImplicitPrior`` on N pairs: both encode 2N frames with the same MLP and evaluate the same
   InfoNCE terms in total size (target: J-view step at most 1.2x the pair step).
 
-With ``--generic`` the J-view and pair steps are also timed with ``RPMELBO(fast_path=False)``
-(the generic evaluation; :mod:`rpm.inference.fast_step` is the default), in the same rounds.
-
 Usage: ``python benchmarks/multiview.py --threads 1 --clock cpu``.
 """
 
@@ -39,11 +36,10 @@ from rpm.priors import ImplicitPrior, MarkovImplicitPrior, RBFEnergy, StateSpace
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
-def torch_step(model, args: tuple, fast_path: bool = True):
-    """One RPMELBO + torch.optim.Adam step of ``model`` on ``args`` (``fast_path=False``: the
-    generic evaluation, ``RPMELBO(fast_path=False)``)."""
+def torch_step(model, args: tuple):
+    """One RPMELBO + torch.optim.Adam step of ``model`` on ``args``."""
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    elbo = rpm.RPMELBO(fast_path=fast_path)
+    elbo = rpm.RPMELBO()
 
     def step():
         loss = elbo.differentiable_loss(model.model, model.guide, *args)
@@ -99,7 +95,7 @@ def sequence_toy(warmup: int, repeats: int, clock: str, svi: bool = False,
 
 
 def views_against_pairs(pairs: int, num_views: int, hidden: int, warmup: int, repeats: int,
-                        clock: str, generic: bool = False) -> dict[str, float]:
+                        clock: str) -> dict[str, float]:
     in_dim, dim = 10, 8
     instances = 2 * pairs // num_views
 
@@ -110,20 +106,16 @@ def views_against_pairs(pairs: int, num_views: int, hidden: int, warmup: int, re
 
     x, x2 = torch.randn(pairs, in_dim), torch.randn(pairs, in_dim)
     views = list(torch.randn(num_views, instances, in_dim).unbind(0))
-    steps = {}
-    for fast_path in (True, False) if generic else (True,):
-        suffix = "" if fast_path else ", generic"
-        steps.update({
-            "pair" + suffix: torch_step(
-                rpm.RPM(rpm.DeltaRecognition(encoder()), ImplicitPrior(RBFEnergy())), (x, x2),
-                fast_path),
-            f"J={num_views} per_view" + suffix: torch_step(
-                rpm.RPM(rpm.DeltaRecognition(encoder()), MarkovImplicitPrior(RBFEnergy())),
-                (views,), fast_path),
-            f"J={num_views} concat" + suffix: torch_step(
-                rpm.RPM(rpm.DeltaRecognition(encoder()), MarkovImplicitPrior(RBFEnergy()),
-                        encoder_calls="concat"), (views,), fast_path),
-        })
+    steps = {
+        "pair": torch_step(
+            rpm.RPM(rpm.DeltaRecognition(encoder()), ImplicitPrior(RBFEnergy())), (x, x2)),
+        f"J={num_views} per_view": torch_step(
+            rpm.RPM(rpm.DeltaRecognition(encoder()), MarkovImplicitPrior(RBFEnergy())),
+            (views,)),
+        f"J={num_views} concat": torch_step(
+            rpm.RPM(rpm.DeltaRecognition(encoder()), MarkovImplicitPrior(RBFEnergy()),
+                    encoder_calls="concat"), (views,)),
+    }
     return _interleaved(steps, warmup, repeats, clock)
 
 
@@ -161,12 +153,12 @@ def main(args: argparse.Namespace) -> None:
         return
     for pairs in args.pairs:
         r = views_against_pairs(pairs, args.views, args.hidden, args.warmup, args.repeats,
-                                args.clock, args.generic)
+                                args.clock)
         print(f"{2 * pairs} frames: {pairs} pairs against {2 * pairs // args.views} instances of "
               f"J = {args.views} views (hidden {args.hidden}):")
         for name, seconds in r.items():
-            pair = r["pair, generic"] if name.endswith("generic") else r["pair"]
-            print(f"  {name:>28}: {1e3 * seconds:8.2f} ms   {seconds / pair:5.2f}x the pair step")
+            print(f"  {name:>28}: {1e3 * seconds:8.2f} ms   {seconds / r['pair']:5.2f}x the pair "
+                  "step")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -189,8 +181,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(rpm.ops.kalman.DENSE_THRESHOLD = 0)")
     parser.add_argument("--skip-views", action="store_true",
                         help="the sequence toy only (no J-view comparison)")
-    parser.add_argument("--generic", action="store_true",
-                        help="also time the J-view and pair steps with RPMELBO(fast_path=False)")
     parser.add_argument("--skip-sequence-toy", action="store_true",
                         help="the J views against pairs only (no sequence toy)")
     return parser.parse_args(argv)

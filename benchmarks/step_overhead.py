@@ -8,18 +8,14 @@ Both train the same MLP encoder on the same batch with Adam:
   for an RPM with Delta recognition and the implicit prior with a cosine energy (the same
   objective, Eq. 23-25 of Aitchison & Ganev);
 * **elbo+torch**: ``rpm.RPMELBO().differentiable_loss`` with a plain ``torch.optim.Adam``, the
-  path of :class:`rpm.training.Trainer` (the specialised evaluation of
-  :mod:`rpm.inference.fast_step`);
-* **generic+torch** and **svi-generic** (with ``--generic``): the same with
-  ``RPMELBO(fast_path=False)``, the generic evaluation, measured in the same rounds;
+  path of :class:`rpm.training.Trainer` (:func:`rpm.inference.objective.elbo` on the model's
+  :meth:`~rpm.models.rpm.RPM.objective_inputs`);
 * **svi-floor** (with ``--svi-floor``): the bare loss as an ``SVI`` loss, a model that only
   registers the encoder (``pyro.module``), with ``pyro.optim.Adam``: what SVI costs whatever
   the model computes.
 
 Prints the median step time of each (the steps timed in turn, one step at a time) and the
-ratio to the bare step (targets at
-``--hidden 32 --batch-sizes 16 256 --threads 1 --clock cpu``: SVI at most 1.3x, RPMELBO with
-torch.optim at most 1.15x). ``--profile K`` then prints the K functions with the most own time
+ratio to the bare step. ``--profile K`` then prints the K functions with the most own time
 (cProfile) in each of the two RPM steps at the first batch size.
 Usage: ``python benchmarks/step_overhead.py --batch-sizes 256 6144 --device cpu``.
 """
@@ -94,7 +90,7 @@ def round_robin(steps, device, warmup: int, repeats: int, clock: str = "wall") -
 
 def benchmark(batch_size: int, dim: int, hidden: int, kappa: float, device: torch.device,
               warmup: int, repeats: int, clock: str = "wall", profile: int = 0,
-              svi_floor: bool = False, generic: bool = False) -> dict[str, float]:
+              svi_floor: bool = False) -> dict[str, float]:
     x = torch.randn(batch_size, dim, device=device)
     x2 = x + 0.1 * torch.randn(batch_size, dim, device=device)
     labels = torch.arange(batch_size, device=device)
@@ -111,22 +107,21 @@ def benchmark(batch_size: int, dim: int, hidden: int, kappa: float, device: torc
         bare_optimizer.step()
         return loss.item()  # SVI.step returns a float too
 
-    def make_svi_step(fast_path: bool):
+    def make_svi_step():
         model = rpm.RPM(rpm.DeltaRecognition(make_encoder(dim, hidden, 0)),
                         ImplicitPrior(CosineEnergy(kappa))).to(device)
-        svi = SVI(model.model, model.guide, pyro.optim.Adam({"lr": 1e-4}),
-                  rpm.RPMELBO(fast_path=fast_path))
+        svi = SVI(model.model, model.guide, pyro.optim.Adam({"lr": 1e-4}), rpm.RPMELBO())
 
         def svi_step():
             return svi.step(x, x2)
 
         return svi_step
 
-    def make_torch_step(fast_path: bool):
+    def make_torch_step():
         torch_model = rpm.RPM(rpm.DeltaRecognition(make_encoder(dim, hidden, 0)),
                               ImplicitPrior(CosineEnergy(kappa))).to(device)
         torch_optimizer = torch.optim.Adam(torch_model.parameters(), lr=1e-4)
-        elbo = rpm.RPMELBO(fast_path=fast_path)
+        elbo = rpm.RPMELBO()
 
         def torch_step():
             loss = elbo.differentiable_loss(torch_model.model, torch_model.guide, x, x2) / batch_size
@@ -137,7 +132,7 @@ def benchmark(batch_size: int, dim: int, hidden: int, kappa: float, device: torc
 
         return torch_step
 
-    svi_step, torch_step = make_svi_step(True), make_torch_step(True)
+    svi_step, torch_step = make_svi_step(), make_torch_step()
 
     floor_encoder = make_encoder(dim, hidden, 0).to(device)
 
@@ -150,8 +145,6 @@ def benchmark(batch_size: int, dim: int, hidden: int, kappa: float, device: torc
     floor_svi = SVI(lambda: pyro.module("svi_floor_encoder", floor_encoder), lambda: None,
                     pyro.optim.Adam({"lr": 1e-4}), loss=floor_loss)
     steps = [("bare", bare_step), ("svi", svi_step), ("elbo+torch", torch_step)]
-    if generic:
-        steps += [("svi-generic", make_svi_step(False)), ("generic+torch", make_torch_step(False))]
     if svi_floor:
         steps.append(("svi-floor", floor_svi.step))
     results = round_robin(steps, device, warmup, repeats, clock)
@@ -174,14 +167,12 @@ def main(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
     print(f"device={device} threads={torch.get_num_threads()} dim={args.dim} hidden={args.hidden} "
           f"clock={args.clock}")
-    names = (("svi", "elbo+torch") + (("svi-generic", "generic+torch") if args.generic else ())
-             + (("svi-floor",) if args.svi_floor else ()))
+    names = ("svi", "elbo+torch") + (("svi-floor",) if args.svi_floor else ())
     print(f"{'batch':>7} {'bare ms':>9} " + " ".join(f"{n + ' ms':>14}" for n in names)
           + " " + " ".join(f"{n + '/bare':>16}" for n in names))
     for index, batch_size in enumerate(args.batch_sizes):
         r = benchmark(batch_size, args.dim, args.hidden, args.kappa, device, args.warmup,
-                      args.repeats, args.clock, args.profile if index == 0 else 0, args.svi_floor,
-                      args.generic)
+                      args.repeats, args.clock, args.profile if index == 0 else 0, args.svi_floor)
         print(f"{batch_size:>7} {1e3 * r['bare']:>9.3f} "
               + " ".join(f"{1e3 * r[n]:>14.3f}" for n in names) + " "
               + " ".join(f"{r[n] / r['bare']:>16.2f}" for n in names))
@@ -204,8 +195,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="print the K functions with the most own time of each RPM step")
     parser.add_argument("--svi-floor", action="store_true",
                         help="also time the bare loss as an SVI loss with pyro.optim.Adam")
-    parser.add_argument("--generic", action="store_true",
-                        help="also time both RPM steps with RPMELBO(fast_path=False)")
     return parser.parse_args(argv)
 
 

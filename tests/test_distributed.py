@@ -32,6 +32,7 @@ from rpm.distributed import (
     local_slice,
 )
 from rpm.inference.elbo import rpm_log_ratio
+from rpm.inference.objective import prior_log_ratio
 from rpm.priors import (
     GaussianRandomWalkPrior,
     ImplicitPrior,
@@ -40,7 +41,6 @@ from rpm.priors import (
     RBFEnergy,
     StateSpacePrior,
 )
-from rpm.priors.base import prior_log_ratio
 from tests.helpers import GaussianHead
 
 SIZES = (5, 7)  # rows per rank

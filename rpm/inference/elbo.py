@@ -31,28 +31,52 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 
 import torch
 from pyro.infer import ELBO, Trace_ELBO
-from pyro.infer.util import is_validation_enabled
 from pyro.poutine.runtime import Message, am_i_wrapped, apply_stack
 
 from rpm._validation import check_bool, check_positive_int, check_positive_int_or_none
-from rpm.inference import fast_step
 from rpm.inference.objective import elbo as objective_elbo
 from rpm.models.base import RPMBase
-from rpm.models.checked_batches import full_checks
 from rpm.nn import pyro_method
 
 __all__ = ["RPMELBO", "rpm_log_ratio"]
 
+#: class -> whether its objective_inputs describes its model and guide (:func:`_describes`).
+_DESCRIBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _owning_model(model, guide) -> RPMBase | None:
-    """The model whose bound ``model`` and ``guide`` methods ``(model, guide)`` are, or None
-    (a plain Pyro program, or one wrapped in handlers such as ``poutine.scale(m.model, 2)``)."""
+    """The model whose bound ``model`` and ``guide`` methods ``(model, guide)`` are, when its
+    :meth:`~rpm.models.base.RPMBase.objective_inputs` describes them (:func:`_describes`); else
+    None (a plain Pyro program, one wrapped in handlers such as ``poutine.scale(m.model, 2)``,
+    or a subclass that redefines ``model`` or ``guide`` only: Pyro's ``Trace_ELBO`` runs it)."""
     owner = getattr(model, "__self__", None)
-    if isinstance(owner, RPMBase) and getattr(guide, "__self__", None) is owner:
-        return owner
-    return None
+    if not (isinstance(owner, RPMBase) and getattr(guide, "__self__", None) is owner):
+        return None
+    cls = type(owner)
+    described = _DESCRIBED.get(cls)
+    if described is None:
+        described = _DESCRIBED[cls] = _describes(cls)
+    if not described or model.__func__ is not cls.model or guide.__func__ is not cls.guide:
+        return None
+    return owner
+
+
+def _definer(cls: type, name: str) -> type:
+    """The class of ``cls``'s MRO whose body defines ``name``."""
+    return next(klass for klass in cls.__mro__ if name in vars(klass))
+
+
+def _describes(cls: type) -> bool:
+    """True when ``cls.objective_inputs`` describes ``cls.model`` and ``cls.guide``: no class
+    below the one that defines ``objective_inputs`` redefines ``model`` or ``guide`` (a
+    subclass that overrides them overrides what the objective's inputs stand for)."""
+    definer = _definer(cls, "objective_inputs")
+    return all(not (issubclass(_definer(cls, name), definer) and _definer(cls, name) is not definer)
+               for name in ("model", "guide"))
 
 
 def _handlers_scale() -> float | None:
@@ -162,17 +186,6 @@ def _evaluate(module: RPMBase, elbo: RPMELBO, args: tuple, kwargs: dict) -> torc
     return objective_elbo(inputs, num_particles=elbo.num_particles, block_size=elbo.block_size)
 
 
-@pyro_method
-def _evaluate_fast(module: RPMBase, step: fast_step.Plan) -> torch.Tensor:
-    """Minus the ELBO of one batch by :func:`rpm.inference.fast_step.evaluate`, in the model's
-    Pyro context."""
-    return fast_step.evaluate(module, step)
-
-
-def _tracing() -> bool:
-    return torch.jit.is_tracing() or torch.compiler.is_compiling()
-
-
 class RPMELBO(ELBO):
     r"""The RPM evidence lower bound (Eq. 15 of Aitchison & Ganev) for ``(rpm.model, rpm.guide)``.
 
@@ -190,17 +203,18 @@ class RPMELBO(ELBO):
     in the model's Pyro context (:func:`pyro.nn.pyro_method`: its parameters, and those of its
     prior and energy, are read through Pyro's param store under the model's name).
 
-    Checks: under ``pyro.enable_validation`` every batch is checked (the views, the encoders'
-    latents, the prior's requirements; :mod:`rpm.models.checked_batches`); on the fast path
-    the value checks are one fused reduction, and a batch it refuses is evaluated again with
-    every check, so the error names the input rows or the encoder that are not finite.
+    Checks: the structural checks run on the first batch of each shape after an assignment of
+    a module, and under ``pyro.enable_validation`` every batch's values are checked (the views,
+    the encoders' latents; :mod:`rpm.models.checked_batches`).
 
     Handlers: with ``(m.model, m.guide)`` of one model, ``poutine.scale`` by one number
     active around the call multiplies the loss, as it does under ``Trace_ELBO``, and
     ``poutine.trace``, ``block`` and ``seed`` do not change it (the active handlers are asked
     with one message, as :func:`pyro.poutine.runtime.get_mask` asks them). Any other program
-    (a plain Pyro model and guide, or ``m.model`` wrapped in handlers such as
-    ``poutine.scale(m.model, 2.0)`` or ``poutine.condition``), and any call under handlers
+    (a plain Pyro model and guide, ``m.model`` wrapped in handlers such as
+    ``poutine.scale(m.model, 2.0)`` or ``poutine.condition``, or the model and guide of a
+    subclass that redefines ``model`` or ``guide`` but not ``objective_inputs``, whose own code
+    then runs), and any call under handlers
     that do more than scale by one number (``poutine.mask``, a ``pyro.plate``, a tensor
     scale), is evaluated by Pyro's ``Trace_ELBO``, which honours every handler: the same ELBO,
     with each encoder evaluated twice. Handlers of named sites (``condition``, ``replay``,
@@ -216,22 +230,16 @@ class RPMELBO(ELBO):
     :param block_size: evaluate the mixture marginals and the InfoNCE normaliser in blocks of
         this many rows and columns (O(N D) memory, :mod:`rpm.ops`); ``None`` streams
         automatically for large batches.
-    :param bool fast_path: evaluate the steps of an unmodified :class:`~rpm.RPM` with an
-        implicit prior on a small batch by :mod:`rpm.inference.fast_step` (the same value and
-        gradients with the same kernels, without the module calls and distribution objects;
-        taken only where it provably computes what the model's code computes, the generic path
-        otherwise); False: always the generic path.
     """
 
     def __init__(self, num_particles: int = 1, global_batch: bool = False,
-                 block_size: int | None = None, fast_path: bool = True):
+                 block_size: int | None = None):
         num_particles = check_positive_int("num_particles", num_particles)
         global_batch = check_bool("global_batch", global_batch)
         block_size = check_positive_int_or_none("block_size", block_size)
         super().__init__(num_particles=num_particles)
         self.global_batch = global_batch
         self.block_size = block_size
-        self.fast_path = check_bool("fast_path", fast_path)
 
     def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
         """The negative ELBO as a differentiable scalar tensor; ``args`` are the model's data
@@ -240,24 +248,8 @@ class RPMELBO(ELBO):
         scale = _handlers_scale() if owner is not None else None
         if scale is None:  # another program, or handlers that do more than scale
             return self._trace_elbo(model, guide, args, kwargs)
-        tracing = _tracing()
-        validating = is_validation_enabled() and not tracing
-        step = fast_step.plan(owner, self, args, kwargs, tracing) if self.fast_path else None
-        if step is None:  # (the fast path's model is rpm.RPM, whose model takes any views)
-            _check_arguments(model, owner, args, kwargs)
-        try:  # in the model's Pyro context
-            if step is not None:  # minus the ELBO
-                loss = (_evaluate_fast(owner, step) if fast_step.needs_context(step)
-                        else fast_step.evaluate(owner, step))
-            else:
-                loss = -_evaluate(owner, self, args, kwargs)
-        except ValueError:
-            if not validating or step is None:
-                raise  # the generic path ran every check under validation
-            # the fast path's fused check refused the batch: evaluate it again with every
-            # check, so that the error names the input rows or the encoder
-            with full_checks():
-                loss = -_evaluate(owner, self, args, kwargs)
+        _check_arguments(model, owner, args, kwargs)
+        loss = -_evaluate(owner, self, args, kwargs)  # in the model's Pyro context
         return loss if scale == 1.0 else scale * loss
 
     def _trace_elbo(self, model, guide, args: tuple, kwargs: dict) -> torch.Tensor:

@@ -1,9 +1,16 @@
-r"""The RPM ELBO as functions of the prior, the views' recognition distributions, the latents and
-the candidates (``docs/theory.md``, the ELBO; J views).
+r"""The RPM ELBO, once: functions of the prior, the views' recognition distributions, the latents
+and the candidates (``docs/theory.md``, the ELBO; J views).
 
 For N instances with J views each, recognition distributions :math:`Q(z|x_{i,j})`, a guide
 :math:`Q(z_{1:J}|x_{1:J})` and the recognition marginals :math:`Q_j` (Eq. 11 of Aitchison &
-Ganev), the ELBO (Eq. 12, with the likelihood of Eq. 10) is
+Ganev), the likelihood of view j is (Eq. 10)
+
+.. math::
+
+    P(x_{i,j}|z_{i,j}) = \frac{Q(z_{i,j}|x_{i,j})\, P_\text{true}(x_{i,j})}{Q_j(z_{i,j})},
+
+:math:`P_\text{true}` constant in every parameter and left out (:func:`likelihood_factor`,
+with the marginals of :func:`likelihood_marginals`), and the ELBO (Eq. 12) is
 
 .. math::
 
@@ -18,33 +25,236 @@ With the recognition models as the guide (Eq. 14) the recognition log-densities 
     \mathcal{L} = \sum_i \mathbb{E}\Big[\log P(z_{i,1:J}) - \sum_j \log Q_j(z_{i,j})\Big]
     \qquad\text{(Eq. 15; J = 2: } \log P(z_i, z'_i) - \log Q(z_i) - \log Q(z'_i)\text{)},
 
-whose terms :func:`~rpm.priors.base.prior_log_ratio` evaluates (the prior's analytic
-log-ratio, e.g. InfoNCE's :math:`f(z_i, z'_i) - \log \frac1M \sum_m e^{f(z_i, z'_m)}` for the
-implicit prior, Eq. 23-25, or the traced prior minus the mixture marginals). The Pyro model of
-:class:`~rpm.RPM` declares the same terms as sample sites and likelihood factors through the
-same functions of :mod:`rpm.priors.base` (:func:`~rpm.priors.base.declare_prior`,
-:func:`~rpm.priors.base.likelihood_factor`), so ``Trace_ELBO`` on it and :func:`elbo` agree.
+whose terms :func:`prior_log_ratio` evaluates: the prior's own analytic part
+(:meth:`~rpm.priors.base.Prior.log_ratio`, e.g. the implicit prior's
+:math:`f(z_i, z'_i) - \log \frac1M \sum_m e^{f(z_i, z'_m)}`, Eq. 23-25) or, when it has none,
+the prior's traced log-density minus the marginals (:func:`marginal_log_prob`).
 
-:func:`elbo` is what :class:`~rpm.RPMELBO` computes for a model; :func:`rpm_elbo` is the same
-number for embeddings computed in a plain PyTorch loop.
+Every route to the ELBO computes it here: the Pyro model of :class:`~rpm.RPM` declares its
+likelihood factors with :func:`likelihood_marginals` and :func:`likelihood_factor` (so
+``Trace_ELBO`` on it evaluates the expression above), :class:`~rpm.RPMELBO` calls :func:`elbo`
+on the model's :class:`ObjectiveInputs`, and :func:`rpm_elbo` (for embeddings in a plain
+PyTorch loop, used by :mod:`rpm.losses`) calls :func:`prior_log_ratio`.
+
+This module reads the priors and marginals only; :mod:`rpm.models` builds on it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
+import pyro
 import torch
+from pyro import poutine
 from pyro.distributions import Delta, Independent, TorchDistribution
 
 from rpm._validation import check_bool, check_positive_int
+from rpm.marginals import MixtureMarginal
 from rpm.marginals.candidates import Candidates
+from rpm.marginals.mixture_marginal import delta_mixture_log_prob
 from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
-from rpm.models.base import ObjectiveInputs
-from rpm.models.views import stack_views
-from rpm.priors.base import Prior, delta_with_density_message, hook, prior_log_ratio
+from rpm.ops.gaussian_mixture import gaussian_mixture_log_prob
+from rpm.priors.base import Prior, declare_prior, delta_with_density_message, hook
 
-__all__ = ["elbo", "rpm_elbo"]
+__all__ = [
+    "ObjectiveInputs",
+    "elbo",
+    "likelihood_factor",
+    "likelihood_marginals",
+    "marginal_log_prob",
+    "prior_log_ratio",
+    "rpm_elbo",
+]
 
+
+@dataclasses.dataclass
+class ObjectiveInputs:
+    r"""What the RPM ELBO of one batch needs (:func:`elbo`), with each encoder evaluated once.
+
+    :func:`elbo` draws the latents from ``guides`` (with ``rsample``, in this order: the order
+    in which the model's guide samples its sites) and evaluates :func:`prior_log_ratio` on them.
+    """
+
+    #: The prior.
+    prior: object
+    #: The guide's distributions in the guide's order: ``(q, q2)`` (pair form) or one
+    #: distribution of ``"z"`` with batch_shape (N,) and event_shape (J, D) (joint form).
+    guides: tuple
+    #: ``(q, q2)`` (pair form) or ``(q, marginal)`` (joint form: q of batch_shape (N, J)).
+    recognitions: tuple
+    #: The name of the model's plate over the N instances.
+    plate: str
+    #: The step's :class:`~rpm.marginals.candidates.Candidates`.
+    candidates: object
+    #: True when the guide is not the recognition models (a structured posterior): the
+    #: recognition log-densities then no longer cancel (joint form).
+    structured: bool = False
+    #: The prior is in the joint form (:attr:`~rpm.priors.base.Prior.joint_views`); None: read
+    #: from the prior.
+    joint: bool | None = None
+
+
+# -- the likelihood (Eq. 10) ----------------------------------------------------------------------
+
+def _kinds(value) -> str:
+    """The type of ``value``, or of each item of a tuple or list, for an error message."""
+    if isinstance(value, (tuple, list)):
+        return f"{type(value).__name__} of " + ", ".join(type(v).__name__ for v in value)
+    return type(value).__name__
+
+
+def likelihood_marginals(
+    prior, q: TorchDistribution, q2: TorchDistribution
+) -> tuple[MixtureMarginal, MixtureMarginal]:
+    r"""The recognition marginals :math:`(Q_1, Q_2)` that the pair form's likelihood factors
+    divide by (Eq. 10): the prior's :meth:`~rpm.priors.base.Prior.likelihood_marginals`
+    (each view's own minibatch mixture :math:`Q_v = \frac1N \sum_n Q(z|x_{n,v})`, Eq. 11, for
+    a plain callable), checked.
+
+    :param prior: a pair-form prior or plain callable.
+    :param q: first-view recognition distributions, batch_shape (N,), event_shape (D,).
+    :param q2: second-view recognition distributions, likewise.
+    :raises TypeError: when the hook returns anything but two :class:`~rpm.MixtureMarginal`.
+    :raises ValueError: when a marginal's shapes differ from its view's recognition.
+    """
+    if not isinstance(prior, Prior):
+        return MixtureMarginal(q), MixtureMarginal(q2)
+    marginals = prior.likelihood_marginals(q, q2)
+    if not (isinstance(marginals, tuple) and len(marginals) == 2
+            and all(isinstance(m, MixtureMarginal) for m in marginals)):
+        raise TypeError(
+            f"{type(prior).__name__}.likelihood_marginals(q, q2) must return a pair of "
+            f"rpm.MixtureMarginal (the marginals of the likelihood factors 'x' and 'x2'), got "
+            f"{_kinds(marginals)}"
+        )
+    for name, marginal, view in (("first", marginals[0], q), ("second", marginals[1], q2)):
+        if marginal.batch_shape != view.batch_shape or marginal.event_shape != view.event_shape:
+            raise ValueError(
+                f"{type(prior).__name__}.likelihood_marginals returned for the {name} view a "
+                f"marginal of batch_shape {tuple(marginal.batch_shape)} and event_shape "
+                f"{tuple(marginal.event_shape)}; it must match the view's recognition, "
+                f"{tuple(view.batch_shape)} and {tuple(view.event_shape)} (expand it)"
+            )
+    return marginals
+
+
+def likelihood_factor(log_q: torch.Tensor, log_marginal: torch.Tensor) -> torch.Tensor:
+    r"""The likelihood factor :math:`\log Q(z|x) - \log Q_v(z)` of Eq. 10 (without
+    :math:`\log P_\text{true}(x)`).
+
+    For Delta recognition a latent off the view's atoms has :math:`\log Q(z|x) = -\infty`
+    (and :math:`\log Q_v(z)` may be :math:`-\infty` too; its own prior site is
+    :math:`-\infty`): the factor is :math:`-\infty` there, not :math:`-\infty - (-\infty)` =
+    NaN.
+
+    :param torch.Tensor log_q: :math:`\log Q(z|x)`.
+    :param torch.Tensor log_marginal: :math:`\log Q_v(z)`, of the same shape.
+    """
+    return torch.where(torch.isneginf(log_q), log_q, log_q - log_marginal)
+
+
+def marginal_log_prob(marginal: MixtureMarginal, z: torch.Tensor, candidates: Candidates | None,
+                      block_size: int | None) -> torch.Tensor:
+    r""":math:`\log Q_v(z_i) = \log \frac1K \sum_k Q(z_i|x_k)` under the mixture ``marginal``
+    (Eq. 11), its K components gathered from every process when the candidates are a global
+    batch, streamed in blocks of ``block_size``; shape (N,)."""
+    is_global = candidates is not None and candidates.is_global
+    if marginal.family == "generic":  # components of another family: their own log_prob
+        if candidates is not None and candidates.global_batch:
+            family = type(getattr(marginal.q, "base_dist", marginal.q)).__name__
+            raise ValueError(
+                f"a global batch gathers the parameters of Gaussian or Delta recognition; "
+                f"{family} recognition has no such gather: train it without "
+                "global_batch (or use rpm.GaussianRecognition / rpm.DeltaRecognition)"
+            )
+        if block_size is None:
+            return marginal.log_prob(z)
+    if not is_global and block_size is None:
+        return marginal.log_prob(z)
+    if marginal.exclude_self:
+        raise ValueError(
+            "a likelihood marginal with exclude_self cannot be evaluated over a global batch or "
+            "in blocks; return a MixtureMarginal without exclude_self from likelihood_marginals"
+        )
+    if marginal.family == "generic":
+        return marginal.log_prob_rows(z, block_size=block_size)
+    loc, scale = marginal.loc, marginal.scale  # (K, D), (K, D) or None
+    if is_global:
+        if scale is None:
+            loc = candidates.gather(loc)
+        else:  # one collective for both
+            loc, scale = candidates.gather(torch.cat([loc, scale], dim=1)).chunk(2, dim=1)
+    if scale is None:
+        return delta_mixture_log_prob(z, loc)
+    return gaussian_mixture_log_prob(z, loc, scale, block_size=block_size)
+
+
+# -- the terms of Eq. 15 ----------------------------------------------------------------------------
+
+def prior_log_ratio(prior, latents, recognitions, plate: str, candidates: Candidates | None = None,
+                    block_size: int | None = None, joint: bool | None = None) -> torch.Tensor:
+    r"""The batch's total :math:`\sum_i \log P(z_{i,1:J}) - \sum_j \log Q_j(z_{i,j})`, the
+    terms of the RPM ELBO (Eq. 15 of Aitchison & Ganev; with J views, ``docs/theory.md``) that
+    do not cancel against the recognition guide.
+
+    The prior's own :meth:`~rpm.priors.base.Prior.log_ratio` (analytic cancellations) when it
+    returns one; otherwise the prior run with its sites conditioned on the latents (inside
+    ``pyro.plate(plate, N)`` unless it is :attr:`~rpm.priors.base.Prior.joint_over_batch`),
+    its log-density summed, minus the marginals (pair form: :func:`likelihood_marginals`
+    through :func:`marginal_log_prob`; joint form: the model's marginal).
+
+    :param prior: a pair-form prior (or plain callable) or a joint-form :class:`Prior`.
+    :param latents: pair form ``(z, z2)``, each (N, D); joint form z, (N, J, D).
+    :param recognitions: pair form ``(q, q2)``, each batch_shape (N,); joint form
+        ``(q, marginal)``, q of batch_shape (N, J), marginal the model's
+        :class:`~rpm.marginals.SequenceMixtureMarginal`.
+    :param str plate: the name of the model's plate over the N instances.
+    :param candidates: the step's :class:`~rpm.marginals.candidates.Candidates`; None: the
+        batch.
+    :param block_size: stream the O(N^2) parts in blocks of this size (``None``: by size).
+    :param joint: the prior's :attr:`~rpm.priors.base.Prior.joint_views` (None: read here).
+    :return: a scalar.
+    """
+    if joint is None:
+        joint = hook(prior, "joint_views")
+    is_prior = isinstance(prior, Prior)
+    if joint:
+        z, (q, marginal) = latents, recognitions
+        if is_prior:
+            ratio = prior.log_ratio(z, q, marginal, candidates, block_size)
+            if ratio is not None:
+                return ratio.sum()
+        data, args, sites, num = {"z": z}, (q, marginal), ("z",), z.shape[0]
+    else:
+        (z, z2), (q, q2) = latents, recognitions
+        if is_prior:
+            ratio = prior.log_ratio(z, z2, q, q2, candidates, block_size)
+            if ratio is not None:
+                return ratio.sum()
+        data, args, sites, num = {"z": z, "z2": z2}, (q, q2), ("z", "z2"), z.shape[0]
+    # The traced prior (a trace context, not poutine.trace(fn), which would append Pyro's
+    # shape table to the one-line errors of declare_prior's checks).
+    with poutine.trace() as tracer, poutine.condition(data=data):
+        if hook(prior, "joint_over_batch"):
+            declare_prior(prior, *args, sites=sites)
+        else:
+            with pyro.plate(plate, num):
+                declare_prior(prior, *args, sites=sites)
+    trace = tracer.trace
+    trace.compute_log_prob()
+    log_prior = sum(
+        site["log_prob"].sum() for site in trace.nodes.values() if site["type"] == "sample"
+    )
+    if joint:  # the model's marginal already runs over the candidates (a global batch)
+        return log_prior - marginal.log_prob(z).sum()
+    marginal, marginal2 = likelihood_marginals(prior, q, q2)
+    log_marginals = (marginal_log_prob(marginal, z, candidates, block_size).sum()
+                     + marginal_log_prob(marginal2, z2, candidates, block_size).sum())
+    return log_prior - log_marginals
+
+
+# -- the ELBO ----------------------------------------------------------------------------------------
 
 def elbo(inputs: ObjectiveInputs, num_particles: int = 1,
          block_size: int | None = None) -> torch.Tensor:
@@ -60,14 +270,15 @@ def elbo(inputs: ObjectiveInputs, num_particles: int = 1,
     structured one. The samples are drawn from ``inputs.guides`` in order, as the model's guide
     draws them, so with the same random numbers this equals ``-Trace_ELBO`` on the model.
 
-    :param inputs: a batch's :class:`~rpm.models.base.ObjectiveInputs`
+    :param ObjectiveInputs inputs: a batch's inputs
         (:meth:`rpm.RPM.objective_inputs <rpm.models.rpm.RPM.objective_inputs>`).
     :param int num_particles: S.
     :param block_size: block edge for the O(N^2) kernels; None decides by size.
     :return: a scalar tensor.
     """
-    check_positive_int("num_particles", num_particles)
-    joint = hook(inputs.prior, "joint_views")
+    if num_particles != 1:
+        check_positive_int("num_particles", num_particles)
+    joint = inputs.joint if inputs.joint is not None else hook(inputs.prior, "joint_views")
     total = 0.0
     for _ in range(num_particles):
         latents = tuple(_rsample(guide) for guide in inputs.guides)
@@ -81,12 +292,12 @@ def elbo(inputs: ObjectiveInputs, num_particles: int = 1,
                 value = terms.sum() - marginal.log_prob(z).sum()
             else:
                 value = prior_log_ratio(inputs.prior, z, inputs.recognitions, inputs.plate,
-                                        inputs.candidates, block_size)
+                                        inputs.candidates, block_size, True)
                 if inputs.structured:
                     value = value + (q.log_prob(z).sum(-1) - inputs.guides[0].log_prob(z)).sum()
         else:  # (z, z2), each (N, D): the guide's sites "z" then "z2"
             value = prior_log_ratio(inputs.prior, latents, inputs.recognitions, inputs.plate,
-                                    inputs.candidates, block_size)
+                                    inputs.candidates, block_size, False)
         if num_particles == 1:
             return value
         total = total + value
@@ -94,15 +305,22 @@ def elbo(inputs: ObjectiveInputs, num_particles: int = 1,
 
 
 def _rsample(guide: TorchDistribution) -> torch.Tensor:
-    """``guide.rsample()``; for a ``Delta`` (deterministic encoders), also as the independent
-    views of the joint form, its point itself, which is what ``Delta.rsample()`` returns as a
-    view (``v.expand(v.shape)``) at the cost of an autograd node per view and step."""
+    """``guide.rsample()``; for a ``Delta`` (deterministic encoders) its point itself, which is
+    what ``Delta.rsample()`` returns as a view (``v.expand(v.shape)``) at the cost of an
+    autograd node."""
     base = guide.base_dist if type(guide) is Independent else guide
     return base.v if type(base) is Delta else guide.rsample()
 
 
 def _delta(latent: torch.Tensor) -> TorchDistribution:
     return Delta(latent, event_dim=1)
+
+
+def _stack_views(dists: list[TorchDistribution]) -> TorchDistribution:
+    """J recognition distributions of batch (N,) as one of batch (N, J)."""
+    from rpm.models.views import stack_views  # the models build on this module
+
+    return stack_views(dists)
 
 
 def rpm_elbo(
@@ -121,10 +339,10 @@ def rpm_elbo(
         loss.backward()
 
     Returns :math:`\sum_i [\log P(z_{i,1:J}) - \sum_j \log Q_j(z_{i,j})]` (Eq. 15 with the
-    recognition models as the guide), the number :class:`~rpm.RPMELBO` returns (negated) for an
-    :class:`~rpm.RPM` whose encoders produced these latents: with Delta recognition (the
-    default here: the latents are the embeddings themselves) and the implicit prior,
-    :math:`\mathcal{L}/N = -\text{InfoNCE} + \log N`.
+    recognition models as the guide, :func:`prior_log_ratio`), the number :class:`~rpm.RPMELBO`
+    returns (negated) for an :class:`~rpm.RPM` whose encoders produced these latents: with
+    Delta recognition (the default here: the latents are the embeddings themselves) and the
+    implicit prior, :math:`\mathcal{L}/N = -\text{InfoNCE} + \log N`.
 
     :param prior: a pair-form prior (``latents = [z, z2]``) or a prior over J views (the
         joint form: ``latents`` a list of J tensors (N, D) or one tensor (N, J, D)); its
@@ -153,14 +371,14 @@ def rpm_elbo(
         elif isinstance(recognitions, TorchDistribution):
             q = recognitions
         else:
-            q = stack_views(list(recognitions))
+            q = _stack_views(list(recognitions))
         marginal = SequenceMixtureMarginal(q, pooled=pooled_marginal, block_size=block_size,
                                            candidates=candidates)
-        return prior_log_ratio(prior, z, (q, marginal), "instances", candidates, block_size)
+        return prior_log_ratio(prior, z, (q, marginal), "instances", candidates, block_size, True)
     if isinstance(latents, torch.Tensor) or len(latents) != 2:
         got = f"a tensor {tuple(latents.shape)}" if isinstance(latents, torch.Tensor) else len(latents)
         raise ValueError(f"{type(prior).__name__} is a pair prior: pass latents [z, z2], "
                          f"two tensors (N, D); got {got}")
     z, z2 = latents
     q, q2 = (_delta(z), _delta(z2)) if recognitions is None else recognitions
-    return prior_log_ratio(prior, (z, z2), (q, q2), "pairs", candidates, block_size)
+    return prior_log_ratio(prior, (z, z2), (q, q2), "pairs", candidates, block_size, False)

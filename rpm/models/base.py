@@ -5,37 +5,14 @@ param store (:mod:`rpm.nn`).
 
 from __future__ import annotations
 
-import dataclasses
+from typing import TYPE_CHECKING
 
 from rpm.nn import NamedModule
 
-__all__ = ["ObjectiveInputs", "RPMBase"]
+if TYPE_CHECKING:
+    from rpm.inference.objective import ObjectiveInputs
 
-
-@dataclasses.dataclass
-class ObjectiveInputs:
-    r"""What the RPM ELBO of one batch needs (:func:`rpm.inference.objective.elbo`), with each
-    encoder evaluated once.
-
-    The ELBO draws the latents from ``guides`` (with ``rsample``, in this order: the order in
-    which the model's guide samples its sites) and evaluates
-    :func:`~rpm.priors.base.prior_log_ratio` on them.
-    """
-
-    #: The prior.
-    prior: object
-    #: The guide's distributions in the guide's order: ``(q, q2)`` (pair form) or one
-    #: distribution of ``"z"`` with batch_shape (N,) and event_shape (J, D) (joint form).
-    guides: tuple
-    #: ``(q, q2)`` (pair form) or ``(q, marginal)`` (joint form: q of batch_shape (N, J)).
-    recognitions: tuple
-    #: The name of the model's plate over the N instances.
-    plate: str
-    #: The step's :class:`~rpm.marginals.candidates.Candidates`.
-    candidates: object
-    #: True when the guide is not the recognition models (a structured posterior): the
-    #: recognition log-densities then no longer cancel (joint form).
-    structured: bool = False
+__all__ = ["RPMBase"]
 
 
 class RPMBase(NamedModule):
@@ -52,7 +29,9 @@ class RPMBase(NamedModule):
       (Eq. 15 of Aitchison & Ganev) as a differentiable scalar.
 
     ``RPMELBO().differentiable_loss(m.model, m.guide, *args)`` is then minus that ELBO;
-    :class:`~rpm.RPM` implements it for pairs and J views.
+    :class:`~rpm.RPM` implements it for pairs and J views. A subclass that redefines ``model``
+    or ``guide`` without redefining :meth:`objective_inputs` is evaluated by Pyro's
+    ``Trace_ELBO`` on its own model and guide.
 
     :param name: the prefix of the model's parameters in Pyro's param store (``"a"`` gives
         ``"a.prior.energy.lengthscale"``, ``"a.recognition.net$$$0.weight"``, ...); by default

@@ -5,16 +5,17 @@ The checks of a batch: the views are tensors with one batch size N >= 2 and, und
 under validation) of the prior's dimension; a deterministic encoder meets a prior that accepts
 it (Appendix B of Aitchison & Ganev).
 
-* Under ``pyro.enable_validation`` (Pyro's default) **every batch** runs every check.
-  :class:`~rpm.RPMELBO`'s specialised step (:mod:`rpm.inference.fast_step`) makes the value
-  checks one fused reduction and, when it refuses a batch, evaluates it again under
-  :func:`full_checks`, so that the error names the input rows or the encoder.
-* Without validation the structural checks run on the first batch of each **signature** and
-  no value check runs. A signature (:func:`signature`) is the shapes, dtypes and devices of the
-  views and the :func:`~rpm.nn.structure_version`, which changes with every assignment of a
-  module or attribute of the package's modules (a prior, an energy, a recognition model,
+* The structural checks (the views' batch sizes, the recognition models' output shapes and
+  dimension, the prior's requirements) run on the first batch of each **signature**
+  (:func:`signature`): the shapes, dtypes and devices of the views and the
+  :func:`~rpm.nn.structure_version`, which changes with every assignment of a module or
+  attribute of the package's modules (a prior, an energy, a recognition model,
   ``noise_scale``): the checks are decided by what was assigned, never by object identities,
   so no sequence of assignments skips the checks of the modules assigned last.
+* Under ``pyro.enable_validation`` (Pyro's default) **every batch** has its values checked:
+  the views and the recognition parameters finite, the scales positive, in one reduction
+  (:func:`check_values`); a batch that fails it is encoded again under :func:`full_checks`,
+  where every check runs and the error names the input rows or the encoder.
 
 The implicit priors' range check (:func:`~rpm.priors.energy_range.check_implicit_log_ratio`)
 runs on every batch under validation; it guards the gradients too, which a finite loss does
@@ -25,11 +26,17 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Hashable, Iterator
+import math
+from collections.abc import Hashable, Iterator, Sequence
 
 import torch
+from pyro.distributions import Delta, Independent, Normal
+from torch.distributions import Distribution
 
-__all__ = ["checks_skipped", "full_checks", "passed", "remember", "signature", "skipped_checks"]
+from rpm.ops.finite import all_finite
+
+__all__ = ["check_values", "checks_skipped", "full_checks", "passed", "remember", "signature",
+           "skipped_checks"]
 
 _FULL = contextvars.ContextVar("rpm_full_checks", default=False)
 _SKIP = contextvars.ContextVar("rpm_skipped_checks", default=False)
@@ -96,3 +103,38 @@ def checks_skipped() -> bool:
     """True inside :func:`skipped_checks` (a recognition model called by a model on a batch of a
     remembered signature)."""
     return _SKIP.get()
+
+
+def check_values(views: Sequence[torch.Tensor], recognitions: Sequence[Distribution]) -> bool:
+    r"""True when every entry of the floating-point ``views`` and of the recognition
+    distributions' parameters (location, and scale for a Gaussian) is finite and every scale is
+    positive; the value checks of a batch whose structure passed before.
+
+    One synchronisation: the sums :math:`s_t = \sum_k x_{t,k}` and the smallest scales are read
+    together, and :math:`\sum_t s_t` is finite only when every entry is (a NaN or an infinity
+    makes it NaN or infinite); only when it overflows with finite entries is each tensor tested
+    on its own (:func:`~rpm.ops.finite.all_finite`).
+
+    :param views: the J views (N, ...); those that are not floating point are not read.
+    :param recognitions: the recognition distributions of the batch; the parameters of a
+        Delta and of a (diagonal) Normal are read, any other family checks its own.
+    """
+    tensors = [view for view in views if view.is_floating_point()]
+    scales = []
+    for dist in recognitions:
+        base = dist.base_dist if isinstance(dist, Independent) else dist
+        if isinstance(base, Delta):
+            tensors.append(base.v)
+        elif isinstance(base, Normal):
+            tensors += [base.loc, base.scale]
+            scales.append(base.scale)
+    if not tensors:
+        return True
+    with torch.no_grad():
+        dtype = tensors[0].dtype
+        values = [t.sum() for t in tensors] + [scale.amin() for scale in scales]
+        values = torch.stack([v if v.dtype == dtype else v.to(dtype) for v in values]).tolist()
+    sums, smallest = values[:len(tensors)], values[len(tensors):]
+    if any(not value > 0 for value in smallest):
+        return False
+    return math.isfinite(sum(sums)) or all(all_finite(t) for t in tensors)

@@ -28,6 +28,8 @@ sequence) and unordered ones (augmentations) are the same model with different p
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pyro
 import torch
 from pyro.distributions import Delta, TorchDistribution
@@ -36,11 +38,24 @@ from pyro.nn import PyroModule
 from torch.distributions import Distribution
 
 from rpm._validation import check_bool
+from rpm.inference.objective import (
+    ObjectiveInputs,
+    likelihood_factor,
+    likelihood_marginals,
+    prior_log_ratio,
+)
 from rpm.marginals.candidates import Candidates, LatentQueue
 from rpm.marginals.mixture_marginal import recognition_components
 from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
-from rpm.models.base import ObjectiveInputs, RPMBase
-from rpm.models.checked_batches import passed, remember, signature, skipped_checks
+from rpm.models.base import RPMBase
+from rpm.models.checked_batches import (
+    check_values,
+    full_checks,
+    passed,
+    remember,
+    signature,
+    skipped_checks,
+)
 from rpm.models.recognition import DeltaRecognition
 from rpm.models.views import (
     ENCODER_CALLS,
@@ -50,22 +65,30 @@ from rpm.models.views import (
     stack_components,
 )
 from rpm.nn import NamedModuleList, pyro_method, structure_version
-from rpm.priors.base import (
-    Prior,
-    declare_prior,
-    delta_with_density_message,
-    hook,
-    likelihood_factor,
-    likelihood_marginals,
-    prior_log_ratio,
-    refuse_energy,
-)
+from rpm.priors.base import Prior, declare_prior, delta_with_density_message, hook, refuse_energy
 from rpm.priors.multiview import MultiViewImplicitPrior
 
 __all__ = ["RPM"]
 
 _GUIDES = ("recognition", "structured")
 _PAIR_PLATE, _JOINT_PLATE = "pairs", "instances"
+
+
+class _Dispatch(NamedTuple):
+    """What a model decides once per :func:`~rpm.nn.structure_version` (decided again after
+    any assignment of a module or an attribute of the package's modules): its prior, its
+    recognition models and the prior's form."""
+
+    #: The structure version it was decided under.
+    version: int
+    #: The prior, or None when it is not a PyroModule (read through the attribute each time:
+    #: a plain torch.nn.Module is registered with Pyro by that access).
+    prior: object
+    #: The recognition models in the order ``groups`` indexes them, or None when one is not a
+    #: PyroModule (read each time, as the prior).
+    modules: tuple | None
+    #: The prior's :attr:`~rpm.priors.base.Prior.joint_views`.
+    joint: bool
 
 
 def _particle_rows(value: torch.Tensor, event_dim: int) -> torch.Tensor:
@@ -267,6 +290,20 @@ class RPM(RPMBase):
             return [recognition, recognition2]
         return [recognition]
 
+    def _dispatch(self) -> _Dispatch:
+        """The model's :class:`_Dispatch`, kept while the structure version is the same."""
+        version = structure_version()
+        decided = self.__dict__.get("_rpm_dispatch")
+        if decided is None or decided.version != version:
+            prior = self._child("prior")
+            modules = tuple(self.modules_list)
+            decided = _Dispatch(
+                version, prior if isinstance(prior, PyroModule) else None,
+                modules if all(isinstance(m, PyroModule) for m in modules) else None,
+                bool(hook(prior, "joint_views")))
+            self.__dict__["_rpm_dispatch"] = decided
+        return decided
+
     def _views(self, args: tuple) -> tuple[list[str], list[torch.Tensor], torch.Tensor | None]:
         """The views of a call: names, the J tensors (N, ...), and the stacked input (N, J, ...)
         when the call gave one tensor."""
@@ -350,28 +387,44 @@ class RPM(RPMBase):
         joint form: None and the J views' as one distribution (batch (N, J)), masked over the
         views by ``mask`` (N, J) when given (Pyro's ``q.mask(mask)``).
 
-        Under validation every batch runs every check; without it the structural checks run
-        on the first batch of each signature (shapes, dtypes and devices of the views, the
-        structure version) and are skipped for later ones (:mod:`rpm.models.checked_batches`)."""
+        The structural checks run on the first batch of each signature (shapes, dtypes and
+        devices of the views, the structure version); under validation every batch's values
+        are checked too (:mod:`rpm.models.checked_batches`)."""
         names, views, stacked = self._views(args)
-        modules = self.modules_list
+        dispatch = self._dispatch()
+        modules = self.modules_list if dispatch.modules is None else dispatch.modules
+        prior = self._child("prior") if dispatch.prior is None else dispatch.prior
         groups = self._groups(len(views), modules)
-        prior = self._child("prior")
         if mask is not None:
             if all(isinstance(view, torch.Tensor) and view.dim() > 0 for view in views):
                 views, stacked = self._mask(mask, prior, views, stacked, views[0].shape[0])
-            return _masked(self._encode_checked(names, views, stacked, modules, groups, prior),
-                           mask)
-        return self._encode_checked(names, views, stacked, modules, groups, prior)
+            return _masked(self._encode_checked(names, views, stacked, modules, groups, prior,
+                                                dispatch.joint), mask)
+        return self._encode_checked(names, views, stacked, modules, groups, prior, dispatch.joint)
 
-    def _encode_checked(self, names, views, stacked, modules, groups, prior):
-        """:meth:`_encode` without a mask."""
-        joint = hook(prior, "joint_views")
+    def _encode_checked(self, names, views, stacked, modules, groups, prior, joint: bool):
+        """:meth:`_encode` without a mask.
+
+        A batch of a signature that passed the structural checks before is encoded with the
+        recognition models' own checks off; under validation its values (the views, the
+        recognition parameters) are then checked in one reduction
+        (:func:`~rpm.models.checked_batches.check_values`), and a batch that fails it (or a
+        distribution's own argument check) is encoded again with every check, which names the
+        rows or the encoder."""
         key = signature(views, structure_version())
-        if passed(self, key) and not is_validation_enabled():
-            with skipped_checks():
-                return self._encode_views(names, views, stacked, modules, groups,
-                                          views[0].shape[0], joint, check=False)
+        if passed(self, key):
+            validating = is_validation_enabled()
+            try:
+                with skipped_checks():
+                    parts = self._encode_views(names, views, stacked, modules, groups,
+                                               views[0].shape[0], joint, check=False)
+                if not validating or check_values(views, parts[0] or (parts[1],)):
+                    return parts
+            except ValueError:  # e.g. a distribution's own argument check
+                if not validating:
+                    raise
+            with full_checks():
+                return self._encode_checked(names, views, stacked, modules, groups, prior, joint)
         batch_size = check_inputs(names, views)
         if not joint and len(views) != 2:
             raise ValueError(
@@ -525,15 +578,16 @@ class RPM(RPMBase):
         ``mask`` as for :meth:`model`."""
         candidates = self.candidates(global_batch)
         encoded, q = self._encode(args, mask)
+        prior = self._child("prior")
         if q is None:
-            return ObjectiveInputs(prior=self._child("prior"), guides=tuple(encoded),
+            return ObjectiveInputs(prior=prior, guides=tuple(encoded),
                                    recognitions=tuple(encoded), plate=_PAIR_PLATE,
-                                   candidates=candidates)
+                                   candidates=candidates, joint=False)
         marginal = self.marginal(q, block_size=block_size, candidates=candidates)
         guide = self.guide_distribution(q)
-        return ObjectiveInputs(prior=self._child("prior"), guides=(guide,), recognitions=(q, marginal),
+        return ObjectiveInputs(prior=prior, guides=(guide,), recognitions=(q, marginal),
                                plate=_JOINT_PLATE, candidates=candidates,
-                               structured=self.guide_kind == "structured")
+                               structured=self.guide_kind == "structured", joint=True)
 
     @pyro_method
     def log_ratio(
@@ -541,7 +595,7 @@ class RPM(RPMBase):
         global_batch: bool = False, block_size: int | None = None,
     ) -> torch.Tensor:
         r"""Pair form: total :math:`\sum_i \log P(z_i, z'_i) - \log Q(z_i) - \log Q(z'_i)` over
-        the batch (:func:`~rpm.priors.base.prior_log_ratio`: the prior's analytic log-ratio, or
+        the batch (:func:`~rpm.inference.objective.prior_log_ratio`: the prior's analytic log-ratio, or
         the traced prior minus the likelihood marginals).
 
         :param torch.Tensor z: first-view latents, shape (N, D).

@@ -84,6 +84,13 @@ class SequenceRPM(RPM):
         :param mask: as for :meth:`model`."""
         return super().guide(x, mask=mask)
 
+    def objective_inputs(self, x: torch.Tensor, *, global_batch: bool = False,
+                         block_size: int | None = None, mask: torch.Tensor | None = None):
+        """The inputs of the ELBO of :meth:`model` and :meth:`guide` on x (N, T, ...)
+        (:meth:`rpm.RPM.objective_inputs`)."""
+        return super().objective_inputs(x, global_batch=global_batch, block_size=block_size,
+                                        mask=mask)
+
     def recognise(self, x: torch.Tensor, *, mask: torch.Tensor | None = None):
         """The recognition distributions of x (N, T, ...): batch_shape (N, T), event_shape
         (D,), masked over the frames by ``mask`` when given."""

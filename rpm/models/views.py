@@ -172,6 +172,12 @@ def _split(dist: TorchDistribution, pieces: int) -> list[TorchDistribution]:
             for part, part_scale in zip(loc.chunk(pieces), scale.chunk(pieces), strict=True)]
 
 
+def _label(group: int) -> str:
+    """The name of recognition model ``group`` in messages (``recognition``,
+    ``recognition2``, ...)."""
+    return "recognition" if group == 0 else f"recognition{group + 1}"
+
+
 def encode_views(names: list[str], views: list[torch.Tensor], modules: list, groups: list[int],
                  encoder_calls: str, batch_size: int, components: bool = False,
                  check: bool = True) -> list:
@@ -191,13 +197,12 @@ def encode_views(names: list[str], views: list[torch.Tensor], modules: list, gro
     :param bool check: check the distributions' shapes and latent dimensions (a model skips
         it for a batch whose signature passed before, :mod:`rpm.models.checked_batches`).
     """
-    labels = ["recognition" if g == 0 else f"recognition{g + 1}" for g in range(len(modules))]
     if encoder_calls == "per_view" or len(views) == 1:
         dists = [call_encoder(modules[g], value, name)
                  for name, value, g in zip(names, views, groups, strict=True)]
         if check:
             for j, dist in enumerate(dists):
-                _check_distribution(labels[groups[j]], dist, batch_size)
+                _check_distribution(_label(groups[j]), dist, batch_size)
         if components:
             dists = [recognition_components(dist) for dist in dists]
     else:
@@ -210,19 +215,19 @@ def encode_views(names: list[str], views: list[torch.Tensor], modules: list, gro
                 raise ValueError(
                     f"encoder_calls='concat' encodes the views of one group in one call, so they "
                     f"need one shape; the views {[names[j] for j in members]} of "
-                    f"{labels[g]} have shapes {sorted(shapes)}: give views of different shapes "
+                    f"{_label(g)} have shapes {sorted(shapes)}: give views of different shapes "
                     "their own group (groups=...), or use encoder_calls='per_view'"
                 )
             if len(members) == 1:
                 dist = call_encoder(modules[g], views[members[0]], names[members[0]])
                 if check:
-                    _check_distribution(labels[g], dist, batch_size)
+                    _check_distribution(_label(g), dist, batch_size)
                 dists[members[0]] = recognition_components(dist) if components else dist
                 continue
             joint = call_encoder(modules[g], torch.cat([views[j] for j in members]),
                           "the views " + ", ".join(names[j] for j in members))
             if check:
-                _check_distribution(labels[g], joint, batch_size * len(members))
+                _check_distribution(_label(g), joint, batch_size * len(members))
             parts = _chunks(joint, len(members)) if components else _split(joint, len(members))
             for j, part in zip(members, parts, strict=True):
                 dists[j] = part

@@ -29,7 +29,6 @@ P_\text{true}(x) / Q(z)` (Eq. 10) divides by are the prior's to choose
 
 from __future__ import annotations
 
-import pyro
 import torch
 from pyro import poutine
 from pyro.distributions import TorchDistribution, Unit
@@ -37,19 +36,14 @@ from pyro.infer.util import is_validation_enabled
 
 from rpm.marginals import MixtureMarginal
 from rpm.marginals.candidates import Candidates
-from rpm.marginals.mixture_marginal import delta_mixture_log_prob
 from rpm.nn import NamedModule
-from rpm.ops.gaussian_mixture import gaussian_mixture_log_prob
 
 __all__ = [
     "Energy",
     "Prior",
     "declare_prior",
     "delta_with_density_message",
-    "likelihood_factor",
-    "likelihood_marginals",
     "positive_hyperparameter",
-    "prior_log_ratio",
     "refuse_energy",
 ]
 
@@ -102,7 +96,7 @@ class Prior(NamedModule):
     :meth:`forward` (required)          declares the sites (above) and returns their values
     :meth:`log_ratio`                   ``None``: no analytic cancellation, the ELBO traces
                                         :meth:`forward` and subtracts the mixture marginals
-                                        (:func:`prior_log_ratio`)
+                                        (:func:`rpm.inference.objective.prior_log_ratio`)
     :attr:`joint_views`                 ``False``: the pair form
     :attr:`accepts_delta_recognition`   ``False``: the prior is a density on
                                         :math:`\mathbb{R}^{J D}`, so Delta encoders are refused
@@ -201,7 +195,8 @@ class Prior(NamedModule):
         returns :math:`f(z_i, z'_i) - \log \frac1M \sum_j e^{f(z_i, z'_j)}` (Eq. 23-25)
         without evaluating any mixture. Returning None makes the ELBO trace :meth:`forward`
         with its sites conditioned on the samples and subtract the minibatch-mixture marginals
-        (:func:`prior_log_ratio`); both routes must agree with ``Trace_ELBO``.
+        (:func:`rpm.inference.objective.prior_log_ratio`); both routes must agree with
+        ``Trace_ELBO``.
 
         In the joint form the signature is ``log_ratio(z (N, J, D), q (N, J), marginal,
         candidates=None, block_size=None)`` and the term is :math:`\log P(z_{i,1:J}) - \sum_j
@@ -411,7 +406,8 @@ class Energy(NamedModule):
 
 # ----------------------------------------------------------------------------------------------
 # Running a prior by its protocol: shared by the RPM's Pyro program and the objective
-# (rpm.inference.objective), so that the checks, the traced fallback and the messages exist once.
+# (rpm.inference.objective, which holds the likelihood and the ELBO's terms), so that the
+# checks and the messages exist once.
 # ----------------------------------------------------------------------------------------------
 
 def hook(prior, name: str):
@@ -455,89 +451,6 @@ def refuse_energy(prior, what: str = "prior", wrapper: str = "ImplicitPrior") ->
         f"{what} is an energy ({name}, a score f(z, z') of two latents), not a prior: wrap it "
         f"in an implicit prior, {wrapper}({shown})"
     )
-
-
-def _kinds(value) -> str:
-    """The type of ``value``, or of each item of a tuple or list, for an error message."""
-    if isinstance(value, (tuple, list)):
-        return f"{type(value).__name__} of " + ", ".join(type(v).__name__ for v in value)
-    return type(value).__name__
-
-
-def likelihood_marginals(
-    prior, q: TorchDistribution, q2: TorchDistribution
-) -> tuple[MixtureMarginal, MixtureMarginal]:
-    """The pair-form prior's :meth:`Prior.likelihood_marginals` (each view's own
-    :class:`~rpm.marginals.MixtureMarginal` for a plain callable), checked."""
-    if not isinstance(prior, Prior):
-        return MixtureMarginal(q), MixtureMarginal(q2)
-    marginals = prior.likelihood_marginals(q, q2)
-    if not (isinstance(marginals, tuple) and len(marginals) == 2
-            and all(isinstance(m, MixtureMarginal) for m in marginals)):
-        raise TypeError(
-            f"{type(prior).__name__}.likelihood_marginals(q, q2) must return a pair of "
-            f"rpm.MixtureMarginal (the marginals of the likelihood factors 'x' and 'x2'), got "
-            f"{_kinds(marginals)}"
-        )
-    for name, marginal, view in (("first", marginals[0], q), ("second", marginals[1], q2)):
-        if marginal.batch_shape != view.batch_shape or marginal.event_shape != view.event_shape:
-            raise ValueError(
-                f"{type(prior).__name__}.likelihood_marginals returned for the {name} view a "
-                f"marginal of batch_shape {tuple(marginal.batch_shape)} and event_shape "
-                f"{tuple(marginal.event_shape)}; it must match the view's recognition, "
-                f"{tuple(view.batch_shape)} and {tuple(view.event_shape)} (expand it)"
-            )
-    return marginals
-
-
-def likelihood_factor(log_q: torch.Tensor, log_marginal: torch.Tensor) -> torch.Tensor:
-    r"""The likelihood factor :math:`\log Q(z|x) - \log Q_v(z)` of Eq. 10 (without
-    :math:`\log P_\text{true}(x)`).
-
-    For Delta recognition a latent off the view's atoms has :math:`\log Q(z|x) = -\infty`
-    (and :math:`\log Q_v(z)` may be :math:`-\infty` too; its own prior site is
-    :math:`-\infty`): the factor is :math:`-\infty` there, not :math:`-\infty - (-\infty)` =
-    NaN.
-
-    :param torch.Tensor log_q: :math:`\log Q(z|x)`.
-    :param torch.Tensor log_marginal: :math:`\log Q_v(z)`, of the same shape.
-    """
-    return torch.where(torch.isneginf(log_q), log_q, log_q - log_marginal)
-
-
-def marginal_log_prob(marginal: MixtureMarginal, z: torch.Tensor, candidates: Candidates | None,
-                      block_size: int | None) -> torch.Tensor:
-    """:math:`\\log Q_v(z_i)` under the mixture ``marginal`` (Eq. 11), its components
-    gathered from every process when the candidates are a global batch; shape (N,)."""
-    is_global = candidates is not None and candidates.is_global
-    if marginal.family == "generic":  # components of another family: their own log_prob
-        if candidates is not None and candidates.global_batch:
-            family = type(getattr(marginal.q, "base_dist", marginal.q)).__name__
-            raise ValueError(
-                f"a global batch gathers the parameters of Gaussian or Delta recognition; "
-                f"{family} recognition has no such gather: train it without "
-                "global_batch (or use rpm.GaussianRecognition / rpm.DeltaRecognition)"
-            )
-        if block_size is None:
-            return marginal.log_prob(z)
-    if not is_global and block_size is None:
-        return marginal.log_prob(z)
-    if marginal.exclude_self:
-        raise ValueError(
-            "a likelihood marginal with exclude_self cannot be evaluated over a global batch or "
-            "in blocks; return a MixtureMarginal without exclude_self from likelihood_marginals"
-        )
-    if marginal.family == "generic":
-        return marginal.log_prob_rows(z, block_size=block_size)
-    loc, scale = marginal.loc, marginal.scale  # (K, D), (K, D) or None
-    if is_global:
-        if scale is None:
-            loc = candidates.gather(loc)
-        else:  # one collective for both
-            loc, scale = candidates.gather(torch.cat([loc, scale], dim=1)).chunk(2, dim=1)
-    if scale is None:
-        return delta_mixture_log_prob(z, loc)
-    return gaussian_mixture_log_prob(z, loc, scale, block_size=block_size)
 
 
 def declare_prior(prior, *args, sites: tuple[str, ...] = ("z", "z2")):
@@ -651,61 +564,3 @@ def _check_returned_values(name: str, returned: tuple, nodes: list[dict]) -> Non
                 f"of site {node['name']!r}; return the sites' values in the order {expected}: "
                 f"end its forward with `return {', '.join(sites)}`"
             )
-
-
-def prior_log_ratio(prior, latents, recognitions, plate: str, candidates: Candidates | None = None,
-                    block_size: int | None = None) -> torch.Tensor:
-    r"""The batch's total :math:`\sum_i \log P(z_{i,1:J}) - \sum_j \log Q_j(z_{i,j})`, the
-    terms of the RPM ELBO (Eq. 15 of Aitchison & Ganev; with J views, ``docs/theory.md``) that
-    do not cancel against the recognition guide.
-
-    The prior's own :meth:`Prior.log_ratio` (analytic cancellations) when it returns one;
-    otherwise, the one traced fallback: the prior run with its sites conditioned on the
-    latents (inside ``pyro.plate(plate, N)`` unless it is :attr:`~Prior.joint_over_batch`),
-    its log-density summed, minus the likelihood marginals (pair form:
-    :func:`likelihood_marginals`; joint form: the model's marginal).
-
-    :param prior: a pair-form prior (or plain callable) or a joint-form :class:`Prior`.
-    :param latents: pair form ``(z, z2)``, each (N, D); joint form z, (N, J, D).
-    :param recognitions: pair form ``(q, q2)``, each batch_shape (N,); joint form
-        ``(q, marginal)``, q of batch_shape (N, J), marginal the model's
-        :class:`~rpm.marginals.SequenceMixtureMarginal`.
-    :param str plate: the name of the model's plate over the N instances.
-    :param candidates: the step's :class:`~rpm.marginals.candidates.Candidates`; None: the
-        batch.
-    :param block_size: stream the O(N^2) parts in blocks of this size (``None``: by size).
-    :return: a scalar.
-    """
-    joint = hook(prior, "joint_views")
-    if joint:
-        z, (q, marginal) = latents, recognitions
-        if isinstance(prior, Prior):
-            ratio = prior.log_ratio(z, q, marginal, candidates, block_size)
-            if ratio is not None:
-                return ratio.sum()
-        data, args, sites, num = {"z": z}, (q, marginal), ("z",), z.shape[0]
-    else:
-        (z, z2), (q, q2) = latents, recognitions
-        if isinstance(prior, Prior):
-            ratio = prior.log_ratio(z, z2, q, q2, candidates, block_size)
-            if ratio is not None:
-                return ratio.sum()
-        data, args, sites, num = {"z": z, "z2": z2}, (q, q2), ("z", "z2"), z.shape[0]
-    # The trace of declare_prior itself (a context, not poutine.trace(fn), which would append
-    # Pyro's shape table to the one-line errors of the checks).
-    with poutine.condition(data=data):
-        if hook(prior, "joint_over_batch"):
-            trace = _run_prior(prior, args, sites)[1]
-        else:
-            with pyro.plate(plate, num):
-                trace = _run_prior(prior, args, sites)[1]
-    trace.compute_log_prob()
-    log_prior = sum(
-        site["log_prob"].sum() for site in trace.nodes.values() if site["type"] == "sample"
-    )
-    if joint:  # the model's marginal already runs over the candidates (a global batch)
-        return log_prior - marginal.log_prob(z).sum()
-    marginal, marginal2 = likelihood_marginals(prior, q, q2)
-    log_marginals = (marginal_log_prob(marginal, z, candidates, block_size).sum()
-                     + marginal_log_prob(marginal2, z2, candidates, block_size).sum())
-    return log_prior - log_marginals

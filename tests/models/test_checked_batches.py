@@ -38,22 +38,36 @@ def counting_checks(monkeypatch):
     return calls
 
 
+def counting_value_checks(monkeypatch):
+    """The batches whose values the model checked in one reduction (rpm.models.checked_batches
+    .check_values: a batch whose structure passed before, under validation)."""
+    calls = []
+    original = rpm.models.rpm.check_values
+
+    def counted(views, recognitions):
+        calls.append(tuple(tuple(view.shape) for view in views))
+        return original(views, recognitions)
+
+    monkeypatch.setattr(rpm.models.rpm, "check_values", counted)
+    return calls
+
+
 def test_validation_checks_every_batch_and_without_it_the_first_of_each_shape(monkeypatch):
     calls = counting_checks(monkeypatch)
+    values = counting_value_checks(monkeypatch)
     model = delta_rpm()
     x, x2 = torch.randn(6, IN), torch.randn(6, IN)
-    generic = rpm.RPMELBO(fast_path=False)  # (the fast path fuses the value checks)
     for _ in range(3):
-        generic.loss(model.model, model.guide, x, x2)            # validation: every batch
-    assert len(calls) == 3
+        loss(model, x, x2)                         # validation: every batch's values checked
+    assert len(calls) == 1 and len(values) == 2    # the first batch by every check
     with pyro.validation_enabled(False):
         for _ in range(3):
             loss(model, x, x2)                                   # a remembered signature
-        assert len(calls) == 3
+        assert len(calls) == 1
         loss(model, torch.randn(7, IN), torch.randn(7, IN))      # a new batch size: checked
         assert calls[-1] == ((7, IN), (7, IN))
         loss(model, torch.randn(6, IN), torch.randn(6, IN))      # remembered
-        assert len(calls) == 4
+        assert len(calls) == 2 and len(values) == 2              # no value checks
 
 
 def test_a_new_dtype_or_an_assignment_is_checked_again(monkeypatch):
@@ -170,18 +184,17 @@ def test_an_assigned_recognition_model_in_a_list_runs_the_checks_again():
             loss(model, x, x2)
 
 
-@pytest.mark.parametrize("elbo", ["RPMELBO", "RPMELBO-generic", "Trace_ELBO"])
+@pytest.mark.parametrize("elbo", ["RPMELBO", "Trace_ELBO"])
 @pytest.mark.parametrize("prior", ["implicit", "random-walk"])
 def test_validation_checks_every_batch(elbo, prior):
     """Under ``pyro.enable_validation`` a bad second batch of a signature that passed is
-    refused with the error that names it, by RPMELBO (fast and generic evaluation) and by
-    Pyro's own Trace_ELBO on the model and guide."""
+    refused with the error that names it, by RPMELBO and by Pyro's own Trace_ELBO on the model
+    and guide."""
     if prior == "implicit":
         model = delta_rpm()
     else:
         model = rpm.RPM(rpm.GaussianRecognition(GaussianHead(IN, DIM)), GaussianRandomWalkPrior(DIM))
-    objective = {"RPMELBO": rpm.RPMELBO(), "RPMELBO-generic": rpm.RPMELBO(fast_path=False),
-                 "Trace_ELBO": pyro.infer.Trace_ELBO()}[elbo]
+    objective = {"RPMELBO": rpm.RPMELBO(), "Trace_ELBO": pyro.infer.Trace_ELBO()}[elbo]
     x, x2 = torch.randn(6, IN), torch.randn(6, IN)
     for _ in range(2):
         objective.loss(model.model, model.guide, x, x2)
