@@ -305,7 +305,8 @@ class ColourView(nn.Module):
     :math:`[3/4, 4/3]`) resized to the input's side, :math:`F_{0.5}` a horizontal flip with
     probability 1/2, :math:`J_{0.8}` with probability 0.8 a colour jitter (brightness, contrast
     and saturation factors uniform in :math:`[1 - 0.8 s, 1 + 0.8 s]`, a hue shift uniform in
-    :math:`\pm 0.2 s` of a turn; torchvision's formulas, kornia's ``ColorJitter``) and
+    :math:`\pm` ``hue_shift`` of a turn, SimCLR's :math:`0.2 s` by default; torchvision's
+    formulas, kornia's ``ColorJitter``) and
     :math:`G_{0.2}` with probability 0.2 a conversion to grey. For colour images only: the
     digits' views are :class:`RandomView`.
 
@@ -313,27 +314,35 @@ class ColourView(nn.Module):
         ``None`` for no crop and no flip (SimCLR's "small" crops: (0.08, 1); "large": (0.8, 1)).
     :type crop_scale: tuple[float, float] or None
     :param float colour_strength: :math:`s \ge 0`; 0: no colour distortion.
+    :param hue_shift: largest hue shift, in turns, in [0, 0.5] (0.5: uniform on the colour
+        circle); ``None``: :math:`\min(0.2 s, 0.5)`.
+    :type hue_shift: float or None
     """
 
     def __init__(self, crop_scale: tuple[float, float] | None = None,
-                 colour_strength: float = 0.0) -> None:
+                 colour_strength: float = 0.0, hue_shift: float | None = None) -> None:
         super().__init__()
         import kornia.augmentation as K
 
         self.crop_scale = None if crop_scale is None else _check_range("crop_scale", crop_scale, 1e-6, 1.0)
         self.colour_strength = check_nonnegative("colour_strength", colour_strength)
+        self.hue_shift = (min(0.2 * self.colour_strength, 0.5) if hue_shift is None
+                          else check_nonnegative("hue_shift", hue_shift))
+        if self.hue_shift > 0.5:
+            raise ValueError(f"hue_shift must be <= 0.5 (half a turn), got {hue_shift!r}")
         self._crop = None
         if self.crop_scale is not None:
             self._crop = (self.crop_scale, K.RandomHorizontalFlip(p=0.5))
         ops: list[nn.Module] = []
         s = self.colour_strength
         if s > 0:
-            ops.append(K.ColorJitter(0.8 * s, 0.8 * s, 0.8 * s, min(0.2 * s, 0.5), p=0.8))
+            ops.append(K.ColorJitter(0.8 * s, 0.8 * s, 0.8 * s, self.hue_shift, p=0.8))
             ops.append(K.RandomGrayscale(p=0.2))
         self._colour = tuple(ops)  # not child modules: kornia samples on the CPU (RandomView)
 
     def extra_repr(self) -> str:
-        return f"crop_scale={self.crop_scale}, colour_strength={self.colour_strength}"
+        return (f"crop_scale={self.crop_scale}, colour_strength={self.colour_strength}, "
+                f"hue_shift={self.hue_shift}")
 
     def _apply_ops(self, images: torch.Tensor) -> torch.Tensor:
         import kornia.augmentation as K

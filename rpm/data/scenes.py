@@ -9,7 +9,8 @@ procedurally (no download, no Blender), at ``size`` x ``size`` RGB (32 or 64), f
   symmetry, so its rotation is visible);
 * seven continuous latents in :math:`[-1, 1]`, the columns of :data:`LATENTS`: the object's
   position ``(x, y)``, the spotlight's position (an angle on a circle about the image centre),
-  the hues of the object, of the spotlight and of the background, and the object's rotation.
+  the hues of the object, of the spotlight and of the background (angles: ``h`` is the hue
+  :math:`h/2` of a turn, so that -1 and 1 are the same colour), and the object's rotation.
 
 The image is, at pixel :math:`p` (coordinates in :math:`[-1, 1]^2`),
 
@@ -19,17 +20,20 @@ The image is, at pixel :math:`p` (coordinates in :math:`[-1, 1]^2`),
     a_\text{bg}\big) \odot \big(\eta + \gamma\, e^{-\lVert p - s \rVert^2 / (2 w^2)}
     \, c_\text{spot}\big),\ 0,\ 1\Big),
 
-with :math:`\alpha` the anti-aliased mask of the shape moved to ``0.6 (x, y)`` and turned by
+with :math:`\alpha` the anti-aliased mask of the shape moved to ``0.5 (x, y)`` and turned by
 ``0.75 pi rotation``, the albedos :math:`a` and the light's colour :math:`c_\text{spot}` from
-their hues (HSV: hue :math:`0.4 h` of a turn, the object bright and saturated, the background
+their hues (HSV: hue :math:`h/2` of a turn, the object bright and saturated, the background
 darker and paler), the spotlight's centre :math:`s = 0.75 (\cos\theta, \sin\theta)` with
 :math:`\theta = 0.8 \pi\, \text{spotlight}`, ambient light :math:`\eta` and gain
-:math:`\gamma`. The hue, rotation and spotlight ranges stop short of a full turn, so that
-distinct latents give distinct images and :math:`R^2` needs no circular statistics.
+:math:`\gamma`. The rotation and spotlight ranges stop short of a full turn, so that distinct
+latents give distinct images; the hues cover the colour circle, so that a colour distortion's
+hue shift of the whole circle makes each hue independent of the other view's (its score is
+then read as the point :math:`(\cos \pi h, \sin \pi h)` on the circle).
 
 **The causal graph** (:class:`CausalScenes`). As in Causal3DIdent, the class acts on the
-object's position, the object's position on the spotlight's, and the hues of the spotlight and of
-the background on the object's hue; rotation and the two parent hues are roots:
+object's position, the object's position on the spotlight's, and the spotlight's hue on the
+object's hue (the object takes on the tint of its light); rotation and the spotlight's and the
+background's hues are roots:
 
 .. math::
 
@@ -38,18 +42,18 @@ the background on the object's hue; rotation and the two parent hues are roots:
     (x, y) \mid k &\sim \mathcal{TN}(\mu_k, \sigma^2 I), \quad
       \mu_k = \tfrac12 (\cos\tfrac{2\pi k}7, \sin\tfrac{2\pi k}7), \\
     \text{spotlight} \mid x &\sim \mathcal{TN}(x, \sigma^2), \qquad
-    h_\text{obj} \mid h_\text{bg}, h_\text{spot} \sim
-      \mathcal{TN}\big(\beta (h_\text{bg} + h_\text{spot}), \sigma^2\big),
+    h_\text{obj} \mid h_\text{spot} \sim \mathcal{WN}(h_\text{spot}, \sigma_h^2),
 
-:math:`\mathcal{TN}` the normal truncated to :math:`[-1, 1]`, :math:`\sigma` = ``noise_scale``
-and :math:`\beta` = ``hue_coupling``. The structural equations are this module's (the paper's
-are Blender's and not published as formulas); the edges are the paper's kind of dependence, weak
-enough that one factor alone predicts little of another.
+:math:`\mathcal{TN}` the normal truncated to :math:`[-1, 1]`, :math:`\mathcal{WN}` the normal
+wrapped onto the hue circle :math:`[-1, 1)`, :math:`\sigma` = ``noise_scale`` and
+:math:`\sigma_h` = ``hue_noise``. The structural equations are this module's (the paper's are
+Blender's and not published as formulas); the edges are the paper's kind of dependence.
 
 **Latent transformations** (:meth:`CausalScenes.transform`): the paper's conditional
 :math:`p(\tilde z \mid z)` for its "LT" rows: the class is kept, each latent of the changed
-group is redrawn from :math:`\mathcal{TN}(z_j, \tau^2)` (:math:`\tau = 1`, the released
-code's), the others are copied, and the scene is rendered again.
+group is redrawn from :math:`\mathcal{TN}(z_j, \tau^2)` (a hue from
+:math:`\mathcal{WN}(z_j, \tau^2)`; :math:`\tau = 1`, the released code's), the others are
+copied, and the scene is rendered again.
 
 References:
     J. von Kügelgen, Y. Sharma, L. Gresele, W. Brendel, B. Schölkopf, M. Besserve and
@@ -67,15 +71,17 @@ from typing import NamedTuple
 
 import torch
 
-from rpm._validation import check_positive, check_positive_int, check_real
+from rpm._validation import check_positive, check_positive_int
 
-__all__ = ["CHANGE_GROUPS", "LATENTS", "SHAPES", "CausalScenes", "Scenes", "render_scenes",
-           "shape_masks", "truncated_normal"]
+__all__ = ["CHANGE_GROUPS", "HUE_COLUMNS", "LATENTS", "SHAPES", "CausalScenes", "Scenes",
+           "render_scenes", "shape_masks", "truncated_normal", "wrapped_normal"]
 
 #: The object shapes, by class index.
 SHAPES = ("triangle", "ell", "tee", "half_disc", "pacman", "flag", "crescent")
 #: The continuous latents, by column.
 LATENTS = ("x", "y", "spotlight", "hue_object", "hue_spotlight", "hue_background", "rotation")
+#: The columns of the hues: angles on the colour circle, -1 and 1 the same hue.
+HUE_COLUMNS = tuple(LATENTS.index(n) for n in ("hue_object", "hue_spotlight", "hue_background"))
 #: The latents each latent transformation changes (the paper's "change positions / hues /
 #: rotations"; the spotlight's position is a position).
 CHANGE_GROUPS = {
@@ -85,27 +91,22 @@ CHANGE_GROUPS = {
 }
 
 #: Geometry and light of the renderer (module docstring).
-POSITION_RANGE = 0.6  # object centre = POSITION_RANGE * (x, y)
-OBJECT_RADIUS = 0.4  # shapes are drawn in [-1, 1]^2 of local units, times this
+POSITION_RANGE = 0.5  # object centre = POSITION_RANGE * (x, y)
+OBJECT_RADIUS = 0.5  # shapes are drawn in [-1, 1]^2 of local units, times this
 ROTATION_RANGE = 0.75 * math.pi  # radians per unit of the rotation latent
 SPOT_RANGE = 0.8 * math.pi  # radians per unit of the spotlight latent
 SPOT_RADIUS = 0.75  # the spotlight circles the image centre at this radius
 SPOT_WIDTH = 0.45  # w, the spot's Gaussian width
 AMBIENT, GAIN = 0.6, 0.8  # eta and gamma
-HUE_SPAN = 0.4  # hue in turns = HUE_SPAN * latent (0.8 of a turn in all)
+HUE_SPAN = 0.5  # hue in turns = HUE_SPAN * latent (the whole circle)
 OBJECT_SV, BACKGROUND_SV, SPOT_SV = (0.9, 1.0), (0.55, 0.55), (0.8, 1.0)
 
 
 class Scenes(NamedTuple):
-    """A batch of scene latents.
+    """A batch of scene latents: the class and the seven continuous latents."""
 
-    :ivar torch.Tensor shape: the class, int64. Shape: (N,).
-    :ivar torch.Tensor latents: the continuous latents in [-1, 1], columns :data:`LATENTS`.
-        Shape: (N, 7).
-    """
-
-    shape: torch.Tensor
-    latents: torch.Tensor
+    shape: torch.Tensor  #: the class, int64. Shape: (N,)
+    latents: torch.Tensor  #: in [-1, 1], the columns of :data:`LATENTS`. Shape: (N, 7)
 
 
 def truncated_normal(mean: torch.Tensor, scale: float, generator: torch.Generator | None = None
@@ -125,6 +126,21 @@ def truncated_normal(mean: torch.Tensor, scale: float, generator: torch.Generato
     u = torch.rand(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
     u = (low + u * (high - low)).clamp(1e-12, 1 - 1e-12)
     return (mean + scale * torch.special.ndtri(u)).clamp(-1.0, 1.0)
+
+
+def wrapped_normal(mean: torch.Tensor, scale: float, generator: torch.Generator | None = None
+                   ) -> torch.Tensor:
+    r"""Draws of :math:`\mathcal N(\mu, \sigma^2)` wrapped onto the circle :math:`[-1, 1)`
+    (period 2), elementwise: :math:`((\mu + \sigma \varepsilon + 1) \bmod 2) - 1`.
+
+    :param torch.Tensor mean: :math:`\mu`.
+    :param float scale: :math:`\sigma > 0`.
+    :param generator: the random stream (``None``: torch's global one).
+    :returns: draws of the shape, dtype and device of ``mean``.
+    """
+    scale = check_positive("scale", scale)
+    noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+    return torch.remainder(mean + scale * noise + 1.0, 2.0) - 1.0
 
 
 # ---------------------------------------------------------------- shapes as signed distances
@@ -177,7 +193,7 @@ def _pixel_grid(size: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
 
 def shape_masks(scenes: Scenes, size: int) -> torch.Tensor:
     r"""The anti-aliased object masks :math:`\alpha \in [0, 1]` of a batch of scenes: the shape
-    of each class at ``0.6 (x, y)``, turned by ``0.75 pi rotation``, of radius ``0.4`` (the
+    of each class at ``0.5 (x, y)``, turned by ``0.75 pi rotation``, of radius ``0.5`` (the
     signed distance in pixels :math:`d` gives :math:`\alpha = \operatorname{clip}(\frac12 - d,
     0, 1)`).
 
@@ -261,18 +277,18 @@ class CausalScenes:
     r"""The latent distribution of the scenes, a causal graph (module docstring), and the
     latent transformations :math:`p(\tilde z \mid z)`.
 
-    :param float noise_scale: :math:`\sigma` of the truncated normals of the non-root latents.
-    :param float hue_coupling: :math:`\beta`, the weight of each parent hue in the object's hue.
+    :param float noise_scale: :math:`\sigma` of the truncated normals of the positions.
+    :param float hue_noise: :math:`\sigma_h` of the object's hue about the spotlight's.
     :param float change_scale: :math:`\tau` of the latent transformations.
     :param device: where the latents are drawn.
     :param torch.dtype dtype: their floating dtype.
     """
 
-    def __init__(self, noise_scale: float = 0.6, hue_coupling: float = 0.3,
+    def __init__(self, noise_scale: float = 0.6, hue_noise: float = 0.6,
                  change_scale: float = 1.0, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32) -> None:
         self.noise_scale = check_positive("noise_scale", noise_scale)
-        self.hue_coupling = check_real("hue_coupling", hue_coupling, minimum=0.0, maximum=0.5)
+        self.hue_noise = check_positive("hue_noise", hue_noise)
         self.change_scale = check_positive("change_scale", change_scale)
         self.device = torch.device(device)
         self.dtype = dtype
@@ -294,8 +310,7 @@ class CausalScenes:
         rotation, hue_background, hue_spotlight = uniform.unbind(1)
         position = truncated_normal(self.class_means[shape], self.noise_scale, generator)
         spotlight = truncated_normal(position[:, 0], self.noise_scale, generator)
-        hue_object = truncated_normal(self.hue_coupling * (hue_background + hue_spotlight),
-                                      self.noise_scale, generator)
+        hue_object = wrapped_normal(hue_spotlight, self.hue_noise, generator)
         latents = torch.stack([position[:, 0], position[:, 1], spotlight, hue_object,
                                hue_spotlight, hue_background, rotation], dim=1)
         return Scenes(shape, latents)
@@ -303,7 +318,8 @@ class CausalScenes:
     def transform(self, scenes: Scenes, change: Iterable[str],
                   generator: torch.Generator | None = None) -> Scenes:
         r"""A latent transformation: the class and the latents outside ``change`` kept, each
-        latent in ``change`` redrawn from :math:`\mathcal{TN}(z_j, \tau^2)` on [-1, 1].
+        latent in ``change`` redrawn from :math:`\mathcal{TN}(z_j, \tau^2)` on [-1, 1] (a hue
+        from :math:`\mathcal{WN}(z_j, \tau^2)` on the circle [-1, 1)).
 
         :param Scenes scenes: the first view's latents.
         :param change: names of :data:`CHANGE_GROUPS` (``"positions"``, ``"hues"``,
@@ -321,7 +337,7 @@ class CausalScenes:
                                      f"latents {', '.join(LATENTS)}, got {name!r}")
                 columns.append(LATENTS.index(latent))
         out = latents.clone()
-        if columns:
-            columns = sorted(set(columns))
-            out[:, columns] = truncated_normal(latents[:, columns], self.change_scale, generator)
+        for column in sorted(set(columns)):
+            draw = wrapped_normal if column in HUE_COLUMNS else truncated_normal
+            out[:, column] = draw(latents[:, column], self.change_scale, generator)
         return Scenes(shape.clone(), out)

@@ -157,7 +157,7 @@ def test_truncated_normal_matches_scipy():
 
 
 def test_the_causal_graph_by_monte_carlo():
-    scenes = CausalScenes(noise_scale=0.6, hue_coupling=0.3, dtype=torch.float64)
+    scenes = CausalScenes(noise_scale=0.6, hue_noise=0.3, dtype=torch.float64)
     z = scenes.sample(200_000, torch.Generator().manual_seed(1))
     col = {name: z.latents[:, i].numpy() for i, name in enumerate(LATENTS)}
     k = z.shape.numpy()
@@ -167,13 +167,15 @@ def test_the_causal_graph_by_monte_carlo():
         for name, mu in (("x", 0.5 * math.cos(angle)), ("y", 0.5 * math.sin(angle))):
             law = stats.truncnorm((-1 - mu) / 0.6, (1 - mu) / 0.6, loc=mu, scale=0.6)
             assert col[name][k == cls].mean() == pytest.approx(law.mean(), abs=0.01)
-    # object position -> spotlight; parent hues -> object hue; roots uniform and independent
+    # object position -> spotlight; spotlight hue -> object hue; roots uniform and independent
     near = np.abs(col["x"] - 0.5) < 0.02
     law = stats.truncnorm((-1 - 0.5) / 0.6, (1 - 0.5) / 0.6, loc=0.5, scale=0.6)
     assert col["spotlight"][near].mean() == pytest.approx(law.mean(), abs=0.02)
-    parents = np.abs(col["hue_background"] + col["hue_spotlight"] - 1.0) < 0.02
-    law = stats.truncnorm((-1 - 0.3) / 0.6, (1 - 0.3) / 0.6, loc=0.3, scale=0.6)
-    assert col["hue_object"][parents].mean() == pytest.approx(law.mean(), abs=0.02)
+    # the hue difference on the circle is a wrapped normal: E[cos(pi d)] = exp(-(pi s)^2 / 2)
+    difference = np.pi * (col["hue_object"] - col["hue_spotlight"])
+    assert np.cos(difference).mean() == pytest.approx(np.exp(-(np.pi * 0.3) ** 2 / 2), abs=0.01)
+    assert abs(np.sin(difference).mean()) < 0.01
+    assert col["hue_object"].min() >= -1 and col["hue_object"].max() < 1
     for name in ("rotation", "hue_background", "hue_spotlight"):
         assert stats.kstest(col[name][:20_000], stats.uniform(-1, 2).cdf).pvalue > 1e-3
     assert abs(np.corrcoef(col["rotation"], col["x"])[0, 1]) < 0.01
@@ -182,15 +184,22 @@ def test_the_causal_graph_by_monte_carlo():
 def test_latent_transformations_keep_the_rest():
     scenes = CausalScenes(change_scale=1.0, dtype=torch.float64)
     z = scenes.sample(50_000, torch.Generator().manual_seed(2))
+    z[1][:, LATENTS.index("rotation")] = 0.4
     z[1][:, LATENTS.index("hue_object")] = 0.4
-    changed = scenes.transform(z, ["hues"], torch.Generator().manual_seed(3))
-    hue_columns = [LATENTS.index(n) for n in S.CHANGE_GROUPS["hues"]]
-    kept = [i for i in range(len(LATENTS)) if i not in hue_columns]
+    changed = scenes.transform(z, ["rotations", "hues"], torch.Generator().manual_seed(3))
+    columns = [LATENTS.index(n) for n in (*S.CHANGE_GROUPS["hues"], "rotation")]
+    kept = [i for i in range(len(LATENTS)) if i not in columns]
     assert torch.equal(changed.shape, z.shape)
     assert torch.equal(changed.latents[:, kept], z.latents[:, kept])
     law = stats.truncnorm((-1 - 0.4) / 1.0, (1 - 0.4) / 1.0, loc=0.4, scale=1.0)
-    redrawn = changed.latents[:, LATENTS.index("hue_object")].numpy()
-    assert stats.kstest(redrawn[:20_000], law.cdf).pvalue > 1e-3
+    rotation = changed.latents[:, LATENTS.index("rotation")].numpy()
+    assert stats.kstest(rotation[:20_000], law.cdf).pvalue > 1e-3
+    # a hue: the wrapped normal about 0.4, its density summed over the periods -1, 0, 1
+    def wrapped_cdf(h):
+        return sum(stats.norm(0.4 + 2 * k, 1.0).cdf(h) - stats.norm(0.4 + 2 * k, 1.0).cdf(-1)
+                   for k in range(-4, 5))
+    hue = changed.latents[:, LATENTS.index("hue_object")].numpy()
+    assert stats.kstest(hue[:20_000], wrapped_cdf).pvalue > 1e-3
     with pytest.raises(ValueError, match="change must name"):
         scenes.transform(z, ["colours"])
 
