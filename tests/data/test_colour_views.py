@@ -77,3 +77,22 @@ def test_bad_input_is_refused():
         quarter_turn_pair(torch.rand(2, 3, 8, 6))
     with pytest.raises(ValueError, match="colour_strength"):
         ColourView(colour_strength=-1.0)
+    with pytest.raises(ValueError, match="hue_shift must be <= 0.5"):
+        ColourView(colour_strength=1.0, hue_shift=0.6)
+
+
+def test_the_hue_shift_defaults_to_simclrs_and_reaches_the_whole_circle():
+    assert ColourView(colour_strength=1.0).hue_shift == pytest.approx(0.2)
+    assert ColourView(colour_strength=3.0).hue_shift == 0.5
+    # a pure red image, shifted by up to half a turn, no brightness/contrast/saturation change:
+    # the hue of the output spreads over the whole circle (kornia's rgb_to_hsv, radians)
+    from kornia.color import rgb_to_hsv
+
+    images = torch.zeros(400, 3, 4, 4)
+    images[:, 0] = 0.9
+    view = ColourView(colour_strength=1e-6, hue_shift=0.5)
+    out = view(images, torch.Generator().manual_seed(0))
+    jittered = (out - images).abs().flatten(1).amax(1) > 1e-3
+    hue = rgb_to_hsv(out[jittered])[:, 0, 0, 0] / (2 * torch.pi)
+    counts = torch.histc(hue, bins=4, min=0, max=1)
+    assert counts.min() > 0.15 * len(hue)

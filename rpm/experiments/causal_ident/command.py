@@ -19,7 +19,7 @@ Rows (``--rows``, comma-separated names, or ``all``): colour, change_hues, crop_
 crop_small, change_positions, crop_large+colour, crop_small+colour, change_positions+hues,
 rotation, change_rotations, rotation+colour, change_rotations+hues; default the three the
 theory's sharpest claims rest on: colour (the hues are discarded), crop_small (only the
-background hue is kept) and crop_small+colour (the class is kept).
+background hue is kept) and crop_large+colour (the class is kept).
 
 Output folder (``--out``, the run-folder contract of :mod:`rpm.experiments.common`):
 ``config.json``, ``results.json`` (``rows``: per row ``views``, ``kind``, ``scores`` {factor:
@@ -113,8 +113,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--hidden", type=positive_int, default=256,
                        help="units of the encoder's hidden layer (default: 256)")
     train = parser.add_argument_group("training")
-    train.add_argument("--steps", type=positive_int, default=3000,
-                       help="optimiser steps per row; on --resume it may grow (default: 3000)")
+    train.add_argument("--steps", type=positive_int, default=1500,
+                       help="optimiser steps per row; on --resume it may grow (default: 1500)")
     train.add_argument("--batch-size", type=contrastive_batch_size, default=256,
                        help="pairs per minibatch, >= 2 (default: 256)")
     train.add_argument("--lr", type=positive_float, default=1e-3,
@@ -122,9 +122,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--warmup", type=probability, default=0.05,
                        help="fraction of the steps with a linear warm-up, then a cosine decay "
                        "to 0 (default: 0.05)")
-    train.add_argument("--eval-every", type=nonnegative_int, default=500,
-                       help="evaluate the validation linear R^2 every STEPS steps; 0: at the "
-                       "end only (default: 500)")
+    train.add_argument("--eval-every", type=nonnegative_int, default=250,
+                       help="evaluate the validation linear read-outs every STEPS steps; 0: at "
+                       "the end only (default: 250)")
     train.add_argument("--eval-samples", type=positive_int, default=2000,
                        help="fresh scenes of each held-out set, half to fit the read-outs and "
                        "half to score them (default: 2000)")

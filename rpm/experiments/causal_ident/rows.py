@@ -62,4 +62,4 @@ PUBLISHED = {
 }
 
 #: The rows of the default command: the three the floors name.
-DEFAULT_ROWS = ("colour", "crop_small", "crop_small+colour")
+DEFAULT_ROWS = ("colour", "crop_small", "crop_large+colour")

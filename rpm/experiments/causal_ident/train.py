@@ -29,6 +29,7 @@ import torch
 import rpm
 from rpm.data.augment import ColourView, quarter_turn_pair
 from rpm.data.scenes import HUE_COLUMNS, LATENTS, CausalScenes, Scenes, render_scenes
+from rpm.evaluation import linear_probe_accuracy
 from rpm.experiments.causal_ident.model import model_from_arguments
 from rpm.experiments.causal_ident.rows import FACTORS, ROWS, ViewSpec
 from rpm.experiments.common import derived_seed, seed_everything
@@ -120,20 +121,23 @@ def class_accuracy(labels: torch.Tensor, rep: torch.Tensor, num_train: int) -> f
 def factor_scores(z: Scenes, rep: torch.Tensor, nonlinear: bool = True) -> dict:
     r"""The score of every factor of :data:`~rpm.experiments.causal_ident.rows.FACTORS` from
     the representation, first half fitting, second half scoring: the class by
-    :func:`class_accuracy` (only with ``nonlinear``), each continuous factor's
+    :func:`class_accuracy` (with ``nonlinear``, else the linear probe of
+    :func:`rpm.evaluation.linear_probe_accuracy`), each continuous factor's
     :func:`factor_targets` by :func:`rpm.metrics.block_r2` (kernel ridge with ``nonlinear``,
     else affine).
 
     :param Scenes z: the true latents of the held-out scenes.
     :param torch.Tensor rep: their representation. Shape: (M, m).
-    :param bool nonlinear: the nonlinear read-outs (seconds) or the affine ones (the training
+    :param bool nonlinear: the nonlinear read-outs (seconds) or the linear ones (the training
         curves).
     :returns: factor name -> score.
     """
     num_train = rep.shape[0] // 2
-    scores = {}
     if nonlinear:
-        scores["class"] = class_accuracy(z.shape, rep, num_train)
+        scores = {"class": class_accuracy(z.shape, rep, num_train)}
+    else:
+        scores = {"class": linear_probe_accuracy(rep[:num_train], z.shape[:num_train],
+                                                 rep[num_train:], z.shape[num_train:])}
     for name, target in factor_targets(z).items():
         scores[name] = block_r2(target, rep, nonlinear=nonlinear, num_train=num_train)
     return {name: scores[name] for name in FACTORS if name in scores}
@@ -187,7 +191,8 @@ def train_row(name: str, spec: ViewSpec, published: tuple, args: argparse.Namesp
 
     def eval_fn(step: int) -> dict:
         scores = factor_scores(z_eval, _representation(model, x_eval, device), nonlinear=False)
-        scores["mean_r2_linear"] = sum(scores.values()) / len(scores)
+        r2 = [value for name, value in scores.items() if name != "class"]
+        scores["mean_r2_linear"] = sum(r2) / len(r2)
         return scores
 
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -214,7 +219,7 @@ def train_row(name: str, spec: ViewSpec, published: tuple, args: argparse.Namesp
         "published": dict(zip(FACTORS, published, strict=True)),
         "untrained_linear": untrained,
         "trajectory": {key: [e.get(key) for e in evaluations]
-                       for key in ("step", "mean_r2_linear", *FACTOR_COLUMNS, "wall_time")},
+                       for key in ("step", "mean_r2_linear", *FACTORS, "wall_time")},
         "losses": history["losses"],
         "train_seconds": evaluations[-1]["wall_time"],
     }

@@ -65,7 +65,7 @@ def test_every_row_makes_pairs_of_its_kind(name):
 
 def test_tiny_run_writes_the_table_and_its_scores_are_reproducible(tmp_path):
     argv = ["--rows", "colour,change_hues", "--steps", "4", "--batch-size", "8", "--size", "16",
-            "--rep-dims", "3", "--width", "4", "--hidden", "8", "--eval-samples", "60",
+            "--rep-dims", "3", "--width", "4", "--hidden", "8", "--eval-samples", "140",
             "--eval-every", "2", "--checkpoint-every", "0", "--seed", "2"]
     assert _run(tmp_path, *argv) == 0
     out = tmp_path / "run"
@@ -85,7 +85,7 @@ def test_tiny_run_writes_the_table_and_its_scores_are_reproducible(tmp_path):
     assert not loaded.training and loaded.trained["command"] == "causal-ident"
     assert loaded.trained["step"] == 4
     generator = torch.Generator().manual_seed(derived_seed(2, "test"))
-    z = CausalScenes().sample(60, generator)
+    z = CausalScenes().sample(140, generator)
     with torch.no_grad():
         again = factor_scores(z, loaded.encode(render_scenes(z, 16)))
     for factor in FACTORS:
