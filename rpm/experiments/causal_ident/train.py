@@ -38,7 +38,7 @@ from rpm.metrics import block_r2
 from rpm.training.schedule import cosine_schedule
 from rpm.training.trainer import Trainer
 
-__all__ = ["FACTOR_COLUMNS", "class_accuracy", "factor_scores", "factor_targets", "train_row",
+__all__ = ["CLASSIFIER_C", "FACTOR_COLUMNS", "class_accuracy", "factor_scores", "factor_targets", "train_row",
            "view_pair"]
 
 #: The latent columns of each continuous factor (:data:`rpm.data.scenes.LATENTS`).
