@@ -30,10 +30,11 @@ latents give distinct images; the hues cover the colour circle, so that a colour
 hue shift of the whole circle makes each hue independent of the other view's (its score is
 then read as the point :math:`(\cos \pi h, \sin \pi h)` on the circle).
 
-**The causal graph** (:class:`CausalScenes`). As in Causal3DIdent, the class acts on the
-object's position, the object's position on the spotlight's, and the spotlight's hue on the
-object's hue (the object takes on the tint of its light); rotation and the spotlight's and the
-background's hues are roots:
+**The causal graph** (:class:`CausalScenes`). Causal3DIdent's latents depend on one another
+through a causal graph; this one has edges of that kind: the class acts on the object's
+position, the object's position on the spotlight's, and the spotlight's hue on the object's hue
+(the object takes on the tint of its light); rotation and the spotlight's and the background's
+hues are roots:
 
 .. math::
 
@@ -47,7 +48,7 @@ background's hues are roots:
 :math:`\mathcal{TN}` the normal truncated to :math:`[-1, 1]`, :math:`\mathcal{WN}` the normal
 wrapped onto the hue circle :math:`[-1, 1)`, :math:`\sigma` = ``noise_scale`` and
 :math:`\sigma_h` = ``hue_noise``. The structural equations are this module's (the paper's are
-Blender's and not published as formulas); the edges are the paper's kind of dependence.
+Blender's and not written out as formulas), and so is the choice of edges.
 
 **Latent transformations** (:meth:`CausalScenes.transform`): the paper's conditional
 :math:`p(\tilde z \mid z)` for its "LT" rows: the class is kept, each latent of the changed
