@@ -66,6 +66,7 @@ SCRIPT = "rpm-pyro"
 #: Modules of the experiments, one sub-command each.
 SUBCOMMANDS: tuple[str, ...] = (
     "rpm.experiments.bouncing_balls.command",
+    "rpm.experiments.causal_ident.command",
     "rpm.experiments.content_style.command",
     "rpm.experiments.digits.command",
     "rpm.experiments.identifiability.command",

@@ -162,6 +162,9 @@ def test_elbo_of_a_model_on_cuda_matches_float64_cpu(kind):
 
 
 COMMANDS = {
+    "causal-ident": ["--rows", "colour,change_hues", "--steps", "4", "--batch-size", "8",
+                     "--size", "16", "--rep-dims", "3", "--width", "4", "--hidden", "8",
+                     "--eval-samples", "140", "--eval-every", "2", "--checkpoint-every", "0"],
     "identifiability": ["--dim", "3", "--steps", "20", "--batch-size", "64", "--eval-every", "10",
                         "--eval-samples", "500"],
     "bouncing-balls": ["--frames", "48", "--test-frames", "16", "--epochs", "2", "--batch-size",

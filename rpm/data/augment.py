@@ -51,7 +51,7 @@ from torch import nn
 
 from rpm._validation import check_int, check_nonnegative, check_positive_int, check_positive_int_or_none
 
-__all__ = ["MultiViewTransform", "RandomView", "multi_crop_views"]
+__all__ = ["ColourView", "MultiViewTransform", "RandomView", "multi_crop_views", "quarter_turn_pair"]
 
 
 def _check_range(name: str, value: Sequence[float], low: float, high: float) -> tuple[float, float]:
@@ -279,3 +279,126 @@ def multi_crop_views(num_global: int = 2, num_local: int = 0, global_size: int =
     locals_ = [RandomView(size=local_size, crop_scale=local_crop_scale, **view_kwargs)
                for _ in range(num_local)]
     return MultiViewTransform(globals_ + locals_)
+
+
+def _seeded(apply, images: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """``apply(images)`` with kornia's randomness from ``generator`` (module docstring), or
+    from torch's global generator when it is ``None``."""
+    if generator is None:
+        return apply(images)
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(seed)
+        return apply(images)
+
+
+class ColourView(nn.Module):
+    r"""One random view per colour image, SimCLR's (Chen et al., 2020, Appendix A): an
+    optional random resized crop with a random horizontal flip, then an optional colour
+    distortion of strength :math:`s`,
+
+    .. math::
+
+        t(x) = G_{0.2}\big(J_{0.8}(F_{0.5}(C_b(x)))\big),
+
+    with :math:`C_b` the crop of a box of area a fraction in ``crop_scale`` (aspect ratio in
+    :math:`[3/4, 4/3]`) resized to the input's side, :math:`F_{0.5}` a horizontal flip with
+    probability 1/2, :math:`J_{0.8}` with probability 0.8 a colour jitter (brightness, contrast
+    and saturation factors uniform in :math:`[1 - 0.8 s, 1 + 0.8 s]`, a hue shift uniform in
+    :math:`\pm` ``hue_shift`` of a turn, SimCLR's :math:`0.2 s` by default; torchvision's
+    formulas, kornia's ``ColorJitter``) and
+    :math:`G_{0.2}` with probability 0.2 a conversion to grey. For colour images only: the
+    digits' views are :class:`RandomView`.
+
+    :param crop_scale: range of the crop's area as a fraction of the image, in (0, 1], or
+        ``None`` for no crop and no flip (SimCLR's "small" crops: (0.08, 1); "large": (0.8, 1)).
+    :type crop_scale: tuple[float, float] or None
+    :param float colour_strength: :math:`s \ge 0`; 0: no colour distortion.
+    :param hue_shift: largest hue shift, in turns, in [0, 0.5] (0.5: uniform on the colour
+        circle); ``None``: :math:`\min(0.2 s, 0.5)`.
+    :type hue_shift: float or None
+    """
+
+    def __init__(self, crop_scale: tuple[float, float] | None = None,
+                 colour_strength: float = 0.0, hue_shift: float | None = None) -> None:
+        super().__init__()
+        import kornia.augmentation as K
+
+        self.crop_scale = None if crop_scale is None else _check_range("crop_scale", crop_scale, 1e-6, 1.0)
+        self.colour_strength = check_nonnegative("colour_strength", colour_strength)
+        self.hue_shift = (min(0.2 * self.colour_strength, 0.5) if hue_shift is None
+                          else check_nonnegative("hue_shift", hue_shift))
+        if self.hue_shift > 0.5:
+            raise ValueError(f"hue_shift must be <= 0.5 (half a turn), got {hue_shift!r}")
+        self._crop = None
+        if self.crop_scale is not None:
+            self._crop = (self.crop_scale, K.RandomHorizontalFlip(p=0.5))
+        ops: list[nn.Module] = []
+        s = self.colour_strength
+        if s > 0:
+            ops.append(K.ColorJitter(0.8 * s, 0.8 * s, 0.8 * s, self.hue_shift, p=0.8))
+            ops.append(K.RandomGrayscale(p=0.2))
+        self._colour = tuple(ops)  # not child modules: kornia samples on the CPU (RandomView)
+
+    def extra_repr(self) -> str:
+        return (f"crop_scale={self.crop_scale}, colour_strength={self.colour_strength}, "
+                f"hue_shift={self.hue_shift}")
+
+    def _apply_ops(self, images: torch.Tensor) -> torch.Tensor:
+        import kornia.augmentation as K
+
+        out = images
+        if self._crop is not None:
+            scale, flip = self._crop
+            side = tuple(images.shape[-2:])
+            out = flip(K.RandomResizedCrop(side, scale=scale, cropping_mode="resample", p=1.0)(out))
+        for op in self._colour:
+            out = op(out)
+        return out.clamp(0.0, 1.0)
+
+    @torch.no_grad()
+    def forward(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """One view of every image.
+
+        :param torch.Tensor images: RGB intensities in ``[0, 1]``. Shape: (N, 3, H, W).
+        :param generator: CPU generator of the randomness (``None``: torch's global one).
+        :type generator: torch.Generator or None
+        :returns: the views, same shape, device and dtype, no gradient.
+        :rtype: torch.Tensor
+        """
+        images = _check_images(images)
+        if images.shape[1] != 3:
+            raise ValueError(f"images must be RGB, shape (N, 3, H, W), got {tuple(images.shape)}")
+        return _seeded(self._apply_ops, images, _check_generator(generator))
+
+
+@torch.no_grad()
+def quarter_turn_pair(images: torch.Tensor, generator: torch.Generator | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Two views of every image turned by two *different* multiples of 90 degrees (the
+    rotation augmentation of von Kügelgen et al., 2021): :math:`k_1` uniform on
+    :math:`\{0, 1, 2, 3\}`, :math:`k_2 = k_1 + 1 + u \bmod 4` with :math:`u` uniform on
+    :math:`\{0, 1, 2\}`, and view :math:`j` is ``torch.rot90(x, k_j)`` (counter-clockwise).
+
+    :param torch.Tensor images: square images. Shape: (N, C, H, H).
+    :param generator: CPU generator of the turns (``None``: torch's global one).
+    :type generator: torch.Generator or None
+    :returns: the two views, each of the shape of ``images``.
+    :rtype: tuple[torch.Tensor, torch.Tensor]
+    """
+    images = _check_images(images)
+    generator = _check_generator(generator)
+    if images.shape[-1] != images.shape[-2]:
+        raise ValueError(f"images must be square to turn by 90 degrees, got {tuple(images.shape[-2:])}")
+    n = images.shape[0]
+    first = torch.randint(4, (n,), generator=generator)
+    second = (first + 1 + torch.randint(3, (n,), generator=generator)) % 4
+    views = []
+    for turns in (first, second):
+        view = torch.empty_like(images)
+        for k in range(4):
+            rows = (turns == k).nonzero().flatten().to(images.device)
+            if rows.numel():
+                view[rows] = torch.rot90(images[rows], k, dims=(-2, -1))
+        views.append(view)
+    return views[0], views[1]

@@ -44,6 +44,7 @@ _VERSION = 1
 #: model from a model record's ``arguments``.
 BUILDERS = {
     "bouncing-balls": "rpm.experiments.bouncing_balls.command",
+    "causal-ident": "rpm.experiments.causal_ident.model",
     "content-style": "rpm.experiments.content_style.model",
     "digits": "rpm.experiments.digits.model",
     "identifiability": "rpm.experiments.identifiability.model",

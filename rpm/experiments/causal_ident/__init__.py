@@ -1,0 +1,1 @@
+"""``rpm causal-ident``: what augmentations keep, on a procedural Causal3DIdent."""
