@@ -70,7 +70,8 @@ def _model(kind: str):
         return rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(X_DIM, D)),
                        MarkovImplicitPrior(RBFEnergy(lengthscale=0.9)))
     if kind == "sequence-state-space":
-        return rpm.SequenceRPM(rpm.GaussianRecognition(GaussianHead(X_DIM, D)), StateSpacePrior(D))
+        return rpm.RPM(rpm.GaussianRecognition(GaussianHead(X_DIM, D)), StateSpacePrior(D),
+                       encoder_calls="concat")
     return rpm.RPM(rpm.GaussianRecognition(GaussianHead(X_DIM, D)),
                    GaussianRandomWalkPrior(D, scale=1.2, step=0.5))
 
@@ -90,7 +91,7 @@ def _sequence_objective(model, x, x2, noise, global_batch):
     """The ELBO terms of three views (x, x2, x + x2) with z = loc + scale * fixed noise, the
     marginals (and the chain's normalisers) over the global batch."""
     views = [x, x2, x + x2]
-    args = (views,) if not isinstance(model, rpm.SequenceRPM) else (torch.stack(views, 1),)
+    args = (views,) if not isinstance(model.prior, StateSpacePrior) else (torch.stack(views, 1),)
     inputs = model.objective_inputs(*args, global_batch=global_batch)
     q, _ = inputs.recognitions
     if isinstance(q, pyro.distributions.Delta):

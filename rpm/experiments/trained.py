@@ -131,7 +131,7 @@ def load(run_folder: str | os.PathLike, model: str | None = None,
     its latest checkpoint: the trained model when the run finished, the last checkpoint of a
     run that is still training or was interrupted. It is an :class:`rpm.RPM` (``rpm
     identifiability``, ``rpm digits``, the pair priors of ``rpm bouncing-balls``) or an
-    :class:`rpm.SequenceRPM` (``rpm lds``, ``rpm pendulum``, bouncing-balls' ``state-space``);
+    :class:`~rpm.RPM` (``rpm lds``, ``rpm pendulum``, bouncing-balls' ``state-space``);
     for ``rpm digits``' plain-torch ``torch_ntxent`` it is the trained
     :class:`~rpm.experiments.digits.model.DigitsEncoder` itself. Each embeds new inputs with
     ``model.encode(x)`` (under ``torch.no_grad()`` when no gradient is needed):
@@ -139,7 +139,7 @@ def load(run_folder: str | os.PathLike, model: str | None = None,
     * an :class:`rpm.RPM`: x of shape (N, ...) as one frame or image the encoder takes, the
       recognition means :math:`\mathbb{E}_{Q(z|x_n)}[z]`, shape (N, D) (for ``rpm digits``'
       priors over J views, ``model.encode_frames(x)``: there one tensor is read as J views);
-    * an :class:`rpm.SequenceRPM`: x of shape (N, T, ...), the means of every frame, shape
+    * an :class:`~rpm.RPM`: x of shape (N, T, ...), the means of every frame, shape
       (N, T, D) (``mask=`` (N, T) imputes missing frames by the prior's smoother);
     * the ``DigitsEncoder``: images (N, 1, s, s), the latents z, shape (N, D).
 

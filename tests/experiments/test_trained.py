@@ -178,7 +178,7 @@ def test_an_lds_run_on_observations_of_another_dimension_loads(tmp_path):
                        "--latent-dim", "2", "--steps", "2", "--batch-size", "2", "--window",
                        "4")
     model, weights = _loaded(out, "lds", {"obs_dim": 7, "dim": 2})
-    assert isinstance(model, rpm.SequenceRPM)
+    assert isinstance(model, rpm.RPM) and isinstance(model.prior, rpm.priors.LinearGaussianPrior)
     x = torch.randn(3, 5, 7)
     expected = (x.double() @ weights["recognition.net.linear.weight"].double().T
                 + weights["recognition.net.linear.bias"].double())
@@ -199,7 +199,7 @@ def test_a_pendulum_run_on_colour_non_square_videos_loads(tmp_path):
                        "--eval-drop-frames", "0")
     model, weights = _loaded(out, "pendulum", {"encoder": "flat", "in_channels": 3,
                                                "image_size": [10, 14], "latent_dim": 2})
-    assert isinstance(model, rpm.SequenceRPM)
+    assert isinstance(model, rpm.RPM) and isinstance(model.prior, rpm.priors.LinearGaussianPrior)
     w = {key: value.double() for key, value in _prefixed(weights, "recognition.net.").items()}
     x = torch.rand(2, 5, 3, 10, 14)  # new videos, (N, T, C, H, W)
     h = torch.relu(torch.nn.functional.conv2d(x.double().flatten(0, 1), w["net.0.weight"],

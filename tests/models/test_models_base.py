@@ -303,7 +303,8 @@ def test_a_pyro_module_that_ran_in_one_model_is_refused_by_a_second_with_the_fix
     first = rpm.RPM(recognition, ImplicitPrior(RBFEnergy()))
     rpm.RPMELBO().loss(first.model, first.guide, x, x)
     for build in (lambda: rpm.RPM(recognition, ImplicitPrior(RBFEnergy())),
-                  lambda: rpm.SequenceRPM(recognition, MarkovImplicitPrior(RBFEnergy()))):
+                  lambda: rpm.RPM(recognition, MarkovImplicitPrior(RBFEnergy()),
+                                  encoder_calls="concat")):
         with pytest.raises(ValueError, match="plain torch.nn.Module network"):
             build()
 

@@ -224,16 +224,20 @@ def test_the_implicit_chain_is_a_whole_batch_site_in_model_and_guide():
 # -- the errors of "What is wrong" 6 ------------------------------------------------------------
 
 def test_a_sequence_without_its_view_axis_names_the_missing_axis():
-    model = rpm.SequenceRPM(rpm.GaussianRecognition(GaussianHead(X_DIM, D)), StateSpacePrior(D))
+    model = rpm.RPM(rpm.GaussianRecognition(GaussianHead(X_DIM, D)), StateSpacePrior(D),
+                    encoder_calls="concat")
     with pytest.raises(ValueError, match=r"the view axis is missing. For two paired views call "
                                          r"it with \(x, x2\).*\(N, T, features\)"):
         rpm.RPMELBO().loss(model.model, model.guide, torch.randn(N, X_DIM))
 
 
-def test_two_arguments_to_a_sequence_model_name_its_signature():
-    model = rpm.SequenceRPM(rpm.GaussianRecognition(GaussianHead(X_DIM, D)), StateSpacePrior(D))
+def test_two_stacked_sequences_are_read_as_two_views_and_refused_by_shape():
+    """Positional arguments are views: two tensors (N, T, ...) are two views whose frames are
+    (T, ...), which the encoder's output shape check names."""
+    model = rpm.RPM(rpm.GaussianRecognition(GaussianHead(X_DIM, D)), StateSpacePrior(D),
+                    encoder_calls="concat")
     x = torch.randn(N, 4, X_DIM)
-    with pytest.raises(TypeError, match=r"RPMELBO got 2 data argument.*SequenceRPM.model\(x"):
+    with pytest.raises(ValueError, match=rf"loc of shape \(N, D\).*got \(\d+, 4, {D}\)"):
         rpm.RPMELBO().loss(model.model, model.guide, x, x)
 
 
