@@ -263,7 +263,7 @@ def test_a_subclass_of_a_built_in_prior_names_its_own_parameters(batches):
             super().__init__(energy)
             self.temperature = pyro.nn.PyroParam(torch.tensor(1.0), constraints.positive)
 
-        def log_ratio(self, z, z2, q, q2, negatives=None, block_size=None):
+        def log_ratio(self, z, z2, q, q2, candidates=None, block_size=None):
             return None  # the traced fallback: forward's sites minus the marginals
 
         def forward(self, q, q2):

@@ -130,7 +130,7 @@ def test_log_ratio_with_negatives_and_blocks():
     matrix = prior.energy(z, negatives)  # (9, 17); the positive of row i is column 5 + i
     expected = matrix[torch.arange(9), 5 + torch.arange(9)] - matrix.logsumexp(-1) + math.log(17)
     torch.testing.assert_close(
-        prior.log_ratio(z, z2, negatives=negatives, block_size=4), expected, rtol=0, atol=1e-12
+        prior.log_ratio(z, z2, candidates=negatives, block_size=4), expected, rtol=0, atol=1e-12
     )
 
 
