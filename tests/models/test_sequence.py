@@ -256,7 +256,7 @@ def test_per_view_recognition_and_shapes():
     x = torch.randn(N, 3, X_DIM)
     q = model.recognise(x)
     assert q.batch_shape == (N, 3) and q.event_shape == (D,)
-    assert torch.allclose(model.encode(x)[:, 1], heads[1](x[:, 1])[0])
+    assert torch.allclose(model.encode_views(x)[:, 1], heads[1](x[:, 1])[0])
     trace = poutine.trace(model.model).get_trace(x)
     assert trace.nodes["z"]["fn"].event_shape == (3, D)
     assert trace.nodes["z"]["fn"].batch_shape == (N,)

@@ -146,7 +146,7 @@ def test_structured_guide_draws_the_dense_conditional_and_encode_imputes():
     assert torch.allclose(offset, cond_mean, atol=1e-8)
     assert torch.allclose(matrix @ matrix.T, cond_cov, atol=1e-8)
     # encode: the recognition means where observed, the posterior mean where missing
-    encoded = model.encode(x, mask=MASK).detach()
+    encoded = model.encode_views(x, mask=MASK).detach()
     assert torch.allclose(encoded[MASK], loc[MASK])
     missing = ~MASK[n]
     assert torch.allclose(encoded[n][missing], cond_mean.reshape(T, D)[missing], atol=1e-8)

@@ -203,7 +203,7 @@ def test_rpm_load_gives_the_trained_model_in_eval_mode(tmp_path):
     expected = (x.double() @ weights["recognition.net.linear.weight"].double().T
                 + weights["recognition.net.linear.bias"].double())  # W x + c, affine encoder
     with torch.no_grad():
-        torch.testing.assert_close(model.encode(x).double(), expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model.encode_views(x).double(), expected, atol=1e-5, rtol=1e-5)
     data = generate_lds(18, 16, 3, 5, seed=derived_seed(0, "data"))
     smoothed = infer_states(model, data.observations.float()).smoothed
     results = json.loads((out / "results.json").read_text())

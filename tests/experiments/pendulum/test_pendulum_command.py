@@ -292,7 +292,7 @@ def test_rpm_load_gives_the_trained_model_in_eval_mode(tmp_path):
     weights = load_checkpoint(out / "rpm" / "checkpoint.pt")["module"]
     x = torch.rand(2, 5, 1, 10, 10)  # new videos, (N, T, 1, S, S)
     with torch.no_grad():
-        z = model.encode(x)
+        z = model.encode_views(x)
     assert z.shape == (2, 5, 2)
     expected = _keypoint_means(weights, x.double().flatten(0, 1)).reshape(2, 5, 2)
     torch.testing.assert_close(z.double(), expected, atol=1e-5, rtol=1e-5)
