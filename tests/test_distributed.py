@@ -31,7 +31,6 @@ from rpm.distributed import (
     is_distributed,
     local_slice,
 )
-from rpm.inference.elbo import rpm_log_ratio
 from rpm.inference.objective import prior_log_ratio
 from rpm.priors import (
     GaussianRandomWalkPrior,
@@ -84,7 +83,7 @@ def _objective(model, x, x2, noise, global_batch):
     else:
         z = q.base_dist.loc + q.base_dist.scale * noise[0]
         z2 = q2.base_dist.loc + q2.base_dist.scale * noise[1]
-    return rpm_log_ratio(model, z, z2, q, q2, global_batch=global_batch)
+    return model.log_ratio(z, z2, q, q2, global_batch=global_batch)
 
 
 def _sequence_objective(model, x, x2, noise, global_batch):

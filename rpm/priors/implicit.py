@@ -53,11 +53,10 @@ __all__ = [
     "energy_log_normalizer",
     "energy_logit_factors",
     "energy_paired",
-    "implicit_log_ratio",
     "tilt_factor",
 ]
 
-def implicit_log_ratio(energy_matrix: torch.Tensor) -> torch.Tensor:
+def _implicit_log_ratio(energy_matrix: torch.Tensor) -> torch.Tensor:
     r"""Per-pair :math:`\log P(z_i, z'_i) - \log Q(z_i) - \log Q(z'_i)` under the implicit prior.
 
     .. math::
@@ -255,7 +254,7 @@ class ImplicitPrior(Prior):
         if not use_streaming(z.shape[0], candidates.shape[0], z.device, block_size):
             if own:
                 # Dense: one N x N matrix gives both the positives and the normaliser.
-                return implicit_log_ratio(energy(z, z2))
+                return _implicit_log_ratio(energy(z, z2))
             positive = energy_paired(energy, z, z2)
             normalizer = safe_logsumexp(energy(z, candidates), dim=-1)
         else:
