@@ -2,7 +2,7 @@ r"""Steps of the one RPM over J views: the sequence toy and a J-view step agains
 
 Two measurements, each a ratio against a baseline measured in the same run:
 
-* **sequence toy** (issue 22, "What is wrong" 5): ``rpm.SequenceRPM`` with N = 64 sequences of
+* **sequence toy** (issue 22, "What is wrong" 5): ``rpm.RPM`` with N = 64 sequences of
   T = 10 frames, D = 2, one ``torch.nn.Linear(4, 2)`` under ``DeltaRecognition(noise_scale=0.1)``
   and the ``StateSpacePrior``, one ``RPMELBO`` + ``torch.optim.Adam`` step (and, with
   ``--svi``, one ``SVI`` + ``Trace_ELBO`` step) with the recognition guide and with the
@@ -80,9 +80,9 @@ def sequence_toy(warmup: int, repeats: int, clock: str, svi: bool = False,
         for route, make_step in routes.items():
             for suffix, threshold in variants.items():
                 torch.manual_seed(0)
-                model = rpm.SequenceRPM(
+                model = rpm.RPM(
                     rpm.DeltaRecognition(torch.nn.Linear(4, dim), noise_scale=0.1),
-                    StateSpacePrior(dim), guide=guide)
+                    StateSpacePrior(dim), guide=guide, encoder_calls="concat")
                 step = make_step(model, (x,))
                 if threshold is not None:
                     step = with_dense_threshold(step, threshold)

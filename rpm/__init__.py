@@ -20,7 +20,6 @@ _LAZY = {
     "RPM": "rpm.models",
     "RPMELBO": "rpm.inference",
     "ScaleFloorWarning": "rpm.models",
-    "SequenceRPM": "rpm.models",
     "load": "rpm.experiments.trained",
 }
 _SUBPACKAGES = frozenset({"data", "distributed", "distributions", "evaluation", "experiments",
@@ -34,7 +33,6 @@ __all__ = [
     "RPM",
     "RPMELBO",
     "ScaleFloorWarning",
-    "SequenceRPM",
     "load",
     "marginals",
     "priors",
@@ -61,4 +59,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs
     from rpm.experiments.trained import load
     from rpm.inference import RPMELBO
     from rpm.marginals import MixtureMarginal
-    from rpm.models import RPM, DeltaRecognition, GaussianRecognition, ScaleFloorWarning, SequenceRPM
+    from rpm.models import RPM, DeltaRecognition, GaussianRecognition, ScaleFloorWarning

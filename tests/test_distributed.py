@@ -31,7 +31,6 @@ from rpm.distributed import (
     is_distributed,
     local_slice,
 )
-from rpm.inference.elbo import rpm_log_ratio
 from rpm.inference.objective import prior_log_ratio
 from rpm.priors import (
     GaussianRandomWalkPrior,
@@ -70,7 +69,8 @@ def _model(kind: str):
         return rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(X_DIM, D)),
                        MarkovImplicitPrior(RBFEnergy(lengthscale=0.9)))
     if kind == "sequence-state-space":
-        return rpm.SequenceRPM(rpm.GaussianRecognition(GaussianHead(X_DIM, D)), StateSpacePrior(D))
+        return rpm.RPM(rpm.GaussianRecognition(GaussianHead(X_DIM, D)), StateSpacePrior(D),
+                       encoder_calls="concat")
     return rpm.RPM(rpm.GaussianRecognition(GaussianHead(X_DIM, D)),
                    GaussianRandomWalkPrior(D, scale=1.2, step=0.5))
 
@@ -83,14 +83,14 @@ def _objective(model, x, x2, noise, global_batch):
     else:
         z = q.base_dist.loc + q.base_dist.scale * noise[0]
         z2 = q2.base_dist.loc + q2.base_dist.scale * noise[1]
-    return rpm_log_ratio(model, z, z2, q, q2, global_batch=global_batch)
+    return model.log_ratio(z, z2, q, q2, global_batch=global_batch)
 
 
 def _sequence_objective(model, x, x2, noise, global_batch):
     """The ELBO terms of three views (x, x2, x + x2) with z = loc + scale * fixed noise, the
     marginals (and the chain's normalisers) over the global batch."""
     views = [x, x2, x + x2]
-    args = (views,) if not isinstance(model, rpm.SequenceRPM) else (torch.stack(views, 1),)
+    args = (views,) if not isinstance(model.prior, StateSpacePrior) else (torch.stack(views, 1),)
     inputs = model.objective_inputs(*args, global_batch=global_batch)
     q, _ = inputs.recognitions
     if isinstance(q, pyro.distributions.Delta):

@@ -45,8 +45,8 @@ _ = torch.manual_seed(0)
 # %% [markdown]
 # ## 1. From pairs to sequences
 #
-# `rpm.SequenceRPM` takes a batch `x` of shape (N, T, ...): N sequences of T views. It is
-# `rpm.RPM` itself, the one model over J views, with a prior over the T views: ordered views
+# `rpm.RPM` with a prior over T views takes a batch `x` of shape (N, T, ...): N sequences of T
+# views. It is the one model over J views, with a prior over the T views: ordered views
 # (frames) and unordered ones (augmentations, crops of different sizes, `rpm.RPM(recognition,
 # prior)` called with a list `[x_1, ..., x_J]`) differ only in the prior. Its Pyro model has one
 # plate over the sequences, a prior site `"z"` with event shape (T, D) and the likelihood factor
@@ -63,7 +63,7 @@ net = torch.nn.Linear(5, 2)
 energy = RBFEnergy(lengthscale=0.7)
 x = torch.randn(16, 2, 5)  # 16 sequences of T = 2 views
 
-sequence_model = rpm.SequenceRPM(rpm.DeltaRecognition(net), MarkovImplicitPrior(energy))
+sequence_model = rpm.RPM(rpm.DeltaRecognition(net), MarkovImplicitPrior(energy))
 pair_model = rpm.RPM(rpm.DeltaRecognition(net), ImplicitPrior(energy))
 elbo = rpm.RPMELBO()
 print("sequence model, T = 2:", elbo.loss(sequence_model.model, sequence_model.guide, x))
@@ -113,7 +113,7 @@ class Head(torch.nn.Module):
         return loc, torch.nn.functional.softplus(raw) + 0.1
 
 
-walk_model = rpm.SequenceRPM(rpm.GaussianRecognition(Head()), RandomWalkPrior(dim=2))
+walk_model = rpm.RPM(rpm.GaussianRecognition(Head()), RandomWalkPrior(dim=2))
 x = torch.randn(16, 6, 5)  # 16 sequences of 6 views
 pyro.set_rng_seed(0)
 print("RPMELBO:   ", rpm.RPMELBO().loss(walk_model.model, walk_model.guide, x))

@@ -130,19 +130,22 @@ def load(run_folder: str | os.PathLike, model: str | None = None,
 
     The model is rebuilt from its model record (module docstring) and given the weights of
     its latest checkpoint: the trained model when the run finished, the last checkpoint of a
-    run that is still training or was interrupted. It is an :class:`rpm.RPM` (``rpm
-    identifiability``, ``rpm digits``, the pair priors of ``rpm bouncing-balls``) or an
-    :class:`rpm.SequenceRPM` (``rpm lds``, ``rpm pendulum``, bouncing-balls' ``state-space``);
-    for ``rpm digits``' plain-torch ``torch_ntxent`` it is the trained
-    :class:`~rpm.experiments.digits.model.DigitsEncoder` itself. Each embeds new inputs with
-    ``model.encode(x)`` (under ``torch.no_grad()`` when no gradient is needed):
+    run that is still training or was interrupted. It is an :class:`rpm.RPM`, with a pair
+    prior (``rpm identifiability``, ``rpm digits``, the pair priors of ``rpm bouncing-balls``),
+    a prior over J views (``rpm digits``' multi-view priors) or a state-space prior over the
+    frames of a sequence (``rpm lds``, ``rpm pendulum``, bouncing-balls' ``state-space``); for
+    ``rpm digits``' plain-torch ``torch_ntxent`` it is the trained
+    :class:`~rpm.experiments.digits.model.DigitsEncoder` itself. Each embeds new inputs (under
+    ``torch.no_grad()`` when no gradient is needed):
 
-    * an :class:`rpm.RPM`: x of shape (N, ...) as one frame or image the encoder takes, the
-      recognition means :math:`\mathbb{E}_{Q(z|x_n)}[z]`, shape (N, D) (for ``rpm digits``'
-      priors over J views, ``model.encode_frames(x)``: there one tensor is read as J views);
-    * an :class:`rpm.SequenceRPM`: x of shape (N, T, ...), the means of every frame, shape
+    * an :class:`rpm.RPM`, whatever its prior: ``model.encode(x)``, x of shape (N, ...) as one
+      frame or image the encoder takes, the recognition means
+      :math:`\mathbb{E}_{Q(z|x_n)}[z]`, shape (N, D);
+    * an :class:`rpm.RPM` with a prior over the frames of a sequence:
+      ``model.encode_views(x)``, x of shape (N, T, ...), the means of every frame, shape
       (N, T, D) (``mask=`` (N, T) imputes missing frames by the prior's smoother);
-    * the ``DigitsEncoder``: images (N, 1, s, s), the latents z, shape (N, D).
+    * the ``DigitsEncoder``: ``model.encode(x)``, images (N, 1, s, s), the latents z, shape
+      (N, D).
 
     ``model.config`` is the run's configuration (its ``config.json``: the command's flags),
     ``model.trained`` says what was loaded: ``command``, ``model`` (the name in the run

@@ -2,7 +2,7 @@
 its normalisers (the batch, the global batch, a queue; :mod:`rpm.marginals.candidates`,
 re-exported here)."""
 
-from rpm.inference.elbo import RPMELBO, rpm_log_ratio
+from rpm.inference.elbo import RPMELBO
 from rpm.inference.objective import elbo, rpm_elbo
 from rpm.marginals.candidates import Candidates, LatentQueue
 
@@ -12,5 +12,4 @@ __all__ = [
     "LatentQueue",
     "elbo",
     "rpm_elbo",
-    "rpm_log_ratio",
 ]

@@ -42,7 +42,7 @@ from rpm.inference.objective import elbo as objective_elbo
 from rpm.models.base import RPMBase
 from rpm.nn import pyro_method
 
-__all__ = ["RPMELBO", "rpm_log_ratio"]
+__all__ = ["RPMELBO"]
 
 #: class -> whether its objective_inputs describes its model and guide (:func:`_describes`).
 _DESCRIBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -154,27 +154,6 @@ def _describe(value) -> str:
     if isinstance(value, torch.Tensor):
         return f"tensor {tuple(value.shape)}"
     return type(value).__name__
-
-
-def rpm_log_ratio(
-    rpm, z: torch.Tensor, z2: torch.Tensor, q, q2, global_batch: bool = False,
-    block_size: int | None = None,
-) -> torch.Tensor:
-    r"""Total :math:`\sum_i \log P(z_i, z'_i) - \log Q(z_i) - \log Q(z'_i)` over the batch:
-    :meth:`rpm.RPM.log_ratio <rpm.models.rpm.RPM.log_ratio>` (the prior's analytic log-ratio,
-    or the traced prior minus the minibatch-mixture marginals).
-
-    :param rpm: the :class:`~rpm.RPM`.
-    :param torch.Tensor z: first-view latents, shape (N, D).
-    :param torch.Tensor z2: second-view latents, shape (N, D).
-    :param q: first-view recognition distributions, batch_shape (N,).
-    :param q2: second-view recognition distributions, batch_shape (N,).
-    :param bool global_batch: evaluate the marginals (and the implicit prior's normaliser)
-        over the batches of every rank; the return value is this rank's share.
-    :param block_size: stream the O(N^2) parts in blocks of this size (``None``: by size).
-    :return: a scalar.
-    """
-    return rpm.log_ratio(z, z2, q, q2, global_batch=global_batch, block_size=block_size)
 
 
 @pyro_method

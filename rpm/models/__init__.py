@@ -3,7 +3,6 @@
 from rpm.models.base import RPMBase
 from rpm.models.recognition import DeltaRecognition, GaussianRecognition, ScaleFloorWarning
 from rpm.models.rpm import RPM
-from rpm.models.sequence import SequenceRPM
 
 __all__ = [
     "DeltaRecognition",
@@ -11,5 +10,4 @@ __all__ = [
     "RPM",
     "RPMBase",
     "ScaleFloorWarning",
-    "SequenceRPM",
 ]

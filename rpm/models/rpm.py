@@ -113,10 +113,13 @@ class RPM(RPMBase):
                     groups=[0, 0, 1, 1, 1, 1, 1, 1])
         svi.step([g1, g2, l1, l2, l3, l4, l5, l6])   # a list of J tensors (N, ...)
 
-    **Calls.** ``model(x, x2)`` takes two views; ``model([x_1, ..., x_J])`` a list of J views
-    (tensors with one batch axis N, of any shapes); ``model(x)`` with x of shape (N, J, ...)
-    the J views stacked on axis 1 (the frames of N sequences). ``guide`` and ``encode`` take
-    the same arguments. View j of instance i is ``views[j][i]``.
+    **Calls.** ``model(x_1, ..., x_J)`` and ``model([x_1, ..., x_J])`` are the same J >= 2
+    views (tensors with one batch axis N, of any shapes; a pair prior takes J = 2,
+    ``model(x, x2)``). Under a prior over J views (:class:`~rpm.priors.SequencePrior`) one
+    tensor x of shape (N, J, ...) is the J views stacked on axis 1 (the frames of N
+    sequences), ``model(x)``. ``guide``, ``objective_inputs``, ``recognise`` and
+    :meth:`encode_views` take the same arguments; :meth:`encode` embeds a batch of single
+    inputs (N, ...). View j of instance i is ``views[j][i]``.
 
     **Sites.** For a prior in the pair form (J = 2, :attr:`~rpm.priors.base.Prior.joint_views`
     False): the prior's sites ``"z"`` and ``"z2"`` and, inside ``pyro.plate("pairs", N)``, the
@@ -165,7 +168,7 @@ class RPM(RPMBase):
     shape, dtype and device after the last assignment of a module or attribute (assigning
     ``model.prior`` or a recognition model runs them again; :mod:`rpm.models.checked_batches`).
 
-    **Missing frames.** ``model``, ``guide``, ``encode`` (and :class:`~rpm.RPMELBO` through
+    **Missing frames.** ``model``, ``guide``, ``encode_views`` (and :class:`~rpm.RPMELBO` through
     ``objective_inputs``) take ``mask=``, a bool tensor (N, J), True where view j of instance i
     is observed, for a prior that marginalises missing views
     (:attr:`~rpm.priors.base.Prior.accepts_mask`, e.g. the state-space prior). A missing
@@ -306,20 +309,28 @@ class RPM(RPMBase):
 
     def _views(self, args: tuple) -> tuple[list[str], list[torch.Tensor], torch.Tensor | None]:
         """The views of a call: names, the J tensors (N, ...), and the stacked input (N, J, ...)
-        when the call gave one tensor."""
-        if len(args) == 2:
-            return ["x", "x2"], list(args), None
+        when the call gave one tensor (a prior over J views only).
+
+        ``(x_1, ..., x_J)`` and ``([x_1, ..., x_J],)`` are the same J views, named ``"x"``,
+        ``"x2"``, ..., ``"xJ"`` in error messages."""
         if len(args) == 1 and isinstance(args[0], (list, tuple)):
-            views = list(args[0])
-            if len(views) < 2:
+            args = tuple(args[0])
+            if len(args) < 2:
                 raise ValueError(f"an RPM needs J >= 2 views per instance, got a list of "
-                                 f"{len(views)}")
-            return [f"views[{j}]" for j in range(len(views))], views, None
+                                 f"{len(args)}")
+        if len(args) >= 2:
+            return ["x"] + [f"x{j + 1}" for j in range(1, len(args))], list(args), None
         if len(args) == 1:
             x = args[0]
             if not isinstance(x, torch.Tensor):
                 raise TypeError(f"x must be a torch.Tensor or a list of views, got "
                                 f"{type(x).__name__}")
+            if not self._dispatch().joint:
+                raise ValueError(
+                    f"one tensor of shape {tuple(x.shape)} is read as views stacked on axis 1 "
+                    f"(N, J, ...) only under a prior over J views (rpm.priors.SequencePrior); "
+                    f"{type(self._child('prior')).__name__} is a pair prior: call it with the "
+                    f"two views (x, x2)")
             if x.dim() < 3:
                 raise ValueError(
                     f"x of shape {tuple(x.shape)} is read as (N, J, ...), J views stacked on axis "
@@ -330,12 +341,11 @@ class RPM(RPMBase):
             if x.shape[1] < 2:
                 raise ValueError(f"an RPM needs J >= 2 views per instance (T >= 2 views per "
                                  f"sequence), got x of shape {tuple(x.shape)} (T = {x.shape[1]}); "
-                                 f"to encode a batch of single frames (N, ...) call "
-                                 f"encode_frames(x)")
+                                 f"to embed a batch of single frames (N, ...) call encode(x)")
             return [f"x[:, {j}]" for j in range(x.shape[1])], list(x.unbind(1)), x
         raise TypeError(
-            f"{type(self).__name__} takes two views (x, x2), a list of J views, or one tensor "
-            f"(N, J, ...) of stacked views; got {len(args)} arguments")
+            f"{type(self).__name__} takes J >= 2 views (x_1, ..., x_J) or a list of them (or, "
+            f"under a prior over J views, one tensor (N, J, ...) of stacked views); got none")
 
     def _groups(self, num_views: int, modules: list) -> list[int]:
         if self.groups is not None:
@@ -611,48 +621,44 @@ class RPM(RPMBase):
                                self.candidates(global_batch), block_size)
 
     @pyro_method
-    def encode_frames(self, x: torch.Tensor, group: int = 0) -> torch.Tensor:
-        r"""The recognition means :math:`\mathbb{E}_{Q(z|x_n)}[z]` of a batch of single frames
-        ``x`` (N, ...), shape (N, D), whatever the prior: unlike :meth:`encode`, one tensor is
-        never read as stacked views (N, J, ...), so this is the call for images under a prior
-        over J views.
+    def encode(self, x: torch.Tensor, *, group: int = 0) -> torch.Tensor:
+        r"""The learned representation of a batch of single inputs: the recognition means
+        :math:`\mathbb{E}_{Q(z|x_n)}[z]`, shape (N, D), whatever the prior (pairs, J views or
+        sequences: x is N inputs as one view takes them, never stacked views).
 
-        :param torch.Tensor x: N frames, each as one view takes it.
-        :param int group: which recognition model encodes them (the index in ``groups``, 0
-            for the first or only one).
+        :param torch.Tensor x: N inputs (N, ...), each as one view takes it.
+        :param int group: which recognition model embeds them (the index in ``groups``, 0 for
+            the first or only one).
+        :raises TypeError: for views (a list, or more than one tensor): use
+            :meth:`encode_views`.
         """
         if not isinstance(x, torch.Tensor):
-            raise TypeError(f"encode_frames takes one tensor of frames (N, ...), got "
-                            f"{type(x).__name__}; for views use encode(...)")
+            raise TypeError(f"encode takes one tensor of inputs (N, ...), got "
+                            f"{type(x).__name__}; for the views of a batch use encode_views(...)")
         modules = self.modules_list
-        if not 0 <= group < len(modules):
-            raise ValueError(f"group must be in [0, {len(modules)}) for this model's "
-                             f"{len(modules)} recognition model(s), got {group}")
+        if isinstance(group, bool) or not isinstance(group, int) or not 0 <= group < len(modules):
+            raise ValueError(f"group must be an integer in [0, {len(modules)}) for this model's "
+                             f"{len(modules)} recognition model(s), got {group!r}")
         return modules[group](x).mean
 
-    def encode(self, *args, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The learned representation: for one tensor x (N, ...) the recognition mean of the
-        first view's model, shape (N, D) (under a prior over J views, where one tensor is read
-        as stacked views (N, J, ...), use :meth:`encode_frames`); for the views of a batch (as
-        :meth:`model` takes them) the means of every view, shape (N, J, D). With ``mask`` (N, J)
-        the missing views' entries are imputed: the mean of the prior's structured posterior
-        given the observed views (:meth:`~rpm.priors.base.Prior.posterior`; for the state-space
-        prior the Kalman smoother of the recognition means)."""
-        if len(args) == 1 and isinstance(args[0], torch.Tensor) and not hook(
-                self.prior, "joint_views") and mask is None:
-            return self.modules_list[0](args[0]).mean
-        encoded, q = self._encode(args, mask)
+    def encode_views(self, *views, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The recognition means of every view of a batch, shape (N, J, D), the views given as
+        :meth:`model` takes them: ``(x_1, ..., x_J)``, a list, or under a prior over J views
+        one tensor (N, J, ...) (the T frames of N sequences). With ``mask`` (N, J) the missing
+        views' entries are imputed: the mean of the prior's structured posterior given the
+        observed views (:meth:`~rpm.priors.base.Prior.posterior`; for the state-space prior the
+        Kalman smoother of the recognition means)."""
+        encoded, q = self._encode(views, mask)
         if q is not None and mask is not None:
             posterior = self.prior.posterior(q) if isinstance(self.prior, Prior) else None
             if posterior is None:
                 raise ValueError(
-                    f"encode(..., mask=) imputes the missing views from the prior's structured "
-                    f"posterior; {type(self.prior).__name__} has none")
+                    f"encode_views(..., mask=) imputes the missing views from the prior's "
+                    f"structured posterior; {type(self.prior).__name__} has none")
             return torch.where(mask.unsqueeze(-1), q.mean, posterior.mean)
         if q is not None:
             return q.mean
         return torch.stack([dist.mean for dist in encoded], dim=1)
-
 
 def _masked(parts: tuple, mask: torch.Tensor) -> tuple:
     """The joint form's recognition distributions masked over the views (``q.mask(mask)``)."""

@@ -27,7 +27,7 @@ from rpm.priors.explicit import (
     LinearDynamicsPrior,
     RandomWalkEnergy,
 )
-from rpm.priors.implicit import ImplicitPrior, implicit_log_ratio
+from rpm.priors.implicit import ImplicitPrior
 from rpm.priors.multiview import MultiViewImplicitPrior, PartnerMixturePrior, StarImplicitPrior
 from rpm.priors.pooled import PooledImplicitPrior
 from rpm.priors.sequence import (
@@ -65,5 +65,4 @@ __all__ = [
     "StarImplicitPrior",
     "StateSpacePrior",
     "StationaryStateSpacePrior",
-    "implicit_log_ratio",
 ]

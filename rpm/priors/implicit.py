@@ -53,11 +53,10 @@ __all__ = [
     "energy_log_normalizer",
     "energy_logit_factors",
     "energy_paired",
-    "implicit_log_ratio",
     "tilt_factor",
 ]
 
-def implicit_log_ratio(energy_matrix: torch.Tensor) -> torch.Tensor:
+def _implicit_log_ratio(energy_matrix: torch.Tensor) -> torch.Tensor:
     r"""Per-pair :math:`\log P(z_i, z'_i) - \log Q(z_i) - \log Q(z'_i)` under the implicit prior.
 
     .. math::
@@ -213,7 +212,6 @@ class ImplicitPrior(Prior):
     def log_ratio(
         self, z: torch.Tensor, z2: torch.Tensor, q=None, q2=None,
         candidates: Candidates | torch.Tensor | None = None, block_size: int | None = None,
-        negatives: torch.Tensor | None = None,
     ) -> torch.Tensor:
         r"""Per-pair :math:`\log P(z_i, z'_i) - \log Q(z_i) - \log Q(z'_i)`, the terms of Eq. 15
         that remain after the analytic cancellation (shape (N,)):
@@ -223,8 +221,8 @@ class ImplicitPrior(Prior):
             f(z_i, z'_i) - \log \sum_{j=1}^{M} e^{f(z_i, z'_j)} + \log M,
 
         with the candidates :math:`z'_{1:M}` the batch's own z2 or, for a global batch across
-        processes, ``negatives`` (every rank's z2, gathered with
-        :func:`rpm.distributed.all_gather_with_grad`). The normaliser is streamed for large
+        processes, every rank's z2 (gathered with :func:`rpm.distributed.all_gather_with_grad`)
+        and a queue's latents. The normaliser is streamed for large
         batches (:func:`energy_log_normalizer`). Under Pyro's validation a result or gradients
         that would not be finite in the latents' dtype raise a ValueError naming the valid
         range of latent norms (:func:`~rpm.priors.energy_range.check_implicit_log_ratio`).
@@ -235,15 +233,10 @@ class ImplicitPrior(Prior):
             then a queue's latents: :meth:`~rpm.marginals.candidates.Candidates.negatives`), or
             the candidate latents themselves, shape (M, D); default the batch's z2.
         :param block_size: block edge of the streamed normaliser; ``None`` decides by size.
-        :param negatives: the candidate latents, shape (M, D) (the same as a tensor given as
-            ``candidates``).
         """
-        if isinstance(negatives, Candidates):  # an override passing the candidates on by the old name
-            candidates, negatives = negatives, None
+        negatives = candidates
         if isinstance(candidates, Candidates):
             negatives = None if candidates.is_local else candidates.negatives(z2)
-        elif candidates is not None:
-            negatives = candidates
         candidates = z2 if negatives is None else negatives
         energy = self._modules.get("energy")  # a PyroModule's __getattr__ would only return it
         if not isinstance(energy, PyroModule):
@@ -261,7 +254,7 @@ class ImplicitPrior(Prior):
         if not use_streaming(z.shape[0], candidates.shape[0], z.device, block_size):
             if own:
                 # Dense: one N x N matrix gives both the positives and the normaliser.
-                return implicit_log_ratio(energy(z, z2))
+                return _implicit_log_ratio(energy(z, z2))
             positive = energy_paired(energy, z, z2)
             normalizer = safe_logsumexp(energy(z, candidates), dim=-1)
         else:

@@ -342,7 +342,6 @@ class PooledImplicitPrior(ImplicitPrior):
     def log_ratio(
         self, z: torch.Tensor, z2: torch.Tensor, q=None, q2=None,
         candidates: Candidates | None = None, block_size: int | None = None,
-        negatives: torch.Tensor | None = None,
     ) -> torch.Tensor:
         r"""Per-pair ELBO terms after the analytic cancellation of the marginals (shape (N,)):
 
@@ -361,12 +360,8 @@ class PooledImplicitPrior(ImplicitPrior):
             latents of the global batch of M pairs, and the return value is this process's share
             (summed over the processes, the single-process value of the concatenated batch).
         :param block_size: block edge of the streamed normaliser; ``None`` decides by size.
-        :param negatives: accepted only as the batch's own z2 (the pooled candidates are not
-            a free set of latents; a global batch comes through ``candidates``).
         """
         pool, offset = None, 0
-        if isinstance(negatives, Candidates):  # an override passing the candidates on by the old name
-            candidates, negatives = negatives, None
         if isinstance(candidates, Candidates):
             if candidates.queued() is not None:
                 raise ValueError(
@@ -376,11 +371,11 @@ class PooledImplicitPrior(ImplicitPrior):
             if candidates.is_global:
                 pool = (candidates.gather(z), candidates.gather(z2))
                 offset = candidates.offset(z.shape[0])
-        elif candidates is not None or (negatives is not None and negatives is not z2):
+        elif candidates is not None:
             raise ValueError(
                 "PooledImplicitPrior takes its global batch from an rpm.inference.Candidates "
                 "(RPMELBO(global_batch=True) under torch.distributed), not from a tensor of "
-                "negatives: its candidates are the pooled latents of both views"
+                "candidates: its candidates are the pooled latents of both views"
             )
         forward, backward = pooled_log_ratios(self.energy, z, z2, self.direction, block_size,
                                               pool=pool, offset=offset)

@@ -1,6 +1,6 @@
 r"""Priors over a sequence of latents :math:`z_{1:T}`, one per view (``docs/theory.md``, sequences).
 
-An RPM over T views (:class:`~rpm.SequenceRPM`) has the ELBO
+An RPM over T views (:class:`~rpm.RPM`) has the ELBO
 
 .. math::
 

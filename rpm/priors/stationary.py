@@ -97,7 +97,7 @@ class StationaryStateSpacePrior(LinearGaussianPrior):
     .. code-block:: python
 
         prior = rpm.priors.StationaryStateSpacePrior(dim=3, state_dim=6)
-        model = rpm.SequenceRPM(rpm.GaussianRecognition(net), prior, guide="structured")
+        model = rpm.RPM(rpm.GaussianRecognition(net), prior, guide="structured", encoder_calls="concat")
         loss = rpm.RPMELBO().differentiable_loss(model.model, model.guide, x)  # x: (N, T, ...)
         prior.transition_matrix      # A, (6, 6), singular values < 1
         prior.smooth(z).loc          # E[s_t | z_{1:T}], (N, T, 6)

@@ -124,7 +124,7 @@ def test_a_cpu_run_loads_on_the_gpu(lds_run):
     assert all(p.device.type == "cuda" for p in gpu.parameters()) and not gpu.training
     x = torch.randn(3, 12, 5)
     with torch.no_grad():
-        torch.testing.assert_close(gpu.encode(x.cuda()).cpu(), cpu.encode(x), atol=1e-5,
+        torch.testing.assert_close(gpu.encode_views(x.cuda()).cpu(), cpu.encode_views(x), atol=1e-5,
                                    rtol=1e-5)
 
 
@@ -178,12 +178,12 @@ def test_an_lds_run_on_observations_of_another_dimension_loads(tmp_path):
                        "--latent-dim", "2", "--steps", "2", "--batch-size", "2", "--window",
                        "4")
     model, weights = _loaded(out, "lds", {"obs_dim": 7, "dim": 2})
-    assert isinstance(model, rpm.SequenceRPM)
+    assert isinstance(model, rpm.RPM) and isinstance(model.prior, rpm.priors.LinearGaussianPrior)
     x = torch.randn(3, 5, 7)
     expected = (x.double() @ weights["recognition.net.linear.weight"].double().T
                 + weights["recognition.net.linear.bias"].double())
     with torch.no_grad():
-        z = model.encode(x)
+        z = model.encode_views(x)
     assert z.shape == (3, 5, 2)
     torch.testing.assert_close(z.double(), expected, atol=1e-5, rtol=1e-5)
 
@@ -199,7 +199,7 @@ def test_a_pendulum_run_on_colour_non_square_videos_loads(tmp_path):
                        "--eval-drop-frames", "0")
     model, weights = _loaded(out, "pendulum", {"encoder": "flat", "in_channels": 3,
                                                "image_size": [10, 14], "latent_dim": 2})
-    assert isinstance(model, rpm.SequenceRPM)
+    assert isinstance(model, rpm.RPM) and isinstance(model.prior, rpm.priors.LinearGaussianPrior)
     w = {key: value.double() for key, value in _prefixed(weights, "recognition.net.").items()}
     x = torch.rand(2, 5, 3, 10, 14)  # new videos, (N, T, C, H, W)
     h = torch.relu(torch.nn.functional.conv2d(x.double().flatten(0, 1), w["net.0.weight"],
@@ -209,7 +209,7 @@ def test_a_pendulum_run_on_colour_non_square_videos_loads(tmp_path):
     h = torch.relu(h.flatten(1) @ w["net.5.weight"].T + w["net.5.bias"])
     expected = (h @ w["net.7.weight"].T + w["net.7.bias"]).reshape(2, 5, 2)
     with torch.no_grad():
-        torch.testing.assert_close(model.encode(x).double(), expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model.encode_views(x).double(), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_an_identifiability_run_on_pairs_of_another_dimension_loads(tmp_path):

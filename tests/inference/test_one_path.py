@@ -98,7 +98,8 @@ def test_an_rpm_subclass_overriding_model_runs_its_own_model():
 
 def test_a_sequence_rpm_keeps_the_objective_and_its_value():
     net = torch.nn.Linear(IN, D)
-    model = rpm.SequenceRPM(rpm.DeltaRecognition(net), rpm.priors.MarkovImplicitPrior(RBFEnergy(1.0)))
+    model = rpm.RPM(rpm.DeltaRecognition(net), rpm.priors.MarkovImplicitPrior(RBFEnergy(1.0)),
+                    encoder_calls="concat")
     x = torch.randn(N, 3, IN)
     loss = rpm.RPMELBO().loss(model.model, model.guide, x)
     with torch.no_grad():

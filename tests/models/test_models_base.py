@@ -263,7 +263,7 @@ def test_a_subclass_of_a_built_in_prior_names_its_own_parameters(batches):
             super().__init__(energy)
             self.temperature = pyro.nn.PyroParam(torch.tensor(1.0), constraints.positive)
 
-        def log_ratio(self, z, z2, q, q2, negatives=None, block_size=None):
+        def log_ratio(self, z, z2, q, q2, candidates=None, block_size=None):
             return None  # the traced fallback: forward's sites minus the marginals
 
         def forward(self, q, q2):
@@ -303,7 +303,8 @@ def test_a_pyro_module_that_ran_in_one_model_is_refused_by_a_second_with_the_fix
     first = rpm.RPM(recognition, ImplicitPrior(RBFEnergy()))
     rpm.RPMELBO().loss(first.model, first.guide, x, x)
     for build in (lambda: rpm.RPM(recognition, ImplicitPrior(RBFEnergy())),
-                  lambda: rpm.SequenceRPM(recognition, MarkovImplicitPrior(RBFEnergy()))):
+                  lambda: rpm.RPM(recognition, MarkovImplicitPrior(RBFEnergy()),
+                                  encoder_calls="concat")):
         with pytest.raises(ValueError, match="plain torch.nn.Module network"):
             build()
 

@@ -146,10 +146,50 @@ def test_per_group_encoders_for_global_and_local_crops():
     with torch.no_grad():
         latents = [global_net(v) for v in views[:2]] + [local_net(v) for v in views[2:]]
     assert -fast.item() == pytest.approx(chain_infonce_loop(latents, 0.9), rel=1e-12)
-    assert model.encode(views).shape == (N, 4, D)
+    assert model.encode_views(views).shape == (N, 4, D)
     with pytest.raises(ValueError, match="groups names a recognition model for 4 views"):
         model.guide(views[:3])
 
+
+
+def test_positional_views_and_a_list_of_views_are_the_same_call():
+    """model(x_1, ..., x_J) and model([x_1, ..., x_J]) give the same ELBO (the chain InfoNCE
+    loop) and gradients for J = 2, 3, 4, through RPMELBO and Trace_ELBO; guide and encode_views
+    agree too."""
+    global_net, local_net = torch.nn.Linear(8, D), torch.nn.Linear(3, D)
+    for groups in ([0, 1], [0, 0, 1], [0, 0, 1, 1]):
+        model = rpm.RPM([rpm.DeltaRecognition(global_net), rpm.DeltaRecognition(local_net)],
+                        MarkovImplicitPrior(RBFEnergy(0.9)), groups=groups)
+        views = [torch.randn(N, 8 if g == 0 else 3) for g in groups]
+        params = list(model.parameters())
+        for elbo in (rpm.RPMELBO(), Trace_ELBO()):
+            listed = elbo.differentiable_loss(model.model, model.guide, views)
+            positional = elbo.differentiable_loss(model.model, model.guide, *views)
+            assert_same(listed, positional, params, rtol=0)
+        with torch.no_grad():
+            latents = [(global_net if g == 0 else local_net)(v) for g, v in zip(groups, views, strict=True)]
+        assert -positional.item() == pytest.approx(chain_infonce_loop(latents, 0.9), rel=1e-12)
+        torch.testing.assert_close(model.guide(*views), model.guide(views), rtol=0, atol=0)
+        torch.testing.assert_close(model.encode_views(*views), torch.stack(latents, 1), rtol=0,
+                                   atol=1e-12)
+
+
+def test_one_tensor_is_stacked_views_only_under_a_prior_over_j_views():
+    """A pair prior takes its two views as (x, x2) or [x, x2]; one tensor (N, 2, ...) is
+    refused, naming the call to make; under a prior over J views the same tensor is the
+    stacked views, the same ELBO as the list of its slices."""
+    net = torch.nn.Linear(X_DIM, D)
+    x = torch.randn(N, 2, X_DIM)
+    pair = rpm.RPM(rpm.DeltaRecognition(net), ImplicitPrior(RBFEnergy(0.9)))
+    with pytest.raises(ValueError, match=r"ImplicitPrior is a pair prior: call it with the two "
+                                         r"views \(x, x2\)"):
+        rpm.RPMELBO().loss(pair.model, pair.guide, x)
+    joint = rpm.RPM(rpm.DeltaRecognition(net), MarkovImplicitPrior(RBFEnergy(0.9)))
+    stacked = rpm.RPMELBO().loss(joint.model, joint.guide, x)
+    assert stacked == pytest.approx(rpm.RPMELBO().loss(joint.model, joint.guide, x[:, 0], x[:, 1]),
+                                    rel=1e-12)
+    assert stacked == pytest.approx(rpm.RPMELBO().loss(pair.model, pair.guide, x[:, 0], x[:, 1]),
+                                    rel=1e-12)
 
 def test_per_view_and_concatenated_encoder_calls_agree_without_batch_norm_and_differ_with_it():
     net = torch.nn.Linear(X_DIM, D)
@@ -224,16 +264,20 @@ def test_the_implicit_chain_is_a_whole_batch_site_in_model_and_guide():
 # -- the errors of "What is wrong" 6 ------------------------------------------------------------
 
 def test_a_sequence_without_its_view_axis_names_the_missing_axis():
-    model = rpm.SequenceRPM(rpm.GaussianRecognition(GaussianHead(X_DIM, D)), StateSpacePrior(D))
+    model = rpm.RPM(rpm.GaussianRecognition(GaussianHead(X_DIM, D)), StateSpacePrior(D),
+                    encoder_calls="concat")
     with pytest.raises(ValueError, match=r"the view axis is missing. For two paired views call "
                                          r"it with \(x, x2\).*\(N, T, features\)"):
         rpm.RPMELBO().loss(model.model, model.guide, torch.randn(N, X_DIM))
 
 
-def test_two_arguments_to_a_sequence_model_name_its_signature():
-    model = rpm.SequenceRPM(rpm.GaussianRecognition(GaussianHead(X_DIM, D)), StateSpacePrior(D))
+def test_two_stacked_sequences_are_read_as_two_views_and_refused_by_shape():
+    """Positional arguments are views: two tensors (N, T, ...) are two views whose frames are
+    (T, ...), which the encoder's output shape check names."""
+    model = rpm.RPM(rpm.GaussianRecognition(GaussianHead(X_DIM, D)), StateSpacePrior(D),
+                    encoder_calls="concat")
     x = torch.randn(N, 4, X_DIM)
-    with pytest.raises(TypeError, match=r"RPMELBO got 2 data argument.*SequenceRPM.model\(x"):
+    with pytest.raises(ValueError, match=rf"loc of shape \(N, D\).*got \(\d+, 4, {D}\)"):
         rpm.RPMELBO().loss(model.model, model.guide, x, x)
 
 
@@ -282,24 +326,30 @@ def test_a_prior_without_to_event_names_the_fix():
         assert ".to_event(1)" in str(info.value).splitlines()[0]
 
 
-def test_encode_frames_reads_one_tensor_as_frames_under_a_j_view_prior():
-    """Under a prior over J views one tensor is stacked views (N, J, ...); encode_frames reads a
-    batch of images (N, 1, 8, 8) as N frames and returns each frame's recognition mean, which
-    equals the network applied frame by frame."""
+def test_encode_reads_one_tensor_as_single_inputs_under_a_j_view_prior():
+    """Under a prior over J views encode reads a batch of images (N, 1, 8, 8) as N inputs and
+    returns each one's recognition mean, which equals the network applied image by image;
+    encode_views gives every view's, and a second model by group."""
     from rpm.priors import CosineEnergy, StarImplicitPrior
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 8))
-    model = rpm.RPM(rpm.DeltaRecognition(net), StarImplicitPrior(CosineEnergy(2.0)))
+    net2 = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 8))
+    model = rpm.RPM([rpm.DeltaRecognition(net), rpm.DeltaRecognition(net2)],
+                    StarImplicitPrior(CosineEnergy(2.0)), groups=[0, 1, 0])
     images = torch.randn(5, 1, 8, 8)
-    with pytest.raises(ValueError, match="encode_frames"):
-        model.encode(images)
-    means = model.encode_frames(images)
+    means = model.encode(images)
     expected = torch.stack([net(images[n:n + 1])[0] for n in range(5)])
     assert means.shape == (5, 8)
     torch.testing.assert_close(means, expected, rtol=0, atol=1e-6)
-    views = model.encode([images, images.flip(-1), images])
+    expected2 = torch.stack([net2(images[n:n + 1])[0] for n in range(5)])
+    torch.testing.assert_close(model.encode(images, group=1), expected2, rtol=0, atol=1e-6)
+    views = model.encode_views([images, images.flip(-1), images])
     torch.testing.assert_close(views[:, 0], means, rtol=0, atol=1e-6)
-    with pytest.raises(ValueError, match="group must be in"):
-        model.encode_frames(images, group=1)
-    with pytest.raises(TypeError, match="encode_frames takes one tensor"):
-        model.encode_frames([images])
+    torch.testing.assert_close(views[:, 1], model.encode(images.flip(-1), group=1), rtol=0,
+                               atol=1e-6)
+    torch.testing.assert_close(model.encode_views(images, images.flip(-1), images), views,
+                               rtol=0, atol=0)
+    with pytest.raises(ValueError, match="group must be an integer in"):
+        model.encode(images, group=2)
+    with pytest.raises(TypeError, match="encode takes one tensor"):
+        model.encode([images])

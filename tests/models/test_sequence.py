@@ -1,4 +1,4 @@
-"""SequenceRPM: the Pyro model over T views against Trace_ELBO, the pair model at T = 2, and
+"""The RPM of sequences (a prior over T views) against Trace_ELBO, the pair model at T = 2 and
 loops written from the equations (float64)."""
 
 import math
@@ -12,7 +12,6 @@ from pyro.infer import Trace_ELBO
 from rpm import RPM, RPMELBO, DeltaRecognition, GaussianRecognition, MixtureMarginal
 from rpm.inference import elbo
 from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
-from rpm.models.sequence import SequenceRPM
 from rpm.priors import (
     AnisotropicEnergy,
     BilinearEnergy,
@@ -54,7 +53,7 @@ def make(prior, delta=False, **kwargs):
         recognition = DeltaRecognition(torch.nn.Linear(X_DIM, D))
     else:
         recognition = GaussianRecognition(GaussianHead(X_DIM, D))
-    return SequenceRPM(recognition, prior, **kwargs)
+    return RPM(recognition, prior, **kwargs, encoder_calls="concat")
 
 
 def priors():
@@ -131,7 +130,7 @@ def test_structured_guide_is_tighter_when_the_recognition_is_broad():
     x = torch.randn(N, T, X_DIM)
     values = {}
     for guide in ("recognition", "structured"):
-        model = SequenceRPM(GaussianRecognition(Broad()), prior, guide=guide)
+        model = RPM(GaussianRecognition(Broad()), prior, guide=guide, encoder_calls="concat")
         with torch.no_grad():
             samples = torch.stack([elbo(model.objective_inputs(x)) for _ in range(40)])
         values[guide] = (samples.mean(), samples.std() / 40 ** 0.5)
@@ -141,12 +140,12 @@ def test_structured_guide_is_tighter_when_the_recognition_is_broad():
 
 @pytest.mark.parametrize("name", list(energies()))
 def test_markov_implicit_prior_with_two_views_is_the_pair_model(name):
-    """Delta encoders (exact empirical marginals): SequenceRPM's Trace_ELBO at T = 2 equals the
+    """Delta encoders (exact empirical marginals): the sequence RPM's Trace_ELBO at T = 2 equals the
     pair RPM's ELBO with the same energy and network, value and gradients."""
     energy = energies()[name]()
     net = torch.nn.Linear(X_DIM, D)
     x = torch.randn(N, 2, X_DIM)
-    sequence = SequenceRPM(DeltaRecognition(net), MarkovImplicitPrior(energy))
+    sequence = RPM(DeltaRecognition(net), MarkovImplicitPrior(energy), encoder_calls="concat")
     pair = RPM(DeltaRecognition(net), ImplicitPrior(energy))
     sequence_loss = Trace_ELBO().differentiable_loss(sequence.model, sequence.guide, x)
     params = list(net.parameters()) + list(energy.parameters())
@@ -182,7 +181,7 @@ def test_markov_prior_with_two_views_is_the_pair_model(pair_prior):
     head = GaussianHead(X_DIM, D)
     x = torch.randn(N, 2, X_DIM)
     z = torch.randn(N, 2, D)
-    sequence = SequenceRPM(GaussianRecognition(head), MarkovPrior(prior))
+    sequence = RPM(GaussianRecognition(head), MarkovPrior(prior), encoder_calls="concat")
     pair = RPM(GaussianRecognition(head), prior)
     ours = conditioned_loss(sequence.model, sequence.guide, {"z": z}, x)
     theirs = conditioned_loss(pair.model, pair.guide, {"z": z[:, 0], "z2": z[:, 1]}, x[:, 0], x[:, 1])
@@ -192,7 +191,7 @@ def test_markov_prior_with_two_views_is_the_pair_model(pair_prior):
 def test_markov_chain_of_a_pair_prior_is_the_product_of_its_factors():
     prior = LinearDynamicsPrior(D)
     head = GaussianHead(X_DIM, D)
-    model = SequenceRPM(GaussianRecognition(head), MarkovPrior(prior))
+    model = RPM(GaussianRecognition(head), MarkovPrior(prior), encoder_calls="concat")
     x, z = torch.randn(N, T, X_DIM), torch.randn(N, T, D)
     q = model.recognise(x)
     with poutine.trace() as tracer, pyro.plate("sequences", N):
@@ -253,11 +252,11 @@ def test_sequence_marginals_are_the_per_view_and_pooled_mixtures():
 
 def test_per_view_recognition_and_shapes():
     heads = [GaussianHead(X_DIM, D) for _ in range(3)]
-    model = SequenceRPM([GaussianRecognition(h) for h in heads], StateSpacePrior(D))
+    model = RPM([GaussianRecognition(h) for h in heads], StateSpacePrior(D), encoder_calls="concat")
     x = torch.randn(N, 3, X_DIM)
     q = model.recognise(x)
     assert q.batch_shape == (N, 3) and q.event_shape == (D,)
-    assert torch.allclose(model.encode(x)[:, 1], heads[1](x[:, 1])[0])
+    assert torch.allclose(model.encode_views(x)[:, 1], heads[1](x[:, 1])[0])
     trace = poutine.trace(model.model).get_trace(x)
     assert trace.nodes["z"]["fn"].event_shape == (3, D)
     assert trace.nodes["z"]["fn"].batch_shape == (N,)
@@ -278,8 +277,6 @@ def test_bad_input_is_refused():
         make(StateSpacePrior(D), delta=True)
     with pytest.raises(ValueError, match="structured posterior"):
         make(MarkovImplicitPrior(RBFEnergy()), guide="structured")
-    with pytest.raises(TypeError, match="sequence prior"):
-        make(ImplicitPrior(RBFEnergy()))
     model = make(StateSpacePrior(D))
     with pytest.raises(ValueError, match="T >= 2 views"):
         model.recognise(torch.randn(N, 1, X_DIM))

@@ -1,4 +1,4 @@
-"""Missing frames through the model: the masked ELBO of SequenceRPM against a float64 loop over
+"""Missing frames through the model: the masked ELBO of the sequence RPM against a float64 loop over
 the dense joint Gaussian of the observed frames, Trace_ELBO against RPMELBO, the structured
 guide against the dense conditional, imputation, and refusals."""
 
@@ -11,7 +11,7 @@ from pyro import poutine
 from pyro.distributions import MultivariateNormal, Normal
 from pyro.infer import Trace_ELBO
 
-from rpm import RPMELBO, GaussianRecognition, SequenceRPM
+from rpm import RPM, RPMELBO, GaussianRecognition
 from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
 from rpm.priors import MarkovImplicitPrior, RBFEnergy, StateSpacePrior
 from tests.helpers import GaussianHead
@@ -39,7 +39,7 @@ def make(guide):
     with torch.no_grad():  # a generic chain, not the constant-velocity start
         prior.transition_matrix.add_(0.1 * torch.randn(2 * D, 2 * D))
         prior.observation_matrix.add_(0.3 * torch.randn(D, 2 * D))
-    return SequenceRPM(GaussianRecognition(GaussianHead(X_DIM, D)), prior, guide=guide)
+    return RPM(GaussianRecognition(GaussianHead(X_DIM, D)), prior, guide=guide, encoder_calls="concat")
 
 
 def prior_params(prior):
@@ -146,7 +146,7 @@ def test_structured_guide_draws_the_dense_conditional_and_encode_imputes():
     assert torch.allclose(offset, cond_mean, atol=1e-8)
     assert torch.allclose(matrix @ matrix.T, cond_cov, atol=1e-8)
     # encode: the recognition means where observed, the posterior mean where missing
-    encoded = model.encode(x, mask=MASK).detach()
+    encoded = model.encode_views(x, mask=MASK).detach()
     assert torch.allclose(encoded[MASK], loc[MASK])
     missing = ~MASK[n]
     assert torch.allclose(encoded[n][missing], cond_mean.reshape(T, D)[missing], atol=1e-8)
@@ -179,15 +179,15 @@ def test_masks_are_refused_where_they_cannot_be_honoured():
         model.model(x, mask=MASK.float())
     with pytest.raises(ValueError, match=r"mask must be a bool tensor of shape \(N, J\)"):
         model.model(x, mask=MASK[:, :-1])
-    implicit = SequenceRPM(GaussianRecognition(GaussianHead(X_DIM, D)),
-                           MarkovImplicitPrior(RBFEnergy()))
+    implicit = RPM(GaussianRecognition(GaussianHead(X_DIM, D)), MarkovImplicitPrior(RBFEnergy()),
+                   encoder_calls="concat")
     with pytest.raises(ValueError, match="marginalises missing views"):
         implicit.model(x, mask=MASK)
 
 
 def test_the_stationary_prior_takes_a_mask():
     """StationaryStateSpacePrior's site with a mask is the dense marginal density of the observed
-    frames (its offset included), and a SequenceRPM with it trains on masked batches."""
+    frames (its offset included), and an RPM with it trains on masked batches."""
     from rpm.priors import StationaryStateSpacePrior
 
     prior = StationaryStateSpacePrior(D, 3, observation_offset=0.7)
@@ -203,7 +203,8 @@ def test_the_stationary_prior_takes_a_mask():
         idx = observed(MASK[n])
         expected = MultivariateNormal(mean_z[idx], cov_z[idx][:, idx]).log_prob(z[n].reshape(-1)[idx])
         assert torch.allclose(log_prob[n], expected, atol=1e-8)
-    model = SequenceRPM(GaussianRecognition(GaussianHead(X_DIM, D)), prior, guide="structured")
+    model = RPM(GaussianRecognition(GaussianHead(X_DIM, D)), prior, guide="structured",
+                encoder_calls="concat")
     _, x = data()
     loss = RPMELBO().differentiable_loss(model.model, model.guide, x, mask=MASK)
     grads = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad])

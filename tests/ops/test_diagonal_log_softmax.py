@@ -10,7 +10,6 @@ import torch
 
 from rpm.ops import safe_logsumexp
 from rpm.ops.logsumexp import diagonal_log_softmax
-from rpm.priors import implicit_log_ratio
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -80,12 +79,6 @@ def test_masked_entries_and_non_finite_rows():
                                atol=1e-12)
     row = logits.detach()[3]
     torch.testing.assert_close(actual[3], row[3] - torch.logsumexp(row, 0), rtol=0, atol=1e-12)
-
-
-def test_implicit_log_ratio_is_its_terms_plus_log_n():
-    logits = torch.randn(9, 9, dtype=torch.float64)
-    torch.testing.assert_close(implicit_log_ratio(logits), terms_loop(logits, math.log(9)),
-                               rtol=0, atol=1e-12)
 
 
 def test_bad_arguments():

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rpm.ops import streaming_matmul_logsumexp
+from rpm.ops.logsumexp import diagonal_log_softmax
 from rpm.priors import (
     AnisotropicEnergy,
     BilinearEnergy,
@@ -15,9 +16,14 @@ from rpm.priors import (
     LpEnergy,
     NeuralEnergy,
     RBFEnergy,
-    implicit_log_ratio,
 )
 from rpm.priors.implicit import energy_log_normalizer, energy_logit_factors
+
+
+def dense_log_ratio(logits):
+    """The implicit prior's per-pair log-ratio from its (N, N) logits, as its dense path
+    computes it (rpm.ops.logsumexp.diagonal_log_softmax): F_ii - logsumexp_j F_ij + log N."""
+    return diagonal_log_softmax(logits, math.log(logits.shape[-1]))
 
 cuda = pytest.mark.cuda
 
@@ -124,13 +130,13 @@ def test_log_ratio_with_negatives_and_blocks():
     prior = ImplicitPrior(RBFEnergy(lengthscale=0.6))
     z, z2 = torch.randn(9, 3), torch.randn(9, 3)
     dense = prior.log_ratio(z, z2)
-    torch.testing.assert_close(dense, implicit_log_ratio(prior.energy(z, z2)), rtol=0, atol=0)
+    torch.testing.assert_close(dense, dense_log_ratio(prior.energy(z, z2)), rtol=0, atol=0)
     torch.testing.assert_close(prior.log_ratio(z, z2, block_size=4), dense, rtol=0, atol=1e-12)
     negatives = torch.cat([torch.randn(5, 3), z2, torch.randn(3, 3)])
     matrix = prior.energy(z, negatives)  # (9, 17); the positive of row i is column 5 + i
     expected = matrix[torch.arange(9), 5 + torch.arange(9)] - matrix.logsumexp(-1) + math.log(17)
     torch.testing.assert_close(
-        prior.log_ratio(z, z2, negatives=negatives, block_size=4), expected, rtol=0, atol=1e-12
+        prior.log_ratio(z, z2, candidates=negatives, block_size=4), expected, rtol=0, atol=1e-12
     )
 
 
@@ -151,7 +157,7 @@ def test_cpu_streams_by_default_above_its_threshold(monkeypatch):
     small, large = 2**9, 2**9 + 1  # 2**18 pairs: dense; one row and column more: streamed
     for size in (small, large):
         z, z2 = torch.randn(size, 5), torch.randn(size, 5)
-        torch.testing.assert_close(prior.log_ratio(z, z2), implicit_log_ratio(prior.energy(z, z2)),
+        torch.testing.assert_close(prior.log_ratio(z, z2), dense_log_ratio(prior.energy(z, z2)),
                                    rtol=0, atol=1e-10)
     assert calls == [large]
 
@@ -172,7 +178,7 @@ def test_large_dense_log_ratio_builds_its_matrix_once():
     torch.set_default_dtype(torch.float64)
     prior = ImplicitPrior(CountingL1())
     z, z2 = torch.randn(2**9 + 1, 3), torch.randn(2**9 + 1, 3)
-    expected = implicit_log_ratio(-torch.cdist(z, z2, p=1.0))
+    expected = dense_log_ratio(-torch.cdist(z, z2, p=1.0))
     torch.testing.assert_close(prior.log_ratio(z, z2), expected, rtol=0, atol=1e-12)
     assert CountingL1.calls == 1
 

@@ -171,7 +171,7 @@ def test_rpmelbo_follows_a_subclass_forward_at_the_reported_sizes(n, block_size)
     """The reported case: RPMELBO/N of a ScaledRBF at N = 513 (streamed by size) and at N = 128
     with block_size=64 equals the loop over its forward, not the parent's factorisation; the
     same under the pooled prior (NT-Xent) and, with block_size, the Markov implicit prior of a
-    SequenceRPM."""
+    sequence RPM."""
     def energy():
         return ScaledRBF(lengthscale=1.0, learn_lengthscale=False).double()
 
@@ -186,7 +186,8 @@ def test_rpmelbo_follows_a_subclass_forward_at_the_reported_sizes(n, block_size)
     if block_size is not None:
         x = torch.randn(n, 3, D, dtype=torch.float64)
         f = energy()
-        model = rpm.SequenceRPM(rpm.DeltaRecognition(torch.nn.Identity()), MarkovImplicitPrior(f))
+        model = rpm.RPM(rpm.DeltaRecognition(torch.nn.Identity()), MarkovImplicitPrior(f),
+                        encoder_calls="concat")
         loss = elbo.loss(model.model, model.guide, x)
         assert -loss / n == pytest.approx(markov_loop(f, x).mean().item(), rel=1e-10)
 

@@ -121,9 +121,9 @@ def test_a_custom_prior_with_an_analytic_log_ratio_is_used_by_the_elbo():
     used = []
 
     class Recorded(ImplicitPrior):
-        def log_ratio(self, z, z2, q=None, q2=None, negatives=None, block_size=None):
+        def log_ratio(self, z, z2, q=None, q2=None, candidates=None, block_size=None):
             used.append(True)
-            return super().log_ratio(z, z2, q, q2, negatives=negatives, block_size=block_size)
+            return super().log_ratio(z, z2, q, q2, candidates=candidates, block_size=block_size)
 
     model = rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(4, D)), Recorded(RBFEnergy()))
     x, x2 = torch.randn(N, 4), torch.randn(N, 4)

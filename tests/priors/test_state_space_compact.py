@@ -71,8 +71,8 @@ def test_the_dense_kalman_forms_leave_the_sequence_toys_step_unchanged(monkeypat
 
     torch.set_default_dtype(torch.float64)
     x = torch.randn(16, 10, 4)
-    model = rpm.SequenceRPM(rpm.DeltaRecognition(torch.nn.Linear(4, 2), noise_scale=0.1),
-                            StateSpacePrior(2), guide=guide)
+    model = rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(4, 2), noise_scale=0.1),
+                    StateSpacePrior(2), guide=guide, encoder_calls="concat")
     loss_fn = rpm.RPMELBO() if elbo == "RPMELBO" else pyro.infer.Trace_ELBO()
     results = []
     for threshold in (kalman.DENSE_THRESHOLD, 0):

@@ -1,6 +1,6 @@
 """StationaryStateSpacePrior: its likelihood against Pyro's GaussianHMM and a dense joint Gaussian
 built from the equations (float64), its stationarity in closed form, the contraction
-parametrisation, the whitening of from_dynamics, and both guides inside SequenceRPM against
+parametrisation, the whitening of from_dynamics, and both guides inside an RPM of sequences against
 Trace_ELBO."""
 
 import pyro
@@ -11,7 +11,7 @@ from pyro.infer import Trace_ELBO
 
 from rpm import RPMELBO, GaussianRecognition
 from rpm.distributions import GaussianStateSpace
-from rpm.models.sequence import SequenceRPM
+from rpm.models.rpm import RPM
 from rpm.ops.lyapunov import stationary_covariance
 from rpm.priors import StationaryStateSpacePrior
 from rpm.priors.stationary import contraction_weight
@@ -167,8 +167,9 @@ def test_from_dynamics_is_the_same_chain_in_the_whitened_basis():
 
 
 def make(guide, N=5, T=4, x_dim=5, D=2):
-    model = SequenceRPM(GaussianRecognition(GaussianHead(x_dim, D)),
-                        StationaryStateSpacePrior(D, 3, observation_noise=0.5), guide=guide)
+    model = RPM(GaussianRecognition(GaussianHead(x_dim, D)),
+                StationaryStateSpacePrior(D, 3, observation_noise=0.5), guide=guide,
+                encoder_calls="concat")
     return model, torch.randn(N, T, x_dim)
 
 

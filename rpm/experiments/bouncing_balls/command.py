@@ -21,7 +21,7 @@ dynamics     explicit prior :class:`~rpm.experiments.bouncing_balls.circular_ste
              velocity, invisible in a pair of frames, marginalised out), with a recognition
              model :math:`\mathcal{N}(\mu(x), \epsilon^2 I)`, :math:`\epsilon` = ``--noise-scale``
              (Appendix B)
-state-space  a prior over windows of ``--window`` frames (:class:`~rpm.SequenceRPM`): a learned
+state-space  a prior over windows of ``--window`` frames (:class:`~rpm.RPM`): a learned
              linear-Gaussian state space of positions and velocities, stationary and
              scale-pinned by default (``--state-space-prior``), started at a damped constant
              velocity, with its structured guide (``--state-space-guide``), trained until it
@@ -141,6 +141,15 @@ _SHOWN_FRAMES = 4
 
 
 # --------------------------------------------------------------------------- command line
+
+def _is_state_space(model) -> bool:
+    """Whether ``model`` is the ``state-space`` prior's RPM (a linear-Gaussian prior over the
+    frames of a window) rather than a pair prior's."""
+    from rpm.priors import LinearGaussianPrior
+
+    return isinstance(model.prior, LinearGaussianPrior)
+
+
 def _momentum(text: str) -> float:
     try:
         value = float(text)
@@ -399,14 +408,14 @@ def model_arguments(name: str, args: argparse.Namespace, in_channels: int) -> di
 
 def build_model(name: str, args: argparse.Namespace, in_channels: int):
     """The RPM of prior ``name`` with a fresh :class:`~rpm.experiments.bouncing_balls.encoders.BallEncoder`
-    (6 outputs, pixel units); for ``"state-space"`` the :class:`~rpm.SequenceRPM` of
+    (6 outputs, pixel units); for ``"state-space"`` the :class:`~rpm.RPM` of
     :func:`~rpm.experiments.bouncing_balls.state_space.build_state_space_model`:
     :func:`model_from_arguments` of :func:`model_arguments`.
 
     :param str name: one of :data:`PRIORS`.
     :param argparse.Namespace args: the parsed flags (those of :data:`MODEL_FLAGS`).
     :param int in_channels: colour channels of the frames.
-    :rtype: rpm.RPM or rpm.SequenceRPM
+    :rtype: rpm.RPM
     """
     return model_from_arguments(model_arguments(name, args, in_channels))
 
@@ -415,7 +424,7 @@ def model_from_arguments(arguments: dict):
     """The untrained model of a model record of ``rpm bouncing-balls`` (:func:`model_arguments`).
 
     :param dict arguments: ``prior`` (one of :data:`PRIORS`), ``in_channels``, ``flags``.
-    :rtype: rpm.RPM or rpm.SequenceRPM
+    :rtype: rpm.RPM
     """
     import rpm
     from rpm.experiments.bouncing_balls.circular_step import BallDynamicsPrior
@@ -453,7 +462,7 @@ def model_from_arguments(arguments: dict):
 
 def prior_parameters(name: str, model, args: argparse.Namespace | None = None) -> dict:
     """The learned parameters of the prior of the :class:`rpm.RPM` (or, for
-    ``"state-space"``, :class:`rpm.SequenceRPM`) ``model``, as JSON-ready numbers and lists."""
+    ``"state-space"``, :class:`~rpm.RPM`) ``model``, as JSON-ready numbers and lists."""
     import torch
 
     import rpm
@@ -509,10 +518,8 @@ def epoch_permutation(seed: int, epoch: int, num_pairs: int):
 def _optimizer(args: argparse.Namespace, model):
     import torch
 
-    import rpm
-
     groups = [{"params": list(model.parameters())}]
-    if isinstance(model, rpm.SequenceRPM):  # the state-space prior at --prior-lr
+    if _is_state_space(model):  # the state-space prior at --prior-lr
         groups = [{"params": list(model.recognition.parameters())},
                   {"params": list(model.prior.parameters()), "lr": args.prior_lr}]
     if args.optimizer == "sgd":
@@ -547,10 +554,8 @@ def _scheduler(args: argparse.Namespace, optimizer, model):
     the flag)."""
     import torch
 
-    import rpm
-
     halflife = getattr(args, "prior_lr_halflife", 0.0)
-    if not isinstance(model, rpm.SequenceRPM) or not halflife:
+    if not _is_state_space(model) or not halflife:
         return None
     return torch.optim.lr_scheduler.LambdaLR(optimizer, [_constant_rate, HalvingRate(halflife)])
 
@@ -582,7 +587,7 @@ def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train
     model = model_from_arguments(arguments).to(frames.device)
     if distributed.is_main_process():  # what rpm.load rebuilds the model from
         write_model_record(out, "bouncing-balls", arguments)
-    sequence = isinstance(model, rpm.SequenceRPM)
+    sequence = _is_state_space(model)
     rp_gssm = sequence and getattr(args, "state_space_objective", "rpm") == "rp-gssm"
     # the network of the 6 position numbers (of the state-space prior's Gaussian encoder: the means)
     encoder = model.recognition.net.encoder if sequence else model.recognition.net

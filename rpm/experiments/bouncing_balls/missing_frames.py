@@ -51,14 +51,14 @@ def _decode(latent: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate_missing_frames(model: rpm.SequenceRPM, frames: torch.Tensor, centres: torch.Tensor,
+def evaluate_missing_frames(model: rpm.RPM, frames: torch.Tensor, centres: torch.Tensor,
                             num_train: int, fraction: float, seed: int = 0
                             ) -> MissingFramesEvaluation:
     """Forecast and imputation errors of a trained state-space RPM with each held-out frame
     dropped with probability ``fraction`` (module docstring). The encoder is left in
     evaluation mode.
 
-    :param model: a SequenceRPM with a :class:`~rpm.experiments.bouncing_balls.encoders.GaussianBallEncoder`
+    :param model: an RPM with a :class:`~rpm.experiments.bouncing_balls.encoders.GaussianBallEncoder`
         and a state-space prior (:class:`~rpm.priors.StationaryStateSpacePrior` or
         :class:`~rpm.priors.StateSpacePrior`).
     :param torch.Tensor frames: the whole video, shape (F, C, H, W).

@@ -1,7 +1,7 @@
 r"""The state-space prior of ``rpm bouncing-balls``: an RPM over windows of T consecutive frames.
 
 A prior over a *pair* of frames cannot know that a ball keeps moving: two frames show no
-velocity. :class:`~rpm.SequenceRPM` with a state-space prior sees windows of ``--window``
+velocity. :class:`~rpm.RPM` with a state-space prior sees windows of ``--window``
 consecutive frames (8 by default) and models the 6 numbers of
 :class:`~rpm.experiments.bouncing_balls.encoders.GaussianBallEncoder` as the noisy read-out of a hidden state
 of positions and velocities (H = 12). Two priors (``--state-space-prior``):
@@ -26,7 +26,7 @@ Gaussian pseudo-observations, sampled by forward filtering and backward sampling
 latents of a window are inferred together (``guide="recognition"`` is the ablation). The
 objective is the RPM ELBO, or RP-GSSM's (``--state-space-objective rp-gssm``,
 :mod:`rpm.experiments.bouncing_balls.rp_gssm`). The marginals are per view (the mixture over
-the t-th frames of the batch's windows), the :class:`~rpm.SequenceRPM` default: pooling them
+the t-th frames of the batch's windows), the :class:`~rpm.RPM` default: pooling them
 over all frames (the video is stationary and the encoder shared, so it is allowed) gave a lower
 position R^2 in the measurements of ``benchmarks/README.md``.
 
@@ -104,8 +104,8 @@ __all__ = ["DynamicsEvaluation", "build_state_space_model", "damped_velocity_dyn
 
 def build_state_space_model(args: argparse.Namespace, in_channels: int, num_balls: int,
                             guide: str = "structured", learn_noise: bool = False,
-                            kind: str = "stationary", emission: str = "learned") -> rpm.SequenceRPM:
-    """The SequenceRPM of the state-space prior with a fresh :class:`GaussianBallEncoder`
+                            kind: str = "stationary", emission: str = "learned") -> rpm.RPM:
+    """The RPM of the state-space prior with a fresh :class:`GaussianBallEncoder`
     (pixel units, recognition noise ``--state-space-noise``, fixed unless ``learn_noise``).
 
     ``kind="stationary"`` (the default; :class:`~rpm.priors.StationaryStateSpacePrior`): the
@@ -141,7 +141,7 @@ def build_state_space_model(args: argparse.Namespace, in_channels: int, num_ball
             observation_noise=emission_noise(args),
             learn_observation_matrix=emission == "learned",
             learn_observation_noise=emission == "learned")
-        return rpm.SequenceRPM(rpm.GaussianRecognition(encoder), prior, guide=guide)
+        return rpm.RPM(rpm.GaussianRecognition(encoder), prior, guide=guide, encoder_calls="concat")
     speed = args.ball_diameter / 2 ** 0.5
     prior = StateSpacePrior(
         dim, constant_velocity=True,
@@ -150,7 +150,7 @@ def build_state_space_model(args: argparse.Namespace, in_channels: int, num_ball
         process_noise=displacement_noise(dim, args.state_space_noise, args.ball_diameter / 2),
         observation_noise=args.state_space_noise,
     )
-    return rpm.SequenceRPM(rpm.GaussianRecognition(encoder), prior, guide=guide)
+    return rpm.RPM(rpm.GaussianRecognition(encoder), prior, guide=guide, encoder_calls="concat")
 
 
 def emission_noise(args: argparse.Namespace) -> float:
@@ -249,12 +249,12 @@ class DynamicsEvaluation(NamedTuple):
 
 
 @torch.no_grad()
-def evaluate_dynamics(model: rpm.SequenceRPM, frames: torch.Tensor, centres: torch.Tensor,
+def evaluate_dynamics(model: rpm.RPM, frames: torch.Tensor, centres: torch.Tensor,
                       num_train: int) -> DynamicsEvaluation:
     """Velocity read-out and one-step forecasts of a trained state-space RPM (module
     docstring). The encoder is left in evaluation mode.
 
-    :param model: a SequenceRPM with a :class:`GaussianBallEncoder` and a StateSpacePrior.
+    :param model: an RPM with a :class:`GaussianBallEncoder` and a StateSpacePrior.
     :param torch.Tensor frames: the whole video, shape (F, C, H, W).
     :param torch.Tensor centres: true centres, shape (F, K, 2).
     :param int num_train: number of leading training frames.

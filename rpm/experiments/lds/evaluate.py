@@ -64,10 +64,10 @@ class Inference(NamedTuple):
 def infer_states(model, x: torch.Tensor, chunk: int = 64, mask: torch.Tensor | None = None,
                  encoded: Inference | None = None) -> Inference:
     r"""The encoder's means and the smoothed latents of the sequences ``x`` under a trained
-    :class:`~rpm.SequenceRPM` with a linear-Gaussian prior (module docstring). The encoder is
+    :class:`~rpm.RPM` with a linear-Gaussian prior (module docstring). The encoder is
     put in evaluation mode.
 
-    :param model: a :class:`~rpm.SequenceRPM` whose recognition returns a diagonal Gaussian and
+    :param model: a :class:`~rpm.RPM` whose recognition returns a diagonal Gaussian and
         whose prior has ``distribution(T)`` (a :class:`~rpm.distributions.GaussianStateSpace`).
     :param torch.Tensor x: the sequences, shape (N, T, ...).
     :param int chunk: sequences encoded at once.

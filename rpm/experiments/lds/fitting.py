@@ -50,7 +50,7 @@ MIN_TRAIN_FRAMES = 20
 class SequenceFit(NamedTuple):
     """A trained sequence model and its scores.
 
-    :ivar rpm.SequenceRPM model: the trained model, in evaluation mode.
+    :ivar rpm.RPM model: the trained model, in evaluation mode.
     :ivar scores: the held-out scores (module docstring), or None without states.
     :ivar untrained: the same scores of the untrained model, or None.
     :ivar scores_skipped: why the scores are None, else None.
@@ -60,7 +60,7 @@ class SequenceFit(NamedTuple):
     :ivar dict history: the trainer's losses and evaluations.
     """
 
-    model: rpm.SequenceRPM
+    model: rpm.RPM
     scores: dict | None
     untrained: dict | None
     scores_skipped: str | None

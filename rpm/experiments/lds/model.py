@@ -13,7 +13,7 @@ map alone. The recognition noise :math:`\sigma` is a constant (a buffer): the sc
 means is free, so a learned :math:`\sigma` would only trade against it.
 
 :func:`build_sequence_model` wraps an encoder that returns ``(loc, scale)`` into
-:class:`~rpm.SequenceRPM` with :class:`~rpm.priors.StateSpacePrior` (A started at ``decay`` I,
+:class:`~rpm.RPM` with :class:`~rpm.priors.StateSpacePrior` (A started at ``decay`` I,
 C at the first D coordinates of the state) and the structured guide (the chain conditioned on
 the recognition means, ``docs/theory.md``, sequences). The marginals :math:`Q_t` are pooled over
 all frames of the batch by default: the frames of a stationary process are exchangeable, and
@@ -80,11 +80,11 @@ class GaussianMLPEncoder(nn.Module):
         return loc, self.log_scale.exp().expand_as(loc)
 
 
-class MomentMatchedSequenceRPM(rpm.SequenceRPM):
-    r"""A :class:`~rpm.SequenceRPM` whose marginals :math:`Q_t` are the moment-matched Gaussian
+class MomentMatchedSequenceRPM(rpm.RPM):
+    r"""A :class:`~rpm.RPM` whose marginals :math:`Q_t` are the moment-matched Gaussian
     of the pooled minibatch mixture (:class:`~rpm.marginals.moment_matched.MomentMatchedMarginal`)
     in the likelihood factor :math:`\sum_t [\log Q(z_t|x_t) - \log Q_t(z_t)]` (Eq. 10 per
-    view) and in :class:`~rpm.RPMELBO`; everything else is :class:`~rpm.SequenceRPM`'s.
+    view) and in :class:`~rpm.RPMELBO`; everything else is :class:`~rpm.RPM`'s.
     Gaussian recognition only; no global batch or queue (the moments are this batch's)."""
 
     def marginal(self, q, block_size: int | None = None, candidates=None) -> MomentMatchedMarginal:
@@ -98,8 +98,8 @@ class MomentMatchedSequenceRPM(rpm.SequenceRPM):
 
 def build_sequence_model(encoder: nn.Module, dim: int, state_dim: int | None = None,
                          decay: float = 0.9, marginal: str = "pooled",
-                         prior: str = "free") -> rpm.SequenceRPM:
-    r"""The :class:`~rpm.SequenceRPM` of ``encoder`` (returning ``(loc, scale)`` of dimension
+                         prior: str = "free") -> rpm.RPM:
+    r"""The :class:`~rpm.RPM` of ``encoder`` (returning ``(loc, scale)`` of dimension
     ``dim``) with a :class:`~rpm.priors.StateSpacePrior` of D = ``dim`` latents and H =
     ``state_dim`` hidden states (A started at ``decay`` I, C at the first D coordinates of the
     state, process noise :math:`\sqrt{1 - decay^2}` so that the chain starts stationary with
@@ -134,12 +134,12 @@ def build_sequence_model(encoder: nn.Module, dim: int, state_dim: int | None = N
     recognition = rpm.GaussianRecognition(encoder)
     if marginal == "gaussian":
         return MomentMatchedSequenceRPM(recognition, chain, pooled_marginal=True,
-                                        guide="structured")
-    return rpm.SequenceRPM(recognition, chain, guide="structured",
-                           pooled_marginal=marginal == "pooled")
+                                        guide="structured", encoder_calls="concat")
+    return rpm.RPM(recognition, chain, guide="structured", pooled_marginal=marginal == "pooled",
+                   encoder_calls="concat")
 
 
-def model_from_arguments(arguments: dict) -> rpm.SequenceRPM:
+def model_from_arguments(arguments: dict) -> rpm.RPM:
     r"""The untrained model of ``rpm lds`` from its model record (:mod:`rpm.experiments.trained`):
     :class:`GaussianMLPEncoder` ``(obs_dim, dim, hidden, recognition_noise)`` and
     :func:`build_sequence_model` ``(encoder, dim, marginal=..., prior=...)``.

@@ -20,7 +20,7 @@ draws the same windows. The loss is the negative RPM ELBO per frame,
 **Missing frames** (``drop_frames`` = p > 0): each frame of each window is dropped with
 probability p (:func:`rpm.data.missing.drop_frames`, from a generator seeded by the step alone,
 so a resumed run drops the same frames), and the loss is the negative ELBO of the observed
-frames (``mask=`` of :meth:`rpm.SequenceRPM.model`: no observation update, likelihood factor or
+frames (``mask=`` of :meth:`rpm.RPM.model`: no observation update, likelihood factor or
 marginal term for a dropped frame) per observed frame.
 """
 
@@ -64,7 +64,7 @@ def sample_windows(sequences: torch.Tensor, count: int, window: int, seed: int,
     return sequences[index[:, None].to(sequences.device), frames.to(sequences.device)]
 
 
-def train_sequence_model(model: rpm.SequenceRPM, sequences: torch.Tensor, *, steps: int,
+def train_sequence_model(model: rpm.RPM, sequences: torch.Tensor, *, steps: int,
                          batch_size: int, window: int, lr: float, prior_lr: float, seed: int,
                          out: Path, eval_fn: Callable[[int], dict] | None, eval_every: int,
                          checkpoint_every: int, progress: bool, resume: bool,
@@ -72,7 +72,7 @@ def train_sequence_model(model: rpm.SequenceRPM, sequences: torch.Tensor, *, ste
     """Trains (or resumes, or reloads) ``model`` on windows of ``sequences`` (module docstring)
     with its checkpoint and history in ``out``; returns the trainer's history.
 
-    :param rpm.SequenceRPM model: the model, on the device of ``sequences``.
+    :param rpm.RPM model: the model, on the device of ``sequences``.
     :param torch.Tensor sequences: the training sequences, (N, T, ...).
     :param int steps: optimiser steps.
     :param int batch_size: windows per step.

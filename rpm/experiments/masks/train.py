@@ -23,7 +23,7 @@ def _encode(model: rpm.RPM, frames: torch.Tensor) -> torch.Tensor:
     """The encoder's outputs for all ``frames`` (M, 1, S, S), shape (M, D)."""
     model.eval()
     with torch.no_grad():
-        return model.encode_frames(frames)
+        return model.encode(frames)
 
 
 def train_prior(name: str, args: argparse.Namespace, video: MaskVideo, test: MaskVideo,

@@ -39,7 +39,7 @@ def evaluate_missing_frames(model, frames: torch.Tensor, states: torch.Tensor, n
     r"""Forecast and imputation errors with each held-out frame dropped with probability
     ``fraction`` (module docstring). The encoder is left in evaluation mode.
 
-    :param model: a trained :class:`~rpm.SequenceRPM` with a linear-Gaussian prior (as for
+    :param model: a trained :class:`~rpm.RPM` with a linear-Gaussian prior (as for
         :func:`~rpm.experiments.lds.evaluate.infer_states`).
     :param torch.Tensor frames: the videos, training ones first, (N, T, 1, S, S).
     :param torch.Tensor states: their states, (N, T, K).

@@ -174,14 +174,14 @@ def build_encoder(kind: str, image_size: int | tuple[int, int], out_dim: int, ch
 def model_from_arguments(arguments: dict):
     r"""The untrained model of ``rpm pendulum`` from its model record
     (:mod:`rpm.experiments.trained`): the encoder of :func:`build_encoder` and the
-    :class:`~rpm.SequenceRPM` of :func:`~rpm.experiments.lds.model.build_sequence_model` with D
+    :class:`~rpm.RPM` of :func:`~rpm.experiments.lds.model.build_sequence_model` with D
     = ``latent_dim`` latents and H = ``state_dim`` hidden states.
 
     :param dict arguments: ``encoder``, ``image_size`` (a side, or [height, width]),
         ``latent_dim``, ``channels``, ``hidden``, ``keypoints``, ``recognition_noise``,
         ``in_channels`` (:func:`build_encoder`; 1 if absent, as in the records of one-channel
         runs written before it), ``state_dim``, ``marginal``, ``prior``.
-    :rtype: rpm.SequenceRPM
+    :rtype: rpm.RPM
     """
     from rpm.experiments.lds.model import build_sequence_model
 

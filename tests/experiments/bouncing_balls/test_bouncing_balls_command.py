@@ -195,19 +195,10 @@ def test_more_epochs_extend_a_finished_run(tmp_path, capsys):
     assert results["config"]["epochs"] == 3 and results["priors"]["rbf"]["steps"] == 6
 
 
-def _encode(model, frames):
-    """The model's codes of the frames (T, C, S, S), for a SequenceRPM as two sequences."""
-    import rpm
-
-    if isinstance(model, rpm.SequenceRPM):
-        return model.encode(frames.reshape(2, -1, *frames.shape[1:])).flatten(0, 1)
-    return model.encode(frames)
-
-
 @pytest.mark.slow
 def test_rpm_load_gives_each_prior_in_eval_mode(reference):
     """``rpm.load`` of the tiny ``--prior all`` run: asked without a name it lists the priors;
-    a pair prior's RPM and the state-space SequenceRPM each embed frames as the BallEncoder
+    a pair prior's RPM and the state-space RPM each embed frames as the BallEncoder
     given the checkpoint's weights in eval mode, which differs from train mode (batch
     normalisation), and their read-out of the run's video gives the run's own held-out R^2."""
     import rpm
@@ -227,7 +218,7 @@ def test_rpm_load_gives_each_prior_in_eval_mode(reference):
     results = json.loads((out / "results.json").read_text())["priors"]
     frames = video.frames[:12]  # (T, 3, S, S)
     for name, kind, prefix in (("rbf", rpm.RPM, "recognition.net."),
-                               ("state-space", rpm.SequenceRPM, "recognition.net.encoder.")):
+                               ("state-space", rpm.RPM, "recognition.net.encoder.")):
         model = rpm.load(out, model=name)
         assert type(model) is kind and not model.training and model.trained["model"] == name
         weights = load_checkpoint(out / name / "checkpoint.pt")["module"]
@@ -236,9 +227,9 @@ def test_rpm_load_gives_each_prior_in_eval_mode(reference):
                                  if key.startswith(prefix)})
         encoder.eval()
         with torch.no_grad():
-            z = _encode(model, frames)
+            z = model.encode(frames)
             torch.testing.assert_close(z, encoder(frames))
-            network = model.recognition.net.encoder if kind is rpm.SequenceRPM else model.recognition.net
+            network = model.recognition.net.encoder if name == "state-space" else model.recognition.net
             assert evaluate(network, video.frames, video.centres, 32).r2 == results[name]["r2"]
             model.train()
-            assert (_encode(model, frames) - z).abs().max() > 1e-3
+            assert (model.encode(frames) - z).abs().max() > 1e-3

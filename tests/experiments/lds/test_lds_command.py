@@ -180,7 +180,7 @@ def test_marginal_flag_builds_its_estimate():
 
 
 def test_rpm_load_gives_the_trained_model_in_eval_mode(tmp_path):
-    """``rpm.load`` of a toy run: a SequenceRPM in eval mode with the run's configuration and
+    """``rpm.load`` of a toy run: an RPM over sequences in eval mode with the run's configuration and
     every tensor of its checkpoint; its means of new sequences are the affine map of the
     checkpoint's weights, and its smoothed latents give the run's own held-out R^2."""
     import rpm
@@ -192,7 +192,7 @@ def test_rpm_load_gives_the_trained_model_in_eval_mode(tmp_path):
     assert _run(tmp_path, *argv) == 0
     out = tmp_path / "run"
     model = rpm.load(out, device=torch.device("cpu"))
-    assert isinstance(model, rpm.SequenceRPM) and not model.training
+    assert isinstance(model, rpm.RPM) and not model.training
     assert model.config == json.loads((out / "config.json").read_text())
     assert model.trained == {"command": "lds", "model": "rpm", "step": 4, "folder": str(out)}
     weights = load_checkpoint(out / "rpm" / "checkpoint.pt")["module"]
@@ -203,7 +203,7 @@ def test_rpm_load_gives_the_trained_model_in_eval_mode(tmp_path):
     expected = (x.double() @ weights["recognition.net.linear.weight"].double().T
                 + weights["recognition.net.linear.bias"].double())  # W x + c, affine encoder
     with torch.no_grad():
-        torch.testing.assert_close(model.encode(x).double(), expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model.encode_views(x).double(), expected, atol=1e-5, rtol=1e-5)
     data = generate_lds(18, 16, 3, 5, seed=derived_seed(0, "data"))
     smoothed = infer_states(model, data.observations.float()).smoothed
     results = json.loads((out / "results.json").read_text())

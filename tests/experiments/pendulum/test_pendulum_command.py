@@ -272,7 +272,7 @@ def _keypoint_means(weights: dict, x: torch.Tensor) -> torch.Tensor:
 
 
 def test_rpm_load_gives_the_trained_model_in_eval_mode(tmp_path):
-    """``rpm.load`` of a toy run: a SequenceRPM in eval mode with the run's configuration; its
+    """``rpm.load`` of a toy run: an RPM over sequences in eval mode with the run's configuration; its
     means of new videos are the keypoint encoder written out from the checkpoint's weights,
     and its smoothed latents give the run's own held-out R^2."""
     import rpm
@@ -287,12 +287,12 @@ def test_rpm_load_gives_the_trained_model_in_eval_mode(tmp_path):
     assert _run(tmp_path, *argv) == 0
     out = tmp_path / "run"
     model = rpm.load(out)
-    assert isinstance(model, rpm.SequenceRPM) and not model.training
+    assert isinstance(model, rpm.RPM) and not model.training
     assert model.config["image_size"] == 10 and model.trained["step"] == 3
     weights = load_checkpoint(out / "rpm" / "checkpoint.pt")["module"]
     x = torch.rand(2, 5, 1, 10, 10)  # new videos, (N, T, 1, S, S)
     with torch.no_grad():
-        z = model.encode(x)
+        z = model.encode_views(x)
     assert z.shape == (2, 5, 2)
     expected = _keypoint_means(weights, x.double().flatten(0, 1)).reshape(2, 5, 2)
     torch.testing.assert_close(z.double(), expected, atol=1e-5, rtol=1e-5)
