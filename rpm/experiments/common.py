@@ -848,6 +848,28 @@ def torch_threads(threads: int) -> Iterator[int]:
 
 
 # --------------------------------------------------------------------------- seeding
+def fit_or_resume(trainer, resume: bool, name: str) -> dict:
+    """Trains with ``trainer`` (:class:`rpm.training.trainer.Trainer`) to its ``num_steps``: from
+    the run folder's checkpoint when ``resume`` is asked for and a checkpoint exists (one line,
+    on the main process, says at which step, or that the training had finished), else from the
+    start.
+
+    :param trainer: the trainer of one model of the run.
+    :param bool resume: whether the command was given ``--resume``.
+    :param str name: the model's name in the line printed.
+    :return: the training history (:meth:`~rpm.training.trainer.Trainer.fit`).
+    """
+    from rpm import distributed
+
+    resume = resume and trainer.has_checkpoint()  # a deleted checkpoint is an error in fit
+    if resume and distributed.is_main_process():
+        step = trainer.resume_state()["step"]  # verified (or the previous one, with a message)
+        total = trainer.num_steps
+        print(f"{name}: finished earlier ({step}/{total} steps), reloaded" if step == total
+              else f"{name}: resuming at step {step}/{total}", flush=True)
+    return trainer.fit(resume=resume)
+
+
 def derived_seed(seed: int, purpose: str, index: int = 0) -> int:
     """The seed of one random stream of a run: a 63-bit integer drawn from
     ``numpy.random.SeedSequence([seed, purpose number, index])``, so that distinct purposes and

@@ -32,7 +32,7 @@ from rpm.data.scenes import HUE_COLUMNS, LATENTS, CausalScenes, Scenes, render_s
 from rpm.evaluation import linear_probe_accuracy
 from rpm.experiments.causal_ident.model import model_from_arguments
 from rpm.experiments.causal_ident.rows import FACTORS, ROWS, ViewSpec
-from rpm.experiments.common import derived_seed, seed_everything
+from rpm.experiments.common import derived_seed, fit_or_resume, seed_everything
 from rpm.experiments.trained import write_model_record
 from rpm.metrics import block_r2
 from rpm.training.schedule import cosine_schedule
@@ -204,12 +204,7 @@ def train_row(name: str, spec: ViewSpec, published: tuple, args: argparse.Namesp
         log_every=min(50, args.steps), progress=args.progress, description=name,
         eval_at_start=True, eval_label="val",
     )
-    resume = args.resume and trainer.has_checkpoint()
-    if resume:
-        step = trainer.resume_state()["step"]
-        print(f"{name}: finished earlier ({step}/{args.steps} steps), reloaded" if step == args.steps
-              else f"{name}: resuming at step {step}/{args.steps}", flush=True)
-    history = trainer.fit(resume=resume)
+    history = fit_or_resume(trainer, args.resume, name)
     evaluations = history["evaluations"]
     scores = factor_scores(z_test, _representation(model, x_test, device))
     return {

@@ -22,7 +22,7 @@ import torch
 
 import rpm
 from rpm.data.synthetic import ContentStyleProcess, InvertibleMLP
-from rpm.experiments.common import seed_everything
+from rpm.experiments.common import fit_or_resume, seed_everything
 from rpm.experiments.content_style.model import model_from_arguments
 from rpm.experiments.identifiability.data import PairStream
 from rpm.experiments.trained import write_model_record
@@ -104,12 +104,7 @@ def train_row(name: str, args: argparse.Namespace, process: ContentStyleProcess,
         log_every=min(100, args.steps), progress=args.progress, description=name,
         eval_at_start=True, eval_label="val",
     )
-    resume = args.resume and trainer.has_checkpoint()
-    if resume:
-        step = trainer.resume_state()["step"]
-        print(f"{name}: finished earlier ({step}/{args.steps} steps), reloaded" if step == args.steps
-              else f"{name}: resuming at step {step}/{args.steps}", flush=True)
-    history = trainer.fit(resume=resume)
+    history = fit_or_resume(trainer, args.resume, name)
     evaluations = history["evaluations"]
     scores = block_scores(z_test, _representation(model, x_test), process.content_dim)
     return {

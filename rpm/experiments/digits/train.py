@@ -53,7 +53,7 @@ import rpm
 from rpm import distributed
 from rpm.data.augment import MultiViewTransform, RandomView, multi_crop_views
 from rpm.evaluation import knn_accuracy, label_efficiency, representations
-from rpm.experiments.common import derived_seed, seed_everything
+from rpm.experiments.common import derived_seed, fit_or_resume, seed_everything
 from rpm.experiments.digits.model import (
     MIN_SCALE,
     VIEWS,
@@ -235,12 +235,7 @@ def train_method(name: str, args: argparse.Namespace, data, device, out: Path,
         log_every=min(50, args.steps), progress=args.progress, description=name,
         eval_at_start=True, eval_label="val", distributed=parallel,
     )
-    resume = args.resume and trainer.has_checkpoint()
-    if resume and distributed.is_main_process():
-        step = trainer.resume_state()["step"]
-        print(f"{name}: finished earlier ({step}/{args.steps} steps), reloaded"
-              if step == args.steps else f"{name}: resuming at step {step}/{args.steps}", flush=True)
-    history = trainer.fit(resume=resume)
+    history = fit_or_resume(trainer, args.resume, name)
     encoder.eval()
     if not distributed.is_main_process():
         return None, encoder

@@ -29,7 +29,7 @@ import torch
 import rpm
 from rpm import distributed
 from rpm.data.synthetic import LatentProcess
-from rpm.experiments.common import derived_seed, seed_everything
+from rpm.experiments.common import derived_seed, fit_or_resume, seed_everything
 from rpm.experiments.identifiability.model import (
     build_rpm,
     energy_parameters,
@@ -166,12 +166,7 @@ def train_energy(name: str, args: argparse.Namespace, stream: Callable, held_out
         log_every=min(100, args.steps), progress=args.progress, description=name,
         eval_at_start=True, eval_label="val", distributed=parallel,
     )
-    resume = args.resume and trainer.has_checkpoint()  # a deleted checkpoint is an error
-    if resume and distributed.is_main_process():
-        step = trainer.resume_state()["step"]  # verified (or the previous one, with a message)
-        print(f"{name}: finished earlier ({step}/{args.steps} steps), reloaded" if step == args.steps
-              else f"{name}: resuming at step {step}/{args.steps}", flush=True)
-    history = trainer.fit(resume=resume)
+    history = fit_or_resume(trainer, args.resume, name)
     model.eval()
 
     params = energy_parameters(energy)

@@ -34,7 +34,7 @@ import torch
 
 import rpm
 from rpm.data.missing import drop_frames as drop_frames_mask
-from rpm.experiments.common import derived_seed
+from rpm.experiments.common import derived_seed, fit_or_resume
 from rpm.training.schedule import cosine_schedule
 from rpm.training.trainer import Trainer
 
@@ -116,9 +116,4 @@ def train_sequence_model(model: rpm.RPM, sequences: torch.Tensor, *, steps: int,
         checkpoint_every=checkpoint_every, log_every=min(10, steps), progress=progress,
         description=description, eval_label="held-out",
     )
-    resume = resume and trainer.has_checkpoint()
-    if resume:
-        done = trainer.resume_state()["step"]
-        print(f"{description}: finished earlier ({done}/{steps} steps), reloaded" if done == steps
-              else f"{description}: resuming at step {done}/{steps}", flush=True)
-    return trainer.fit(resume=resume)
+    return fit_or_resume(trainer, resume, description)

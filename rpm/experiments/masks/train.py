@@ -10,7 +10,7 @@ import torch
 
 import rpm
 from rpm.data.masks import MaskVideo
-from rpm.experiments.common import derived_seed, seed_everything
+from rpm.experiments.common import derived_seed, fit_or_resume, seed_everything
 from rpm.experiments.masks.model import model_from_arguments, walk_parameters
 from rpm.experiments.trained import write_model_record
 from rpm.metrics import mcc, mcc_per_dimension
@@ -85,12 +85,7 @@ def train_prior(name: str, args: argparse.Namespace, video: MaskVideo, test: Mas
                       checkpoint_every=args.checkpoint_every, log_every=min(100, args.steps),
                       progress=args.progress, description=name, eval_at_start=True,
                       eval_label="test")
-    resume = args.resume and trainer.has_checkpoint()
-    if resume:
-        step = trainer.resume_state()["step"]
-        print(f"{name}: finished earlier ({step}/{args.steps} steps), reloaded" if step == args.steps
-              else f"{name}: resuming at step {step}/{args.steps}", flush=True)
-    history = trainer.fit(resume=resume)
+    history = fit_or_resume(trainer, args.resume, name)
     latents = _encode(model, test_frames)
     evaluations = history["evaluations"]
     return {
