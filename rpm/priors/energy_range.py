@@ -49,9 +49,9 @@ _DEFERRED: contextvars.ContextVar[list | None] = contextvars.ContextVar(
 
 class DeferredValuesError(ValueError):
     """Raised by :func:`check_implicit_log_ratio` when a value check deferred to it
-    (:func:`defer_values`) fails, or when anything it reads is not finite while such checks
-    are pending: the caller evaluates the batch again with every check, whose error names
-    the input rows or the encoder."""
+    (:func:`defer_values`) fails, or a latent is not finite while such checks are pending:
+    the caller evaluates the batch again with every check, whose error names the input rows
+    or the encoder."""
 
 
 class deferred_value_checks:  # noqa: N801 (a context manager, named as one)
@@ -153,8 +153,9 @@ def check_implicit_log_ratio(
 
     Inside :func:`deferred_value_checks` the checks recorded by :func:`defer_values` are made
     in the same reduction (a latent among them is covered by the range: its row maxima are
-    finite only when its entries are); if one fails, or anything read is not finite while
-    they are pending, :class:`DeferredValuesError` is raised.
+    finite only when its entries are); if one fails, or a latent is not finite while they are
+    pending, :class:`DeferredValuesError` is raised (a loss that is not finite for finite
+    latents and values is diagnosed as without them).
     """
     if not is_validation_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
         return
@@ -190,12 +191,12 @@ def check_implicit_log_ratio(
         raise ValueError(f"{prior_name}: the inputs hold NaN or infinite entries")
     if deferred:
         sums, smallest_scales = read[num_inputs:num_inputs + len(finite)], read[num_inputs + len(finite):]
-        if not (math.isfinite(total) and math.isfinite(largest)
-                and all(value > 0 for value in smallest_scales)
+        # a loss that is not finite for finite latents is the energy's: diagnosed below
+        if not (math.isfinite(largest) and all(value > 0 for value in smallest_scales)
                 and (math.isfinite(sum(sums)) or all(all_finite(t) for t in finite))):
             raise DeferredValuesError(
-                f"{prior_name}: the batch's inputs, latents or loss are not finite, or a scale "
-                "is not positive")
+                f"{prior_name}: the batch's inputs or latents are not finite, or a scale is not "
+                "positive")
     num_pairs, dim = ratio.numel(), unique[0].shape[-1]
     if math.isfinite(total) and math.isfinite(largest):
         low, high = _window(dtype)

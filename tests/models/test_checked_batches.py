@@ -256,3 +256,28 @@ def test_a_prior_without_a_range_check_has_the_values_checked_after_the_objectiv
     for _ in range(3):
         loss(implicit, x, x2)
     assert calls == [6, 6]
+
+
+def test_an_energy_overflow_on_a_remembered_batch_is_diagnosed_without_a_second_evaluation(
+        monkeypatch):
+    """Finite views and latents whose energy overflows float32: the range check names the
+    energy at once (the deferred value checks passed), the batch is not evaluated again."""
+    module = sys.modules["rpm.inference.elbo"]
+    evaluations = []
+    original = module._objective
+
+    def counted(*args):
+        evaluations.append(1)
+        return original(*args)
+
+    monkeypatch.setattr(module, "_objective", counted)
+    net = torch.nn.Linear(IN, DIM)
+    model = rpm.RPM(rpm.DeltaRecognition(net), ImplicitPrior(RBFEnergy()))
+    x, x2 = torch.randn(6, IN), torch.randn(6, IN)
+    loss(model, x, x2)
+    with torch.no_grad():
+        net.weight.mul_(1e20)
+    evaluations.clear()
+    with pytest.raises(ValueError, match="RBFEnergy overflows float32"):
+        loss(model, x, x2)
+    assert evaluations == [1]
