@@ -40,7 +40,9 @@ from pyro.poutine.runtime import Message, am_i_wrapped, apply_stack
 from rpm._validation import check_bool, check_positive_int, check_positive_int_or_none
 from rpm.inference.objective import elbo as objective_elbo
 from rpm.models.base import RPMBase
+from rpm.models.checked_batches import full_checks, values_valid
 from rpm.nn import pyro_method
+from rpm.priors.energy_range import DeferredValuesError, deferred_value_checks
 
 __all__ = ["RPMELBO"]
 
@@ -159,7 +161,33 @@ def _describe(value) -> str:
 @pyro_method
 def _evaluate(module: RPMBase, elbo: RPMELBO, args: tuple, kwargs: dict) -> torch.Tensor:
     """The ELBO of one batch (:func:`rpm.inference.objective.elbo`), in the model's Pyro context
-    (:func:`pyro.nn.pyro_method`, as its model and guide run)."""
+    (:func:`pyro.nn.pyro_method`, as its model and guide run).
+
+    The value checks of a batch whose structure passed before
+    (:func:`~rpm.models.checked_batches.check_values`) are deferred to the implicit prior's
+    range check, which makes them in its own reduction, or made here after the objective
+    (:func:`~rpm.priors.energy_range.deferred_value_checks`); a batch that fails them, or an
+    error raised before they were made, leads to the batch's evaluation with every check
+    (:func:`~rpm.models.checked_batches.full_checks`), whose error names the input rows or the
+    encoder."""
+    with deferred_value_checks() as deferred:
+        try:
+            value = _objective(module, elbo, args, kwargs)
+        except DeferredValuesError:
+            valid = False
+        except ValueError:
+            if all(values_valid(*checks) for checks in deferred.pending):
+                raise
+            valid = False
+        else:
+            valid = all(values_valid(*checks) for checks in deferred.pending)
+    if valid:
+        return value
+    with full_checks():
+        return _objective(module, elbo, args, kwargs)
+
+
+def _objective(module: RPMBase, elbo: RPMELBO, args: tuple, kwargs: dict) -> torch.Tensor:
     inputs = module.objective_inputs(*args, global_batch=elbo.global_batch,
                                      block_size=elbo.block_size, **kwargs)
     return objective_elbo(inputs, num_particles=elbo.num_particles, block_size=elbo.block_size)

@@ -14,8 +14,10 @@ it (Appendix B of Aitchison & Ganev).
   so no sequence of assignments skips the checks of the modules assigned last.
 * Under ``pyro.enable_validation`` (Pyro's default) **every batch** has its values checked:
   the views and the recognition parameters finite, the scales positive, in one reduction
-  (:func:`check_values`); a batch that fails it is encoded again under :func:`full_checks`,
-  where every check runs and the error names the input rows or the encoder.
+  (:func:`check_values`; within an :class:`~rpm.RPMELBO` evaluation, in the reduction of the
+  implicit prior's range check when the batch reaches one); a batch that fails it is encoded
+  again under :func:`full_checks`, where every check runs and the error names the input rows
+  or the encoder.
 
 The implicit priors' range check (:func:`~rpm.priors.energy_range.check_implicit_log_ratio`)
 runs on every batch under validation; it guards the gradients too, which a finite loss does
@@ -34,9 +36,10 @@ from pyro.distributions import Delta, Independent, Normal
 from torch.distributions import Distribution
 
 from rpm.ops.finite import all_finite
+from rpm.priors.energy_range import defer_values
 
 __all__ = ["check_values", "checks_skipped", "full_checks", "passed", "remember", "signature",
-           "skipped_checks"]
+           "skipped_checks", "value_tensors", "values_valid"]
 
 _FULL = contextvars.ContextVar("rpm_full_checks", default=False)
 _SKIP = contextvars.ContextVar("rpm_skipped_checks", default=False)
@@ -105,20 +108,11 @@ def checks_skipped() -> bool:
     return _SKIP.get()
 
 
-def check_values(views: Sequence[torch.Tensor], recognitions: Sequence[Distribution]) -> bool:
-    r"""True when every entry of the floating-point ``views`` and of the recognition
-    distributions' parameters (location, and scale for a Gaussian) is finite and every scale is
-    positive; the value checks of a batch whose structure passed before.
-
-    One synchronisation: the sums :math:`s_t = \sum_k x_{t,k}` and the smallest scales are read
-    together, and :math:`\sum_t s_t` is finite only when every entry is (a NaN or an infinity
-    makes it NaN or infinite); only when it overflows with finite entries is each tensor tested
-    on its own (:func:`~rpm.ops.finite.all_finite`).
-
-    :param views: the J views (N, ...); those that are not floating point are not read.
-    :param recognitions: the recognition distributions of the batch; the parameters of a
-        Delta and of a (diagonal) Normal are read, any other family checks its own.
-    """
+def value_tensors(views: Sequence[torch.Tensor], recognitions: Sequence[Distribution]
+                  ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The tensors of a batch that must be finite (the floating-point ``views``, the location
+    of a Delta, the location and scale of a (diagonal) Normal; any other family checks its
+    own) and the scales that must be positive."""
     tensors = [view for view in views if view.is_floating_point()]
     scales = []
     for dist in recognitions:
@@ -128,6 +122,16 @@ def check_values(views: Sequence[torch.Tensor], recognitions: Sequence[Distribut
         elif isinstance(base, Normal):
             tensors += [base.loc, base.scale]
             scales.append(base.scale)
+    return tensors, scales
+
+
+def values_valid(tensors: Sequence[torch.Tensor], scales: Sequence[torch.Tensor]) -> bool:
+    r"""True when every entry of ``tensors`` is finite and every entry of ``scales`` positive.
+
+    One synchronisation: the sums :math:`s_t = \sum_k x_{t,k}` and the smallest scales are read
+    together, and :math:`\sum_t s_t` is finite only when every entry is (a NaN or an infinity
+    makes it NaN or infinite); only when it overflows with finite entries is each tensor tested
+    on its own (:func:`~rpm.ops.finite.all_finite`)."""
     if not tensors:
         return True
     with torch.no_grad():
@@ -138,3 +142,23 @@ def check_values(views: Sequence[torch.Tensor], recognitions: Sequence[Distribut
     if any(not value > 0 for value in smallest):
         return False
     return math.isfinite(sum(sums)) or all(all_finite(t) for t in tensors)
+
+
+def check_values(views: Sequence[torch.Tensor], recognitions: Sequence[Distribution]) -> bool:
+    r"""True when every entry of the floating-point ``views`` and of the recognition
+    distributions' parameters (location, and scale for a Gaussian) is finite and every scale is
+    positive (:func:`value_tensors`, :func:`values_valid`); the value checks of a batch whose
+    structure passed before.
+
+    Inside :func:`~rpm.priors.energy_range.deferred_value_checks` (an
+    :class:`~rpm.RPMELBO` evaluation) the check is recorded instead and True returned: the
+    implicit prior's range check makes it in its own reduction, or the evaluation makes it
+    at its end (:func:`~rpm.priors.energy_range.defer_values`).
+
+    :param views: the J views (N, ...); those that are not floating point are not read.
+    :param recognitions: the recognition distributions of the batch.
+    """
+    tensors, scales = value_tensors(views, recognitions)
+    if defer_values(tensors, scales):
+        return True
+    return values_valid(tensors, scales)

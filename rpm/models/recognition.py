@@ -61,8 +61,10 @@ def _network(module: NamedModule) -> torch.nn.Module:
     the registration, as intended; Pyro's warning about it at every step is silenced here."""
     net = module._modules["net"]
     scope = registration_scope()
-    if scope is not None and any(seen is module for seen in scope):
-        return net
+    if scope is not None:
+        for seen in scope:
+            if seen is module:
+                return net
     if not am_i_wrapped() and _registered(module, net):
         if scope is not None:
             scope.append(module)

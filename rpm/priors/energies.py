@@ -52,6 +52,12 @@ __all__ = [
 _WIDE_NORM_DTYPES = (torch.float32, torch.bfloat16)
 
 
+def _in_dtype(parameter: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``parameter.to(dtype)``, without the call when it has that dtype already (an energy's
+    hyperparameter in the latents' dtype, read at every call)."""
+    return parameter if parameter.dtype == dtype else parameter.to(dtype)
+
+
 #: A row of zeros is divided by this (``F.normalize``'s ``eps``): it stays the zero vector, and
 #: its gradient is the incoming one divided by it.
 ZERO_ROW_EPS = 1e-12
@@ -110,7 +116,7 @@ class BilinearEnergy(Energy):
         self.weight = torch.nn.Parameter(init_scale * torch.eye(dim, dtype=torch.float64))
 
     def _weight(self, z: torch.Tensor) -> torch.Tensor:
-        return self.weight.to(z.dtype)
+        return _in_dtype(self.weight, z.dtype)
 
     def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         self.check_latents(z, z2)
@@ -158,15 +164,15 @@ class CosineEnergy(Energy):
     def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         self.check_latents(z, z2)
         # kappa scales the N rows before the product rather than the N x M matrix after it
-        return (self.kappa.to(z.dtype) * unit_vectors(z)) @ unit_vectors(z2).T
+        return (_in_dtype(self.kappa, z.dtype) * unit_vectors(z)) @ unit_vectors(z2).T
 
     def paired(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         self.check_latents(z, z2)
-        return self.kappa.to(z.dtype) * (unit_vectors(z) * unit_vectors(z2)).sum(-1)
+        return _in_dtype(self.kappa, z.dtype) * (unit_vectors(z) * unit_vectors(z2)).sum(-1)
 
     def logit_factors(self, z: torch.Tensor, z2: torch.Tensor):
         self.check_latents(z, z2)
-        return self.kappa.to(z.dtype) * unit_vectors(z), unit_vectors(z2), None
+        return _in_dtype(self.kappa, z.dtype) * unit_vectors(z), unit_vectors(z2), None
 
     def logit_bound(self, radius: torch.Tensor) -> torch.Tensor:
         r""":math:`\kappa \max(1, 1/R)` for :math:`R > 0`, :math:`\kappa \max(1, 1/\epsilon)` at
@@ -201,15 +207,15 @@ class RBFEnergy(Energy):
 
     def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         self.check_latents(z, z2)
-        return -0.5 * squared_distances(z, z2) / self.lengthscale.to(z.dtype).square()
+        return -0.5 * squared_distances(z, z2) / _in_dtype(self.lengthscale, z.dtype).square()
 
     def paired(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         self.check_latents(z, z2)
-        return -0.5 * (z - z2).square().sum(-1) / self.lengthscale.to(z.dtype).square()
+        return -0.5 * (z - z2).square().sum(-1) / _in_dtype(self.lengthscale, z.dtype).square()
 
     def logit_factors(self, z: torch.Tensor, z2: torch.Tensor):
         self.check_latents(z, z2)
-        precision = self.lengthscale.to(z.dtype).square().reciprocal()  # 1 / l^2
+        precision = _in_dtype(self.lengthscale, z.dtype).square().reciprocal()  # 1 / l^2
         return squared_distance_factors(z, z2, precision.expand(z.shape[1]))
 
     def logit_bound(self, radius: torch.Tensor) -> torch.Tensor:
@@ -252,18 +258,18 @@ class AnisotropicEnergy(Energy):
     def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         self.check_latents(z, z2)
         return -0.5 * squared_distances(
-            self.project(z), self.project(z2), self.concentration.to(z.dtype)
+            self.project(z), self.project(z2), _in_dtype(self.concentration, z.dtype)
         )
 
     def paired(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         self.check_latents(z, z2)
         diff = self.project(z) - self.project(z2)
-        return -0.5 * (diff.square() * self.concentration.to(z.dtype)).sum(-1)
+        return -0.5 * (diff.square() * _in_dtype(self.concentration, z.dtype)).sum(-1)
 
     def logit_factors(self, z: torch.Tensor, z2: torch.Tensor):
         self.check_latents(z, z2)
         return squared_distance_factors(
-            self.project(z), self.project(z2), self.concentration.to(z.dtype)
+            self.project(z), self.project(z2), _in_dtype(self.concentration, z.dtype)
         )
 
     def logit_bound(self, radius: torch.Tensor) -> torch.Tensor:

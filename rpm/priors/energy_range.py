@@ -24,6 +24,7 @@ latents themselves not finite, or an energy without a bound that overflowed).
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import math
 from collections.abc import Sequence
@@ -31,14 +32,57 @@ from collections.abc import Sequence
 import torch
 from pyro.infer.util import is_validation_enabled
 
+from rpm.ops.finite import all_finite
 from rpm.priors.base import Energy
 
-__all__ = ["check_implicit_log_ratio", "valid_norms"]
+__all__ = ["DeferredValuesError", "check_implicit_log_ratio", "defer_values",
+           "deferred_value_checks", "valid_norms"]
 
 # The loss and the gradients of N pairs stay below MARGIN * N * B(R).
 _MARGIN = 16.0
 # Latent norms scanned for the valid range named in the error: 1e-45 ... 1e45.
 _SCAN = torch.logspace(-45, 45, 901, dtype=torch.float64)
+# The value checks left to the next range check (deferred_value_checks), or None outside one.
+_DEFERRED: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "rpm_deferred_value_checks", default=None)
+
+
+class DeferredValuesError(ValueError):
+    """Raised by :func:`check_implicit_log_ratio` when a value check deferred to it
+    (:func:`defer_values`) fails, or a latent is not finite while such checks are pending:
+    the caller evaluates the batch again with every check, whose error names the input rows
+    or the encoder."""
+
+
+class deferred_value_checks:  # noqa: N801 (a context manager, named as one)
+    r"""Inside this context the value checks of a batch (tensors that must be finite, scales
+    that must be positive) are recorded by :func:`defer_values` instead of run, and the next
+    :func:`check_implicit_log_ratio` makes them in its own reduction (one synchronisation for
+    the latents' range and the batch's values: a tensor :math:`x` is finite when
+    :math:`\sum_k x_k` is, or, when that sum overflows, when :math:`\max_k |x_k|` is).
+    ``pending`` holds the checks no range check took (a prior without one): the caller makes
+    them itself. (A class rather than a generator: it runs on every step.)"""
+
+    __slots__ = ("_token", "pending")
+
+    def __enter__(self) -> deferred_value_checks:
+        self.pending: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
+        self._token = _DEFERRED.set(self.pending)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _DEFERRED.reset(self._token)
+
+
+def defer_values(finite: list[torch.Tensor], positive: list[torch.Tensor]) -> bool:
+    """Inside :func:`deferred_value_checks`, records that every entry of ``finite`` must be
+    finite and every entry of ``positive`` above zero, and returns True; outside, returns False
+    (the caller checks them itself)."""
+    pending = _DEFERRED.get()
+    if pending is None:
+        return False
+    pending.append((finite, positive))
+    return True
 
 
 def valid_norms(energy: Energy, num_pairs: int, dtype: torch.dtype) -> tuple[float, float] | None:
@@ -106,27 +150,54 @@ def check_implicit_log_ratio(
     :param inputs: tensors checked to be finite in the same reduction (the views of a batch
         whose other checks the caller made before); a non-finite one raises ValueError
         without naming rows (the caller evaluates the batch again with every check).
+
+    Inside :func:`deferred_value_checks` the checks recorded by :func:`defer_values` are made
+    in the same reduction (a latent among them is covered by the range: its row maxima are
+    finite only when its entries are); if one fails, or a latent is not finite while they are
+    pending, :class:`DeferredValuesError` is raised (a loss that is not finite for finite
+    latents and values is diagnosed as without them).
     """
     if not is_validation_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
         return
-    unique = [latents[0]]
-    for z in latents[1:]:
-        if all(z is not seen for seen in unique):
+    unique = []
+    for z in latents:
+        for seen in unique:
+            if z is seen:
+                break
+        else:
             unique.append(z)
-    rows = unique[0].detach() if len(unique) == 1 else torch.cat([z.detach() for z in unique])
-    # max_d |z_d| of each row (NaN where the row holds one); torch's vector_norm with ord=inf
-    # takes ~7x as long on the CPU (60 us against 8 us for 512 rows of 10)
-    maxima = rows.abs().amax(-1)
-    if maxima.dtype != ratio.dtype:
-        maxima = maxima.to(ratio.dtype)
-    extra = [value.detach().abs().amax() for value in inputs
-             if value.is_floating_point() and value.numel()]
-    extra = [m if m.dtype == ratio.dtype else m.to(ratio.dtype) for m in extra]
-    total, smallest, largest, *input_maxima = torch.stack(
-        [ratio.detach().sum(), *torch.aminmax(maxima), *extra]).tolist()
-    if not all(math.isfinite(m) for m in input_maxima):
+    dtype = ratio.dtype
+    pending = _DEFERRED.get()
+    deferred = bool(pending)
+    finite, positive = _take(pending, unique) if deferred else ((), ())
+    # the reductions read back together: the loss's sum, the smallest and largest row maximum
+    # max_d |z_d| of the latents (NaN where a row holds one; torch's vector_norm with ord=inf
+    # takes ~7x as long on the CPU), the inputs' largest |x|, the deferred tensors' sums and
+    # the deferred scales' minima
+    with torch.no_grad():
+        rows = unique[0] if len(unique) == 1 else torch.cat(unique)
+        values = [ratio.sum(), *torch.aminmax(rows.abs().amax(-1))]
+        for value in inputs:
+            if value.is_floating_point() and value.numel():
+                values.append(value.abs().amax())
+        num_inputs = len(values) - 3
+        values += [t.sum() for t in finite]
+        values += [scale.amin() for scale in positive]
+        for index, value in enumerate(values):
+            if value.dtype != dtype:
+                values[index] = value.to(dtype)
+        total, smallest, largest, *read = torch.stack(values).tolist()
+    if not all(math.isfinite(m) for m in read[:num_inputs]):
         raise ValueError(f"{prior_name}: the inputs hold NaN or infinite entries")
-    dtype, num_pairs, dim = ratio.dtype, ratio.numel(), unique[0].shape[-1]
+    if deferred:
+        sums, smallest_scales = read[num_inputs:num_inputs + len(finite)], read[num_inputs + len(finite):]
+        # a loss that is not finite for finite latents is the energy's: diagnosed below
+        if not (math.isfinite(largest) and all(value > 0 for value in smallest_scales)
+                and (math.isfinite(sum(sums)) or all(all_finite(t) for t in finite))):
+            raise DeferredValuesError(
+                f"{prior_name}: the batch's inputs or latents are not finite, or a scale is not "
+                "positive")
+    num_pairs, dim = ratio.numel(), unique[0].shape[-1]
     if math.isfinite(total) and math.isfinite(largest):
         low, high = _window(dtype)
         # a row's norm lies between its largest coordinate and sqrt(D) times it
@@ -136,6 +207,15 @@ def check_implicit_log_ratio(
         if bound is None or bool(_MARGIN * num_pairs * bound.amax() <= torch.finfo(dtype).max):
             return
     _raise(prior_name, energy, unique, dtype, num_pairs)
+
+
+def _take(pending: list, latents: list[torch.Tensor]) -> tuple[list, list]:
+    """Empties the pending checks (:func:`defer_values`) into the tensors that must be finite,
+    less the ``latents`` (covered by the range), and the scales that must be positive."""
+    items = pending[:]
+    pending.clear()
+    finite = [t for checks, _ in items for t in checks if all(t is not z for z in latents)]
+    return finite, [scale for _, scales in items for scale in scales]
 
 
 def _norm_extremes(latents: list[torch.Tensor]) -> torch.Tensor:

@@ -4,6 +4,7 @@ device after the last assignment of a module or attribute. Bad input is named on
 and no sequence of assignments skips the checks of the modules assigned last."""
 
 import math
+import sys
 
 import pyro
 import pytest
@@ -202,3 +203,81 @@ def test_validation_checks_every_batch(elbo, prior):
     bad[2, 1] = math.nan
     with pytest.raises(ValueError, match=r"x2 has NaN or infinite entries in 1 of its 6 rows \(rows 2\)"):
         objective.loss(model.model, model.guide, x, bad)
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "zero scale"])
+def test_deferred_value_checks_are_made_in_the_range_check(bad):
+    """Inside deferred_value_checks a batch's value checks are recorded (check_values returns
+    True) and the implicit prior's range check makes them: a NaN or infinite tensor, or a scale
+    that is not positive, raises DeferredValuesError; a clean batch passes and empties them."""
+    from rpm.priors.energy_range import DeferredValuesError, deferred_value_checks
+
+    prior = ImplicitPrior(RBFEnergy())
+    z, z2 = torch.randn(6, DIM), torch.randn(6, DIM)
+    x, scale = torch.randn(6, IN), torch.rand(6, DIM) + 0.1
+    normal = pyro.distributions.Normal(torch.randn(6, DIM), scale).to_event(1)
+    with deferred_value_checks() as deferred:
+        assert checked_batches.check_values([x, x.clone()], [normal])
+        assert len(deferred.pending) == 1
+        prior.log_ratio(z, z2)
+        assert deferred.pending == []
+    bad_x = x.clone()
+    if bad == "zero scale":
+        scale = scale.clone()
+        scale[2, 1] = 0.0
+    else:
+        bad_x[1, 3] = math.nan if bad == "nan" else math.inf
+    normal = pyro.distributions.Normal(torch.randn(6, DIM), scale, validate_args=False).to_event(1)
+    assert not checked_batches.check_values([bad_x, x], [normal])      # outside: checked at once
+    with deferred_value_checks():
+        assert checked_batches.check_values([bad_x, x], [normal])      # inside: recorded
+        with pytest.raises(DeferredValuesError):
+            prior.log_ratio(z, z2)
+
+
+def test_a_prior_without_a_range_check_has_the_values_checked_after_the_objective(monkeypatch):
+    """For a prior that makes no range check the RPMELBO evaluation checks the deferred values
+    itself, once per batch (values_valid); under the implicit prior the range check does."""
+    module = sys.modules["rpm.inference.elbo"]   # rpm.inference.elbo is also a function's name
+    calls = []
+    original = module.values_valid
+
+    def counted(tensors, scales):
+        calls.append(len(tensors))
+        return original(tensors, scales)
+
+    monkeypatch.setattr(module, "values_valid", counted)
+    x, x2 = torch.randn(6, IN), torch.randn(6, IN)
+    walk = rpm.RPM(rpm.GaussianRecognition(GaussianHead(IN, DIM)), GaussianRandomWalkPrior(DIM))
+    for _ in range(3):
+        loss(walk, x, x2)
+    assert calls == [6, 6]           # the views, and loc and scale of each view's recognition
+    implicit = delta_rpm()
+    for _ in range(3):
+        loss(implicit, x, x2)
+    assert calls == [6, 6]
+
+
+def test_an_energy_overflow_on_a_remembered_batch_is_diagnosed_without_a_second_evaluation(
+        monkeypatch):
+    """Finite views and latents whose energy overflows float32: the range check names the
+    energy at once (the deferred value checks passed), the batch is not evaluated again."""
+    module = sys.modules["rpm.inference.elbo"]
+    evaluations = []
+    original = module._objective
+
+    def counted(*args):
+        evaluations.append(1)
+        return original(*args)
+
+    monkeypatch.setattr(module, "_objective", counted)
+    net = torch.nn.Linear(IN, DIM)
+    model = rpm.RPM(rpm.DeltaRecognition(net), ImplicitPrior(RBFEnergy()))
+    x, x2 = torch.randn(6, IN), torch.randn(6, IN)
+    loss(model, x, x2)
+    with torch.no_grad():
+        net.weight.mul_(1e20)
+    evaluations.clear()
+    with pytest.raises(ValueError, match="RBFEnergy overflows float32"):
+        loss(model, x, x2)
+    assert evaluations == [1]
