@@ -545,3 +545,20 @@ def test_cli_arguments_out_of_range_are_argparse_errors(capsys, tmp_path):
         assert f"argument {option}: {message}" in err, (command, option, err)
         assert "Traceback" not in err and err.startswith("usage: python -m rpm ")
         assert not out.exists()
+
+
+def test_a_network_passed_as_recognition_model_is_told_to_wrap_it():
+    net = torch.nn.Linear(6, 3)
+    model = rpm.RPM(net, ImplicitPrior(RBFEnergy()))
+    with pytest.raises(ValueError, match=r"got Tensor; .*rpm\.DeltaRecognition\(net\)"):
+        model.model(torch.randn(8, 6), torch.randn(8, 6))
+
+
+def test_an_explicit_prior_passed_as_an_energy_is_refused():
+    from rpm.priors import GaussianRandomWalkPrior, LinearDynamicsPrior
+
+    with pytest.raises(TypeError, match=r"got the prior GaussianRandomWalkPrior.*RandomWalkEnergy"):
+        ImplicitPrior(GaussianRandomWalkPrior(3))
+    with pytest.raises(TypeError, match=r"got the prior LinearDynamicsPrior: pass an explicit prior "
+                                        r"to rpm.RPM directly$"):
+        ImplicitPrior(LinearDynamicsPrior(3))

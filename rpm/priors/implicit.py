@@ -189,6 +189,12 @@ class ImplicitPrior(Prior):
 
     def __init__(self, energy: Energy):
         super().__init__()
+        if isinstance(energy, Prior):
+            walk = (" (or its step density as the energy: rpm.priors.RandomWalkEnergy(walk))"
+                    if hasattr(energy, "step") else "")
+            raise TypeError(
+                f"{type(self).__name__} needs an energy f(z, z'), got the prior "
+                f"{type(energy).__name__}: pass an explicit prior to rpm.RPM directly{walk}")
         if not isinstance(energy, torch.nn.Module) or not callable(energy):
             raise TypeError(
                 f"{type(self).__name__} needs an energy module mapping (z (N, D), z2 (M, D)) to "
