@@ -27,9 +27,9 @@ does not slow down on subnormal results).
 Underflow. Every other log-sum-exp of the package (this kernel, :func:`safe_logsumexp` for the
 dense normalisers, the mixture marginal) raises the shifted logits :math:`x_j - \max_k x_k` to
 :func:`exp_floor` of their dtype, :math:`\log(\text{tiny}) + 1` (float32: -86.3, float64:
--707.4), before exponentiating. ``exp`` of an input whose result is subnormal is ~30-60x slower
-on x86 CPUs (measured: 8 ms against 0.2 ms for 512 x 512 float32; flush-to-zero does not help),
-and with a sharp energy most logits of a row lie that far below its maximum. The sum is
+-707.4), before exponentiating. ``exp`` of an input whose result is subnormal is much slower on
+x86 CPUs (flush-to-zero does not help; measured in ``benchmarks/README.md``), and with a sharp
+energy most logits of a row lie that far below its maximum. The sum is
 unchanged in that dtype: the row's maximum contributes :math:`e^0 = 1`, every raised term at
 most :math:`e \cdot \text{tiny}` (float32: 3.2e-38), so fewer than :math:`10^{30}` of them move
 the sum by less than half a unit in the last place of 1; a raised term's gradient (its
@@ -112,9 +112,8 @@ def diagonal_log_softmax(logits: torch.Tensor, offset: float = 0.0) -> torch.Ten
     in value and gradient. ``log_softmax`` is one fused kernel forward and one backward, where
     the log-sum-exp and its subtraction are a graph of about a dozen autograd nodes, which is
     what a step of a small batch spends its time on; and its kernels do not slow down on
-    exponentials in the subnormal range (measured in ``benchmarks/README.md``: 512 x 512 float32
-    logits spread over +-1000 nats, forward and backward 0.63 ms against 1.7 ms for
-    :func:`safe_logsumexp`), so no floor is needed. Rows whose maximum is not finite give NaN
+    exponentials in the subnormal range (measured against :func:`safe_logsumexp` in
+    ``benchmarks/README.md``), so no floor is needed. Rows whose maximum is not finite give NaN
     (or :math:`-\infty` for a diagonal entry of :math:`-\infty` in a finite row). Twice
     differentiable.
 

@@ -8,11 +8,11 @@ conditionals of Zimmermann et al., Table 2) needs, for every pair of a batch,
     S_{ij} = \sum_d |z_{id} - z'_{jd}|^p .
 
 ``torch.cdist`` computes :math:`\lVert \cdot \rVert_p = S^{1/p}` instead; for p other than 1
-and 2 its backward pass is slow (N = M = 512, D = 10, p = 3: ~120 ms against ~17 ms for a
-broadcast) and, for large p, not finite (it divides :math:`|d|^{p-1}` by
-:math:`\lVert d \rVert_p^{p-1}`, both of which underflow or overflow). Here S is computed in
-blocks of rows, each a (D, rows, M) broadcast of a size that stays in cache, and the backward
-pass recomputes each block and applies the derivative
+and 2 its backward pass is slower than a broadcast (``benchmarks/energies.py``) and, for large
+p, not finite (it divides :math:`|d|^{p-1}` by :math:`\lVert d \rVert_p^{p-1}`, both of which
+underflow or overflow). Here S is computed in blocks of rows, each a (D, rows, M) broadcast of
+a size that stays in cache, and the backward pass recomputes each block and applies the
+derivative
 
 .. math::
 

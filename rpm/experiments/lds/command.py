@@ -40,8 +40,7 @@ Results (:mod:`rpm.experiments.lds.evaluate`), in ``results.json``:
 against its smoothed latents mapped to it, ``training.png`` the loss and the held-out
 :math:`R^2` against the step. The model's folder ``rpm/`` holds its checkpoint, history and
 model record (``rpm.load(DIR)`` returns the trained model, :mod:`rpm.experiments.trained`).
-The floors of issue 20 are ``r2`` >= 0.99 and ``eigenvalue_error`` <= 0.02; the measured
-numbers, times and machine are in ``benchmarks/README.md``.
+The measured numbers, times and machine are in ``benchmarks/README.md``.
 
 References:
     M. Hromadka et al., "Recognition-parametrised Gaussian state-space models" (RP-GSSM), 2025.

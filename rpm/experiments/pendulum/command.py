@@ -50,8 +50,7 @@ Results (:mod:`rpm.experiments.lds.evaluate`), in ``results.json``:
 ``pendulum.png`` shows held-out frames and the state read out from the smoothed latents,
 ``training.png`` the loss and the held-out :math:`R^2` against the step. The model's folder
 ``rpm/`` holds its checkpoint, history and model record (``rpm.load(DIR)`` returns the trained
-model, :mod:`rpm.experiments.trained`). The floor of issue 20 is ``r2`` >= 0.93 with and
-without ``--distractors``; the measured numbers, times and machine are in
+model, :mod:`rpm.experiments.trained`). The measured numbers, times and machine are in
 ``benchmarks/README.md``.
 
 References:
