@@ -35,7 +35,6 @@ import os
 
 import matplotlib.pyplot as plt
 import numpy as np
-import pyro
 import torch
 from scipy import stats
 
