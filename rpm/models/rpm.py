@@ -61,7 +61,7 @@ from rpm.models.views import (
     ENCODER_CALLS,
     call_encoder,
     check_inputs,
-    encode_views,
+    recognise_views,
     stack_components,
 )
 from rpm.nn import NamedModuleList, pyro_method, structure_version
@@ -473,8 +473,8 @@ class RPM(RPMBase):
             dist = call_encoder(modules[0], flat, "x")
             parts = _split_rows(dist, batch_size, len(views))
         else:
-            parts = encode_views(names, views, modules, groups, self.encoder_calls, batch_size,
-                                 components=joint, check=check)
+            parts = recognise_views(names, views, modules, groups, self.encoder_calls,
+                                    batch_size, components=joint, check=check)
         if joint:
             return None, stack_components(parts)
         return parts, None

@@ -37,7 +37,7 @@ __all__ = [
     "ENCODER_CALLS",
     "call_encoder",
     "check_inputs",
-    "encode_views",
+    "recognise_views",
     "stack_components",
     "stack_views",
 ]
@@ -61,7 +61,7 @@ def check_inputs(names: list[str], views: list) -> int:
 
     Each view is a tensor with a batch axis of the same N >= 2 and, under
     ``pyro.enable_validation``, finite (floating-point views). A dtype that the encoder refuses
-    is reported when it is called (:func:`encode_views`).
+    is reported when it is called (:func:`recognise_views`).
 
     :raises TypeError: for a view that is not a tensor.
     :raises ValueError: for a missing batch axis, unequal batch sizes, N < 2, non-finite rows.
@@ -181,9 +181,9 @@ def _label(group: int) -> str:
     return "recognition" if group == 0 else f"recognition{group + 1}"
 
 
-def encode_views(names: list[str], views: list[torch.Tensor], modules: list, groups: list[int],
-                 encoder_calls: str, batch_size: int, components: bool = False,
-                 check: bool = True) -> list:
+def recognise_views(names: list[str], views: list[torch.Tensor], modules: list,
+                    groups: list[int], encoder_calls: str, batch_size: int,
+                    components: bool = False, check: bool = True) -> list:
     """The recognition distributions of the J views, each with batch_shape (N,) and
     event_shape (D,), by the rule of ``encoder_calls`` (module docstring); with ``components``
     their parameters ``(loc (N, D), scale (N, D) or None for Delta)`` instead (what
