@@ -150,8 +150,8 @@ def _check_distribution(name: str, dist, batch_size: int) -> None:
         got = (f"batch_shape {tuple(dist.batch_shape)} and event_shape {tuple(dist.event_shape)}"
                if isinstance(dist, Distribution) else type(dist).__name__)
         hint = ("; a network that returns latents is a recognition model once wrapped: "
-                "rpm.DeltaRecognition(net) (a point per input) or rpm.GaussianRecognition(net)"
-                if isinstance(dist, torch.Tensor) else "")
+                "rpm.DeltaRecognition(net) (a point per input; rpm.GaussianRecognition takes a "
+                "network that returns (loc, scale))" if isinstance(dist, torch.Tensor) else "")
         raise ValueError(
             f"{name} must return a distribution with batch_shape (N,) = ({batch_size},) and "
             f"event_shape (D,), got {got}{hint}"
