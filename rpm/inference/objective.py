@@ -26,9 +26,11 @@ With the recognition models as the guide (Eq. 14) the recognition log-densities 
     \qquad\text{(Eq. 15; J = 2: } \log P(z_i, z'_i) - \log Q(z_i) - \log Q(z'_i)\text{)},
 
 whose terms :func:`prior_log_ratio` evaluates: the prior's own analytic part
-(:meth:`~rpm.priors.base.Prior.log_ratio`, e.g. the implicit prior's
-:math:`f(z_i, z'_i) - \log \frac1M \sum_m e^{f(z_i, z'_m)}`, Eq. 23-25) or, when it has none,
-the prior's traced log-density minus the marginals (:func:`marginal_log_prob`).
+(:meth:`Prior.log_ratio <rpm.priors.base.Prior.log_ratio>` of a pair prior, e.g. the implicit
+prior's :math:`f(z_i, z'_i) - \log \frac1M \sum_m e^{f(z_i, z'_m)}`, Eq. 23-25;
+:meth:`SequencePrior.sequence_log_ratio <rpm.priors.base.SequencePrior.sequence_log_ratio>` of a
+prior over J views) or, when it has none, the prior's traced log-density minus the marginals
+(:func:`marginal_log_prob`).
 
 Every route to the ELBO computes it here: the Pyro model of :class:`~rpm.RPM` declares its
 likelihood factors with :func:`likelihood_marginals` and :func:`likelihood_factor` (so
@@ -55,7 +57,14 @@ from rpm.marginals.candidates import Candidates
 from rpm.marginals.mixture_marginal import delta_mixture_log_prob
 from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
 from rpm.ops.gaussian_mixture import gaussian_mixture_log_prob
-from rpm.priors.base import Prior, declare_prior, delta_with_density_message, hook
+from rpm.priors.base import (
+    Prior,
+    SequencePrior,
+    declare_prior,
+    delta_with_density_message,
+    hook,
+    is_sequence_prior,
+)
 
 __all__ = [
     "ObjectiveInputs",
@@ -78,21 +87,23 @@ class ObjectiveInputs:
 
     #: The prior.
     prior: object
-    #: The guide's distributions in the guide's order: ``(q, q2)`` (pair form) or one
-    #: distribution of ``"z"`` with batch_shape (N,) and event_shape (J, D) (joint form).
+    #: The guide's distributions in the guide's order: ``(q, q2)`` (a pair prior) or one
+    #: distribution of ``"z"`` with batch_shape (N,) and event_shape (J, D) (a prior over J
+    #: views).
     guides: tuple
-    #: ``(q, q2)`` (pair form) or ``(q, marginal)`` (joint form: q of batch_shape (N, J)).
+    #: ``(q, q2)`` (a pair prior) or ``(q, marginal)`` (a prior over J views: q of batch_shape
+    #: (N, J)).
     recognitions: tuple
     #: The name of the model's plate over the N instances.
     plate: str
     #: The step's :class:`~rpm.marginals.candidates.Candidates`.
     candidates: object
     #: True when the guide is not the recognition models (a structured posterior): the
-    #: recognition log-densities then no longer cancel (joint form).
+    #: recognition log-densities then no longer cancel (a prior over J views).
     structured: bool = False
-    #: The prior is in the joint form (:attr:`~rpm.priors.base.Prior.joint_views`); None: read
-    #: from the prior.
-    joint: bool | None = None
+    #: The prior is a prior over J views (:func:`~rpm.priors.base.is_sequence_prior`); None:
+    #: decided here from the prior.
+    sequence: bool | None = None
 
 
 # -- the likelihood (Eq. 10) ----------------------------------------------------------------------
@@ -107,12 +118,12 @@ def _kinds(value) -> str:
 def likelihood_marginals(
     prior, q: TorchDistribution, q2: TorchDistribution
 ) -> tuple[MixtureMarginal, MixtureMarginal]:
-    r"""The recognition marginals :math:`(Q_1, Q_2)` that the pair form's likelihood factors
+    r"""The recognition marginals :math:`(Q_1, Q_2)` that a pair prior's likelihood factors
     divide by (Eq. 10): the prior's :meth:`~rpm.priors.base.Prior.likelihood_marginals`
     (each view's own minibatch mixture :math:`Q_v = \frac1N \sum_n Q(z|x_{n,v})`, Eq. 11, for
     a plain callable), checked.
 
-    :param prior: a pair-form prior or plain callable.
+    :param prior: a pair prior (:class:`~rpm.priors.base.Prior`) or plain callable.
     :param q: first-view recognition distributions, batch_shape (N,), event_shape (D,).
     :param q2: second-view recognition distributions, likewise.
     :raises TypeError: when the hook returns anything but two :class:`~rpm.MixtureMarginal`.
@@ -193,42 +204,48 @@ def marginal_log_prob(marginal: MixtureMarginal, z: torch.Tensor, candidates: Ca
 # -- the terms of Eq. 15 ----------------------------------------------------------------------------
 
 def prior_log_ratio(prior, latents, recognitions, plate: str, candidates: Candidates | None = None,
-                    block_size: int | None = None, joint: bool | None = None) -> torch.Tensor:
+                    block_size: int | None = None, sequence: bool | None = None) -> torch.Tensor:
     r"""The batch's total :math:`\sum_i \log P(z_{i,1:J}) - \sum_j \log Q_j(z_{i,j})`, the
     terms of the RPM ELBO (Eq. 15 of Aitchison & Ganev; with J views, ``docs/theory.md``) that
     do not cancel against the recognition guide.
 
-    The prior's own :meth:`~rpm.priors.base.Prior.log_ratio` (analytic cancellations) when it
-    returns one; otherwise the prior run with its sites conditioned on the latents (inside
-    ``pyro.plate(plate, N)`` unless it is :attr:`~rpm.priors.base.Prior.joint_over_batch`),
-    its log-density summed, minus the marginals (pair form: :func:`likelihood_marginals`
-    through :func:`marginal_log_prob`; joint form: the model's marginal).
+    The prior's own analytic term when it returns one (a pair prior's
+    :meth:`~rpm.priors.base.Prior.log_ratio`, a prior over J views'
+    :meth:`~rpm.priors.base.SequencePrior.sequence_log_ratio`); otherwise the prior run with its
+    sites conditioned on the latents (inside ``pyro.plate(plate, N)`` unless it is
+    :attr:`~rpm.priors.base.PriorBase.joint_over_batch`), its log-density summed, minus the
+    marginals (a pair prior: :func:`likelihood_marginals` through :func:`marginal_log_prob`; a
+    prior over J views: the model's marginal).
 
-    :param prior: a pair-form prior (or plain callable) or a joint-form :class:`Prior`.
-    :param latents: pair form ``(z, z2)``, each (N, D); joint form z, (N, J, D).
-    :param recognitions: pair form ``(q, q2)``, each batch_shape (N,); joint form
-        ``(q, marginal)``, q of batch_shape (N, J), marginal the model's
+    :param prior: a pair prior (:class:`~rpm.priors.base.Prior` or a plain callable) or a prior
+        over J views (:class:`~rpm.priors.base.SequencePrior`).
+    :param latents: a pair prior's ``(z, z2)``, each (N, D); a prior over J views' z,
+        (N, J, D).
+    :param recognitions: a pair prior's ``(q, q2)``, each batch_shape (N,); a prior over J
+        views' ``(q, marginal)``, q of batch_shape (N, J), marginal the model's
         :class:`~rpm.marginals.SequenceMixtureMarginal`.
     :param str plate: the name of the model's plate over the N instances.
     :param candidates: the step's :class:`~rpm.marginals.candidates.Candidates`; None: the
         batch.
     :param block_size: stream the O(N^2) parts in blocks of this size (``None``: by size).
-    :param joint: the prior's :attr:`~rpm.priors.base.Prior.joint_views` (None: read here).
+    :param sequence: whether the prior is a prior over J views
+        (:func:`~rpm.priors.base.is_sequence_prior`; None: decided here).
     :return: a scalar.
     """
-    if joint is None:
-        joint = hook(prior, "joint_views")
-    is_prior = isinstance(prior, Prior)
-    if joint:
+    if sequence is None:
+        sequence = is_sequence_prior(prior)
+    if sequence:
         z, (q, marginal) = latents, recognitions
-        if is_prior:
-            ratio = prior.log_ratio(z, q, marginal, candidates, block_size)
-            if ratio is not None:
-                return ratio.sum()
+        if not isinstance(prior, SequencePrior):
+            raise TypeError(f"latents of J views need a prior over J views "
+                            f"(rpm.priors.SequencePrior); got {type(prior).__name__}")
+        ratio = prior.sequence_log_ratio(z, q, marginal, candidates, block_size)
+        if ratio is not None:
+            return ratio.sum()
         data, args, sites, num = {"z": z}, (q, marginal), ("z",), z.shape[0]
     else:
         (z, z2), (q, q2) = latents, recognitions
-        if is_prior:
+        if isinstance(prior, Prior):
             ratio = prior.log_ratio(z, z2, q, q2, candidates, block_size)
             if ratio is not None:
                 return ratio.sum()
@@ -246,7 +263,7 @@ def prior_log_ratio(prior, latents, recognitions, plate: str, candidates: Candid
     log_prior = sum(
         site["log_prob"].sum() for site in trace.nodes.values() if site["type"] == "sample"
     )
-    if joint:  # the model's marginal already runs over the candidates (a global batch)
+    if sequence:  # the model's marginal already runs over the candidates (a global batch)
         return log_prior - marginal.log_prob(z).sum()
     marginal, marginal2 = likelihood_marginals(prior, q, q2)
     log_marginals = (marginal_log_prob(marginal, z, candidates, block_size).sum()
@@ -278,26 +295,27 @@ def elbo(inputs: ObjectiveInputs, num_particles: int = 1,
     """
     if num_particles != 1:
         check_positive_int("num_particles", num_particles)
-    joint = inputs.joint if inputs.joint is not None else hook(inputs.prior, "joint_views")
+    sequence = (inputs.sequence if inputs.sequence is not None
+                else is_sequence_prior(inputs.prior))
     total = 0.0
     for _ in range(num_particles):
         latents = tuple(_rsample(guide) for guide in inputs.guides)
-        if joint:
+        if sequence:
             (z,) = latents  # (N, J, D): the guide's site "z"
             q, marginal = inputs.recognitions
             terms = None
-            if inputs.structured and isinstance(inputs.prior, Prior):
+            if inputs.structured:
                 terms = inputs.prior.posterior_log_ratio(z, q, inputs.guides[0])
             if terms is not None:  # log P + sum log Q(z|x) - log guide, in closed form
                 value = terms.sum() - marginal.log_prob(z).sum()
             else:
                 value = prior_log_ratio(inputs.prior, z, inputs.recognitions, inputs.plate,
-                                        inputs.candidates, block_size, True)
+                                        inputs.candidates, block_size, sequence=True)
                 if inputs.structured:
                     value = value + (q.log_prob(z).sum(-1) - inputs.guides[0].log_prob(z)).sum()
         else:  # (z, z2), each (N, D): the guide's sites "z" then "z2"
             value = prior_log_ratio(inputs.prior, latents, inputs.recognitions, inputs.plate,
-                                    inputs.candidates, block_size, False)
+                                    inputs.candidates, block_size, sequence=False)
         if num_particles == 1:
             return value
         total = total + value
@@ -344,24 +362,26 @@ def rpm_elbo(
     Delta recognition (the default here: the latents are the embeddings themselves) and the
     implicit prior, :math:`\mathcal{L}/N = -\text{InfoNCE} + \log N`.
 
-    :param prior: a pair-form prior (``latents = [z, z2]``) or a prior over J views (the
-        joint form: ``latents`` a list of J tensors (N, D) or one tensor (N, J, D)); its
-        parameters (e.g. a learned temperature) train with the encoder's.
+    :param prior: a pair prior (:class:`~rpm.priors.base.Prior` or a plain callable,
+        ``latents = [z, z2]``) or a prior over J views (:class:`~rpm.priors.base.SequencePrior`,
+        ``latents`` a list of J tensors (N, D) or one tensor (N, J, D)); its parameters (e.g.
+        a learned temperature) train with the encoder's.
     :param latents: the latents (samples of the recognition distributions), each (N, D).
-    :param recognitions: the recognition distributions the latents were drawn from: pair
-        form ``[q, q2]`` (batch_shape (N,)), joint form a list of J or one distribution of
-        batch_shape (N, J); default ``Delta`` at the latents (deterministic encoders).
+    :param recognitions: the recognition distributions the latents were drawn from: for a
+        pair prior ``[q, q2]`` (batch_shape (N,)), for a prior over J views a list of J or one
+        distribution of batch_shape (N, J); default ``Delta`` at the latents (deterministic
+        encoders).
     :param candidates: a :class:`~rpm.marginals.candidates.Candidates` (a global batch, a
         queue); default the batch.
     :param block_size: block edge for the O(N^2) kernels; None decides by size.
-    :param bool pooled_marginal: joint form: pool the marginals over the views.
+    :param bool pooled_marginal: a prior over J views: pool the marginals over the views.
     :return: a scalar tensor, the ELBO summed over the N instances.
     """
     check_bool("pooled_marginal", pooled_marginal)
     if recognitions is None and not hook(prior, "accepts_delta_recognition"):
         raise ValueError(delta_with_density_message("the default Delta recognition", prior)
                          + "; pass the recognition distributions the latents were drawn from")
-    if hook(prior, "joint_views"):
+    if is_sequence_prior(prior):
         z = latents if isinstance(latents, torch.Tensor) else torch.stack(list(latents), dim=1)
         if z.dim() != 3 or z.shape[1] < 2:
             raise ValueError(f"a prior over J views takes latents (N, J, D) with J >= 2, or a "
@@ -374,11 +394,13 @@ def rpm_elbo(
             q = _stack_views(list(recognitions))
         marginal = SequenceMixtureMarginal(q, pooled=pooled_marginal, block_size=block_size,
                                            candidates=candidates)
-        return prior_log_ratio(prior, z, (q, marginal), "instances", candidates, block_size, True)
+        return prior_log_ratio(prior, z, (q, marginal), "instances", candidates, block_size,
+                               sequence=True)
     if isinstance(latents, torch.Tensor) or len(latents) != 2:
         got = f"a tensor {tuple(latents.shape)}" if isinstance(latents, torch.Tensor) else len(latents)
         raise ValueError(f"{type(prior).__name__} is a pair prior: pass latents [z, z2], "
                          f"two tensors (N, D); got {got}")
     z, z2 = latents
     q, q2 = (_delta(z), _delta(z2)) if recognitions is None else recognitions
-    return prior_log_ratio(prior, (z, z2), (q, q2), "pairs", candidates, block_size, False)
+    return prior_log_ratio(prior, (z, z2), (q, q2), "pairs", candidates, block_size,
+                           sequence=False)

@@ -20,9 +20,10 @@ With the recognition models as the guide, :math:`\prod_j Q(z_j|x_j)` (Eq. 14), P
     \sum_i \mathbb{E}_{\prod_j Q(z_{i,j}|x_{i,j})}\Big[\log P(z_{i,1:J})
         - \sum_j \log Q_j(z_{i,j})\Big].
 
-Pairs (the prior's pair form) keep two sites ``"z"``, ``"z2"`` and two factors ``"x"``,
-``"x2"``; J views under a joint-form prior (:attr:`~rpm.priors.base.Prior.joint_views`) have
-one site ``"z"`` of event_shape (J, D) and one factor ``"x"``. Ordered views (the frames of a
+Pairs under a pair prior (:class:`~rpm.priors.base.Prior`) keep two sites ``"z"``, ``"z2"``
+and two factors ``"x"``, ``"x2"``; J views under a prior over J views
+(:class:`~rpm.priors.base.SequencePrior`) have one site ``"z"`` of event_shape (J, D) and one
+factor ``"x"``. Ordered views (the frames of a
 sequence) and unordered ones (augmentations) are the same model with different priors.
 """
 
@@ -42,7 +43,6 @@ from rpm.inference.objective import (
     ObjectiveInputs,
     likelihood_factor,
     likelihood_marginals,
-    prior_log_ratio,
 )
 from rpm.marginals.candidates import Candidates, LatentQueue
 from rpm.marginals.mixture_marginal import recognition_components
@@ -65,7 +65,14 @@ from rpm.models.views import (
     stack_components,
 )
 from rpm.nn import NamedModuleList, pyro_method, structure_version
-from rpm.priors.base import Prior, declare_prior, delta_with_density_message, hook, refuse_energy
+from rpm.priors.base import (
+    SequencePrior,
+    declare_prior,
+    delta_with_density_message,
+    hook,
+    is_sequence_prior,
+    refuse_energy,
+)
 from rpm.priors.multiview import MultiViewImplicitPrior
 
 __all__ = ["RPM"]
@@ -77,7 +84,7 @@ _PAIR_PLATE, _JOINT_PLATE = "pairs", "instances"
 class _Dispatch(NamedTuple):
     """What a model decides once per :func:`~rpm.nn.structure_version` (decided again after
     any assignment of a module or an attribute of the package's modules): its prior, its
-    recognition models and the prior's form."""
+    recognition models and the prior's protocol."""
 
     #: The structure version it was decided under.
     version: int
@@ -87,8 +94,8 @@ class _Dispatch(NamedTuple):
     #: The recognition models in the order ``groups`` indexes them, or None when one is not a
     #: PyroModule (read each time, as the prior).
     modules: tuple | None
-    #: The prior's :attr:`~rpm.priors.base.Prior.joint_views`.
-    joint: bool
+    #: The prior is a prior over J views (:func:`~rpm.priors.base.is_sequence_prior`).
+    sequence: bool
 
 
 def _particle_rows(value: torch.Tensor, event_dim: int) -> torch.Tensor:
@@ -121,25 +128,25 @@ class RPM(RPMBase):
     :meth:`encode_views` take the same arguments; :meth:`encode` embeds a batch of single
     inputs (N, ...). View j of instance i is ``views[j][i]``.
 
-    **Sites.** For a prior in the pair form (J = 2, :attr:`~rpm.priors.base.Prior.joint_views`
-    False): the prior's sites ``"z"`` and ``"z2"`` and, inside ``pyro.plate("pairs", N)``, the
-    likelihood factors ``"x"`` and ``"x2"`` with log-densities :math:`\log Q(z|x) - \log Q(z)`
-    and :math:`\log Q(z'|x') - \log Q(z')` (Eq. 10), Q being the marginals the prior names
+    **Sites.** For a pair prior (J = 2, :class:`~rpm.priors.base.Prior`): the prior's sites
+    ``"z"`` and ``"z2"`` and, inside ``pyro.plate("pairs", N)``, the likelihood factors ``"x"``
+    and ``"x2"`` with log-densities :math:`\log Q(z|x) - \log Q(z)` and :math:`\log Q(z'|x') -
+    \log Q(z')` (Eq. 10), Q being the marginals the prior names
     (:meth:`~rpm.priors.base.Prior.likelihood_marginals`); ``guide`` samples ``"z" ~ Q(z|x)``
-    and ``"z2" ~ Q(z'|x')``. For a prior in the joint form (any J): the prior's site ``"z"``
-    with event_shape (J, D) and, inside ``pyro.plate("instances", N)``, the factor ``"x"``,
-    :math:`\sum_j [\log Q(z_j|x_j) - \log Q_j(z_j)]`; ``guide`` samples ``"z"`` from the
-    recognition distributions made independent over the views (event (J, D)), or, with
-    ``guide="structured"``, from the prior's own posterior
-    (:meth:`~rpm.priors.base.Prior.posterior`, e.g. the Kalman smoother of the state-space
-    prior). The prior's sites are per instance (inside the plate) unless the prior couples the
-    instances (:attr:`~rpm.priors.base.Prior.joint_over_batch`, the implicit priors): then they
-    are whole-batch events ((N, D) per pair site, (N, J, D) for the joint site) in model and
-    guide alike. Pyro's ``Trace_ELBO``, ``TraceGraph_ELBO``, ``JitTrace_ELBO`` and
-    ``Predictive`` see honest shapes; :class:`~rpm.RPMELBO` computes the same ELBO with each
-    encoder evaluated once (:mod:`rpm.inference.objective`).
+    and ``"z2" ~ Q(z'|x')``. For a prior over J views (any J,
+    :class:`~rpm.priors.base.SequencePrior`): the prior's site ``"z"`` with event_shape (J, D)
+    and, inside ``pyro.plate("instances", N)``, the factor ``"x"``, :math:`\sum_j [\log
+    Q(z_j|x_j) - \log Q_j(z_j)]`; ``guide`` samples ``"z"`` from the recognition distributions
+    made independent over the views (event (J, D)), or, with ``guide="structured"``, from the
+    prior's own posterior (:meth:`~rpm.priors.base.SequencePrior.posterior`, e.g. the Kalman
+    smoother of the state-space prior). The prior's sites are per instance (inside the plate)
+    unless the prior couples the instances (:attr:`~rpm.priors.base.PriorBase.joint_over_batch`,
+    the implicit priors): then they are whole-batch events ((N, D) per pair site, (N, J, D) for
+    the J views' site) in model and guide alike. Pyro's ``Trace_ELBO``, ``TraceGraph_ELBO``,
+    ``JitTrace_ELBO`` and ``Predictive`` see honest shapes; :class:`~rpm.RPMELBO` computes the
+    same ELBO with each encoder evaluated once (:mod:`rpm.inference.objective`).
 
-    **Marginals of the joint form.** By default :math:`Q_j` is the mixture over the j-th views
+    **Marginals over J views.** By default :math:`Q_j` is the mixture over the j-th views
     of the batch (N components per view): with J = 2 the model *is* the pair model, and it stays
     correct when the views are not exchangeable (one encoder per group, augmentations of
     different kinds, a non-stationary sequence). ``pooled_marginal=True`` uses the mixture over
@@ -171,7 +178,7 @@ class RPM(RPMBase):
     **Missing frames.** ``model``, ``guide``, ``encode_views`` (and :class:`~rpm.RPMELBO` through
     ``objective_inputs``) take ``mask=``, a bool tensor (N, J), True where view j of instance i
     is observed, for a prior that marginalises missing views
-    (:attr:`~rpm.priors.base.Prior.accepts_mask`, e.g. the state-space prior). A missing
+    (:attr:`~rpm.priors.base.SequencePrior.accepts_mask`, e.g. the state-space prior). A missing
     view's input is never read (it may hold anything, NaN included; the encoder sees zeros
     there); its recognition distribution is masked out (Pyro's ``q.mask(mask)``): it has no
     likelihood factor, no marginal term and is no component of the mixture marginals; the
@@ -187,22 +194,24 @@ class RPM(RPMBase):
     :param recognition: Q(z|x), a :class:`~rpm.GaussianRecognition` or
         :class:`~rpm.DeltaRecognition` (any module returning a batch of distributions with
         batch_shape (N,) and event_shape (D,)), or a list of them (one per view, or per group).
-    :param prior: a :class:`~rpm.priors.base.Prior` (or a plain callable ``prior(q, q2) ->
-        (z, z2)`` declaring the sites ``"z"`` and ``"z2"``, a pair-form prior with the hooks'
-        defaults).
+    :param prior: a pair prior, :class:`~rpm.priors.base.Prior` (or a plain callable
+        ``prior(q, q2) -> (z, z2)`` declaring the sites ``"z"`` and ``"z2"``, a pair prior with
+        the hooks' defaults), or a prior over J views, :class:`~rpm.priors.base.SequencePrior`.
     :param recognition2: :math:`Q(z'|x')` for the second view of a pair (model index 1 of
         ``groups``); by default the first view's model is shared.
     :param groups: for a list of G recognition models, ``groups[j]`` is the index of view j's
         model (a list of J integers); default: view j uses model j.
     :param str encoder_calls: ``"per_view"`` (default) or ``"concat"``.
-    :param bool pooled_marginal: joint form: pool the marginals over all views (see above).
-    :param str guide: joint form: ``"recognition"`` (Eq. 14) or ``"structured"`` (the prior's
+    :param bool pooled_marginal: a prior over J views: pool the marginals over all views (see
+        above).
+    :param str guide: a prior over J views: ``"recognition"`` (Eq. 14) or ``"structured"`` (the prior's
         posterior).
     :param queue: a :class:`~rpm.marginals.candidates.LatentQueue` or None.
     :param name: the prefix of the model's parameters in Pyro's param store; by default
         ``"rpm"``, ``"rpm_1"``, ... (unique in the process, :class:`~rpm.models.base.RPMBase`).
     :raises TypeError: for an :class:`~rpm.priors.base.Energy` given as the prior (wrap it:
-        ``ImplicitPrior(energy)``).
+        ``ImplicitPrior(energy)``), or a prior class that mixes the two protocols or still sets
+        rpm 0.1's ``joint_views`` (:func:`~rpm.priors.base.is_sequence_prior`).
     :raises ValueError: for a deterministic encoder (Delta, no noise) with a prior that is an
         explicit continuous density (Appendix B of Aitchison & Ganev), or a structured guide the
         prior does not have.
@@ -230,6 +239,7 @@ class RPM(RPMBase):
         if not callable(prior):
             raise TypeError(f"prior must be callable as prior(q, q2), got {prior!r}")
         refuse_energy(prior)
+        sequence = is_sequence_prior(prior)  # the protocol; TypeError for a class mixing both
         if groups is not None:
             if not (isinstance(groups, (list, tuple)) and all(
                     isinstance(g, int) and not isinstance(g, bool) and 0 <= g < len(modules)
@@ -255,17 +265,16 @@ class RPM(RPMBase):
                     f"the prior {type(prior).__name__} takes no queue of earlier latents (its "
                     "normaliser is not an estimate over candidates of the marginal); use "
                     "ImplicitPrior for MoCo's queue")
-        joint = hook(prior, "joint_views")
-        if guide == "structured" and (not isinstance(prior, Prior)
-                                      or type(prior).posterior is Prior.posterior):
+        if guide == "structured" and (not sequence
+                                      or type(prior).posterior is SequencePrior.posterior):
             raise ValueError(
                 f"guide='structured' needs a prior with a structured posterior; "
                 f"{type(prior).__name__} has none (use guide='recognition', or StateSpacePrior)")
-        if not joint and (pooled_marginal or guide != "recognition"):
+        if not sequence and (pooled_marginal or guide != "recognition"):
             raise ValueError(
-                "pooled_marginal and guide='structured' belong to priors over J views (the joint "
-                f"form, e.g. StateSpacePrior); {type(prior).__name__} is a pair prior (its "
-                "likelihood_marginals hook chooses the marginals)")
+                "pooled_marginal and guide='structured' belong to priors over J views "
+                f"(rpm.priors.SequencePrior, e.g. StateSpacePrior); {type(prior).__name__} is a "
+                "pair prior (its likelihood_marginals hook chooses the marginals)")
         self.adopt(recognition=NamedModuleList(modules) if per_view else recognition,
                    recognition2=recognition2, prior=prior)
         self.per_view = per_view
@@ -303,7 +312,7 @@ class RPM(RPMBase):
             decided = _Dispatch(
                 version, prior if isinstance(prior, PyroModule) else None,
                 modules if all(isinstance(m, PyroModule) for m in modules) else None,
-                bool(hook(prior, "joint_views")))
+                is_sequence_prior(prior))
             self.__dict__["_rpm_dispatch"] = decided
         return decided
 
@@ -325,7 +334,7 @@ class RPM(RPMBase):
             if not isinstance(x, torch.Tensor):
                 raise TypeError(f"x must be a torch.Tensor or a list of views, got "
                                 f"{type(x).__name__}")
-            if not self._dispatch().joint:
+            if not self._dispatch().sequence:
                 raise ValueError(
                     f"one tensor of shape {tuple(x.shape)} is read as views stacked on axis 1 "
                     f"(N, J, ...) only under a prior over J views (rpm.priors.SequencePrior); "
@@ -371,7 +380,7 @@ class RPM(RPMBase):
 
     def _mask(self, mask, prior, views: list, stacked, batch_size: int):
         """Checks a mask over views and zeroes the missing views' inputs (never read)."""
-        if not hook(prior, "joint_views") or not hook(prior, "accepts_mask"):
+        if not (isinstance(prior, SequencePrior) and prior.accepts_mask):
             raise ValueError(
                 f"mask= needs a prior over J views that marginalises missing views "
                 f"(accepts_mask, e.g. StateSpacePrior); {type(prior).__name__} does not")
@@ -393,8 +402,8 @@ class RPM(RPMBase):
 
     def _encode(self, args: tuple, mask: torch.Tensor | None = None
                 ) -> tuple[list[TorchDistribution] | None, TorchDistribution | None]:
-        """Pair form: the two views' recognition distributions (each batch (N,)) and None;
-        joint form: None and the J views' as one distribution (batch (N, J)), masked over the
+        """A pair prior: the two views' recognition distributions (each batch (N,)) and None;
+        a prior over J views: None and the J views' as one distribution (batch (N, J)), masked over the
         views by ``mask`` (N, J) when given (Pyro's ``q.mask(mask)``).
 
         The structural checks run on the first batch of each signature (shapes, dtypes and
@@ -409,10 +418,10 @@ class RPM(RPMBase):
             if all(isinstance(view, torch.Tensor) and view.dim() > 0 for view in views):
                 views, stacked = self._mask(mask, prior, views, stacked, views[0].shape[0])
             return _masked(self._encode_checked(names, views, stacked, modules, groups, prior,
-                                                dispatch.joint), mask)
-        return self._encode_checked(names, views, stacked, modules, groups, prior, dispatch.joint)
+                                                dispatch.sequence), mask)
+        return self._encode_checked(names, views, stacked, modules, groups, prior, dispatch.sequence)
 
-    def _encode_checked(self, names, views, stacked, modules, groups, prior, joint: bool):
+    def _encode_checked(self, names, views, stacked, modules, groups, prior, sequence: bool):
         """:meth:`_encode` without a mask.
 
         A batch of a signature that passed the structural checks before is encoded with the
@@ -427,23 +436,23 @@ class RPM(RPMBase):
             try:
                 with skipped_checks():
                     parts = self._encode_views(names, views, stacked, modules, groups,
-                                               views[0].shape[0], joint, check=False)
+                                               views[0].shape[0], sequence, check=False)
                 if not validating or check_values(views, parts[0] or (parts[1],)):
                     return parts
             except ValueError:  # e.g. a distribution's own argument check
                 if not validating:
                     raise
             with full_checks():
-                return self._encode_checked(names, views, stacked, modules, groups, prior, joint)
+                return self._encode_checked(names, views, stacked, modules, groups, prior, sequence)
         batch_size = check_inputs(names, views)
-        if not joint and len(views) != 2:
+        if not sequence and len(views) != 2:
             raise ValueError(
                 f"the prior {type(prior).__name__} is a pair prior (sites 'z' and 'z2') but "
-                f"the batch has J = {len(views)} views; use a prior over J views (the joint "
-                "form, e.g. MarkovImplicitPrior, StateSpacePrior)")
-        parts = self._encode_views(names, views, stacked, modules, groups, batch_size, joint,
+                f"the batch has J = {len(views)} views; use a prior over J views "
+                "(rpm.priors.SequencePrior, e.g. MarkovImplicitPrior, StateSpacePrior)")
+        parts = self._encode_views(names, views, stacked, modules, groups, batch_size, sequence,
                                    check=True)
-        if joint:  # parameters (loc, scale) per view
+        if sequence:  # parameters (loc, scale) per view
             dim = parts[1].event_shape[0]
             deltas = [isinstance(parts[1], Delta)] * len(views)
         else:
@@ -464,7 +473,7 @@ class RPM(RPMBase):
         return parts
 
     def _encode_views(self, names, views, stacked, modules, groups, batch_size: int,
-                      joint: bool, check: bool):
+                      sequence: bool, check: bool):
         """The encoder calls of :meth:`_encode` (``check``: the distributions' shapes are
         checked)."""
         if stacked is not None and self.encoder_calls == "concat" and len(modules) == 1:
@@ -474,8 +483,8 @@ class RPM(RPMBase):
             parts = _split_rows(dist, batch_size, len(views))
         else:
             parts = recognise_views(names, views, modules, groups, self.encoder_calls,
-                                    batch_size, components=joint, check=check)
-        if joint:
+                                    batch_size, components=sequence, check=check)
+        if sequence:
             return None, stack_components(parts)
         return parts, None
 
@@ -494,12 +503,12 @@ class RPM(RPMBase):
 
     def marginal(self, q: TorchDistribution, block_size: int | None = None,
                  candidates: Candidates | None = None) -> SequenceMixtureMarginal:
-        r"""The joint form's recognition marginals :math:`\prod_j Q_j` (per view or pooled)."""
+        r"""A prior over J views' recognition marginals :math:`\prod_j Q_j` (per view or pooled)."""
         return SequenceMixtureMarginal(q, pooled=self.pooled_marginal, block_size=block_size,
                                        candidates=candidates)
 
     def guide_distribution(self, q: TorchDistribution) -> TorchDistribution:
-        """The joint form's guide distribution of ``"z"``: batch_shape (N,), event_shape (J, D)."""
+        """A prior over J views' guide distribution of ``"z"``: batch_shape (N,), event_shape (J, D)."""
         if self.guide_kind == "structured":
             return self.prior.posterior(q)
         return q.to_event(1)
@@ -512,20 +521,20 @@ class RPM(RPMBase):
 
     @pyro_method
     def sample_prior(self, q: TorchDistribution, q2: TorchDistribution):
-        """Runs the pair-form prior inside the current plate and checks it declared ``"z"``
+        """Runs the pair prior inside the current plate and checks it declared ``"z"``
         and ``"z2"`` (:func:`~rpm.priors.base.declare_prior`)."""
         return declare_prior(self.prior, *self._prior_args(q, q2), sites=("z", "z2"))
 
     @pyro_method
     def model(self, *args, mask: torch.Tensor | None = None):
-        r"""The generative model of Eq. 9-10 (class docstring): pair form, prior sites
-        ``"z"``, ``"z2"`` and likelihood factors ``"x"``, ``"x2"``; joint form, prior site
+        r"""The generative model of Eq. 9-10 (class docstring): a pair prior's sites
+        ``"z"``, ``"z2"`` and likelihood factors ``"x"``, ``"x2"``; a prior over J views' site
         ``"z"`` (event (J, D)) and the factor ``"x"`` (over the observed views of ``mask``,
         (N, J) bool, when given)."""
         encoded, q = self._encode(args, mask)
         batch_size = (encoded[0] if q is None else q).batch_shape[0]
         joint_over_batch = hook(self.prior, "joint_over_batch")
-        if q is not None:  # the joint form
+        if q is not None:  # a prior over J views
             marginal = self.marginal(q)
             plate = pyro.plate(_JOINT_PLATE, batch_size)
             if joint_over_batch:
@@ -556,8 +565,8 @@ class RPM(RPMBase):
     def guide(self, *args, mask: torch.Tensor | None = None):
         r"""The approximate posterior: the recognition models (Eq. 14), per instance inside the
         plate, or as whole-batch events for a prior that is
-        :attr:`~rpm.priors.base.Prior.joint_over_batch` (the same draws, the same log-density
-        summed over the instances); in the joint form optionally the prior's structured
+        :attr:`~rpm.priors.base.PriorBase.joint_over_batch` (the same draws, the same log-density
+        summed over the instances); for a prior over J views optionally the prior's structured
         posterior. With ``mask`` the log-density is that of the observed views' latents."""
         encoded, q = self._encode(args, mask)
         batch_size = (encoded[0] if q is None else q).batch_shape[0]
@@ -592,33 +601,12 @@ class RPM(RPMBase):
         if q is None:
             return ObjectiveInputs(prior=prior, guides=tuple(encoded),
                                    recognitions=tuple(encoded), plate=_PAIR_PLATE,
-                                   candidates=candidates, joint=False)
+                                   candidates=candidates, sequence=False)
         marginal = self.marginal(q, block_size=block_size, candidates=candidates)
         guide = self.guide_distribution(q)
         return ObjectiveInputs(prior=prior, guides=(guide,), recognitions=(q, marginal),
                                plate=_JOINT_PLATE, candidates=candidates,
-                               structured=self.guide_kind == "structured", joint=True)
-
-    @pyro_method
-    def log_ratio(
-        self, z: torch.Tensor, z2: torch.Tensor, q: TorchDistribution, q2: TorchDistribution,
-        global_batch: bool = False, block_size: int | None = None,
-    ) -> torch.Tensor:
-        r"""Pair form: total :math:`\sum_i \log P(z_i, z'_i) - \log Q(z_i) - \log Q(z'_i)` over
-        the batch (:func:`~rpm.inference.objective.prior_log_ratio`: the prior's analytic log-ratio, or
-        the traced prior minus the likelihood marginals).
-
-        :param torch.Tensor z: first-view latents, shape (N, D).
-        :param torch.Tensor z2: second-view latents, shape (N, D).
-        :param q: first-view recognition distributions, batch_shape (N,).
-        :param q2: second-view recognition distributions, batch_shape (N,).
-        :param bool global_batch: evaluate the marginals (and the prior's normaliser) over the
-            batches of every process; the return value is this process's share.
-        :param block_size: stream the O(N^2) parts in blocks of this size (``None``: by size).
-        :return: a scalar.
-        """
-        return prior_log_ratio(self.prior, (z, z2), (q, q2), _PAIR_PLATE,
-                               self.candidates(global_batch), block_size)
+                               structured=self.guide_kind == "structured", sequence=True)
 
     @pyro_method
     def encode(self, x: torch.Tensor, *, group: int = 0) -> torch.Tensor:
@@ -646,11 +634,11 @@ class RPM(RPMBase):
         :meth:`model` takes them: ``(x_1, ..., x_J)``, a list, or under a prior over J views
         one tensor (N, J, ...) (the T frames of N sequences). With ``mask`` (N, J) the missing
         views' entries are imputed: the mean of the prior's structured posterior given the
-        observed views (:meth:`~rpm.priors.base.Prior.posterior`; for the state-space prior the
+        observed views (:meth:`~rpm.priors.base.SequencePrior.posterior`; for the state-space prior the
         Kalman smoother of the recognition means)."""
         encoded, q = self._encode(views, mask)
         if q is not None and mask is not None:
-            posterior = self.prior.posterior(q) if isinstance(self.prior, Prior) else None
+            posterior = self.prior.posterior(q)
             if posterior is None:
                 raise ValueError(
                     f"encode_views(..., mask=) imputes the missing views from the prior's "
@@ -661,7 +649,7 @@ class RPM(RPMBase):
         return torch.stack([dist.mean for dist in encoded], dim=1)
 
 def _masked(parts: tuple, mask: torch.Tensor) -> tuple:
-    """The joint form's recognition distributions masked over the views (``q.mask(mask)``)."""
+    """A prior over J views' recognition distributions masked over the views (``q.mask(mask)``)."""
     encoded, q = parts
     return encoded, q.mask(mask)
 

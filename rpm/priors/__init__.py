@@ -1,17 +1,24 @@
 r"""Priors over the latents of J >= 2 views (Eq. 9 and 21-22 of Aitchison & Ganev;
 ``docs/theory.md#implicit-prior``, J views and sequences).
 
-A prior is a :class:`Prior`, one protocol with two call forms: the pair form (``forward(q, q2)``
-declares the sample sites ``"z"`` and ``"z2"`` and returns their values; q and q2 are the batch's
-recognition distributions, which the implicit prior uses and explicit priors ignore) and the
-joint form over J views (:class:`SequencePrior`: ``forward(q, marginal)`` declares ``"z"`` with
-event shape (J, D)). Its other hooks (the analytic log-ratio and the candidates of its
-normaliser, whether Delta encoders are allowed, the latent dimension, the marginals the
-likelihood divides by, a structured posterior) and those of an :class:`Energy` are documented in
-:mod:`rpm.priors.base`.
+A prior follows one of two protocols, with distinct methods:
+
+* :class:`Prior`, a prior over a pair: ``forward(q, q2)`` declares the sample sites ``"z"`` and
+  ``"z2"`` and returns their values (q and q2 are the batch's recognition distributions, which
+  the implicit prior uses and explicit priors ignore); its analytic term is
+  :meth:`Prior.log_ratio`;
+* :class:`SequencePrior`, a prior over J views (a sequence, ordered or not): ``forward(q,
+  marginal)`` declares ``"z"`` with event shape (J, D); its analytic term is
+  :meth:`SequencePrior.sequence_log_ratio`.
+
+Their common attributes (whether Delta encoders are allowed, the latent dimension, whether the
+prior couples the instances of a batch, whether its normaliser takes a queue) are
+:class:`PriorBase`'s; the hooks of each protocol (the analytic log-ratio and the candidates of
+its normaliser, the marginals the likelihood divides by, a structured posterior) and those of an
+:class:`Energy` are documented in :mod:`rpm.priors.base`.
 """
 
-from rpm.priors.base import Energy, Prior
+from rpm.priors.base import Energy, Prior, PriorBase, SequencePrior
 from rpm.priors.energies import (
     AnisotropicEnergy,
     BilinearEnergy,
@@ -30,12 +37,7 @@ from rpm.priors.explicit import (
 from rpm.priors.implicit import ImplicitPrior
 from rpm.priors.multiview import MultiViewImplicitPrior, PartnerMixturePrior, StarImplicitPrior
 from rpm.priors.pooled import PooledImplicitPrior
-from rpm.priors.sequence import (
-    MarkovChain,
-    MarkovImplicitPrior,
-    MarkovPrior,
-    SequencePrior,
-)
+from rpm.priors.sequence import MarkovChain, MarkovImplicitPrior, MarkovPrior
 from rpm.priors.state_space import LinearGaussianPrior, StateSpacePrior
 from rpm.priors.stationary import StationaryStateSpacePrior
 
@@ -59,6 +61,7 @@ __all__ = [
     "PartnerMixturePrior",
     "PooledImplicitPrior",
     "Prior",
+    "PriorBase",
     "RBFEnergy",
     "RandomWalkEnergy",
     "SequencePrior",

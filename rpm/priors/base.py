@@ -1,5 +1,7 @@
-r"""The extension points of the package: :class:`Prior`, a prior over the latents of a pair, and
-:class:`Energy`, the coupling function of the uniform-implicit prior.
+r"""The extension points of the package: the two prior protocols, :class:`Prior` (a prior over
+the latents of a pair of views) and :class:`SequencePrior` (a prior over the latents of J
+views), with their common base :class:`PriorBase`, and :class:`Energy`, the coupling function
+of the uniform-implicit prior.
 
 Each hook is a method or attribute with a documented default; :class:`~rpm.RPM` and
 :class:`~rpm.RPMELBO` call the hooks and never probe for them, so a subclass states what it can
@@ -20,6 +22,12 @@ ELBO then uses instead of tracing. The marginals that the likelihood :math:`P(x|
 P_\text{true}(x) / Q(z)` (Eq. 10) divides by are the prior's to choose
 (:meth:`Prior.likelihood_marginals`): by default each view's own mixture.
 
+**SequencePrior** :math:`P(z_1, \dots, z_J)` over J >= 2 views (``docs/theory.md``,
+sequences): the terms of the ELBO are :math:`\log P(z_{i,1:J}) - \sum_j \log Q_j(z_{i,j})`. It
+declares one site ``"z"`` with event_shape (J, D) (:meth:`SequencePrior.forward`) and may return
+the analytic remainder from :meth:`SequencePrior.sequence_log_ratio`. The two protocols share
+no method: a prior follows one (:func:`is_sequence_prior`).
+
 **Energy** :math:`f(z, z')` of the implicit prior :math:`P(z'|z) = Q(z') e^{f(z, z')} / Z(z)`
 (Eq. 21-22). It returns the whole matrix :math:`F_{ij} = f(z_i, z'_j)`; its diagonal
 :meth:`Energy.paired` and, when f is a matrix product plus a row offset, the factors of
@@ -36,13 +44,17 @@ from pyro.infer.util import is_validation_enabled
 
 from rpm.marginals import MixtureMarginal
 from rpm.marginals.candidates import Candidates
+from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
 from rpm.nn import NamedModule
 
 __all__ = [
     "Energy",
     "Prior",
+    "PriorBase",
+    "SequencePrior",
     "declare_prior",
     "delta_with_density_message",
+    "is_sequence_prior",
     "positive_hyperparameter",
     "refuse_energy",
 ]
@@ -73,31 +85,26 @@ def positive_hyperparameter(name: str, value) -> torch.Tensor:
     return torch.tensor(number, dtype=torch.float64)
 
 
-class Prior(NamedModule):
-    r"""Base class of priors :math:`P(z_1, \dots, z_J)` over the latents of J >= 2 views of an
-    instance (Eq. 9 of Aitchison & Ganev; ``docs/theory.md``, J views and sequences).
+class PriorBase(NamedModule):
+    r"""What the two prior protocols share: the attributes that tell :class:`~rpm.RPM` and the
+    objective (:mod:`rpm.inference.objective`) what a prior allows.
 
-    One protocol, two call forms, chosen by :attr:`joint_views`:
+    A prior follows one of two protocols, each a subclass of this class:
 
-    * **pair form** (``joint_views = False``, J = 2): ``forward(q, q2)`` declares the sample
-      sites ``"z"`` and ``"z2"`` and returns ``(z, z2)``, q and q2 being the two views'
-      recognition distributions (batch_shape (N,), event_shape (D,));
-    * **joint form** (``joint_views = True``, any J, e.g. T frames of a sequence or J
-      augmentations): ``forward(q, marginal)`` declares one site ``"z"`` with event_shape
-      (J, D) and returns its value (N, J, D); q has batch_shape (N, J), and ``marginal`` is the
-      model's :class:`~rpm.marginals.SequenceMixtureMarginal` :math:`\prod_j Q_j`
-      (:class:`~rpm.priors.SequencePrior` is this form's base class).
+    * :class:`Prior`, a prior :math:`P(z, z')` over the latents of a pair of views
+      (``forward(q, q2) -> (z, z2)``, :meth:`Prior.log_ratio`);
+    * :class:`SequencePrior`, a prior :math:`P(z_1, \dots, z_J)` over the latents of J >= 2
+      views, ordered (the frames of a sequence) or not (augmentations)
+      (``forward(q, marginal) -> z``, :meth:`SequencePrior.sequence_log_ratio`).
 
-    Implement :meth:`forward`; override the other hooks when their defaults do not fit:
+    Which protocol a prior follows is ``isinstance(prior, SequencePrior)``
+    (:func:`is_sequence_prior`); a plain callable ``prior(q, q2)`` is a pair prior with
+    :class:`Prior`'s defaults. Subclass :class:`Prior` or :class:`SequencePrior`, not this
+    class.
 
     ==================================  =======================================================
-    hook                                default
+    attribute                           default
     ==================================  =======================================================
-    :meth:`forward` (required)          declares the sites (above) and returns their values
-    :meth:`log_ratio`                   ``None``: no analytic cancellation, the ELBO traces
-                                        :meth:`forward` and subtracts the mixture marginals
-                                        (:func:`rpm.inference.objective.prior_log_ratio`)
-    :attr:`joint_views`                 ``False``: the pair form
     :attr:`accepts_delta_recognition`   ``False``: the prior is a density on
                                         :math:`\mathbb{R}^{J D}`, so Delta encoders are refused
                                         (Appendix B)
@@ -105,62 +112,76 @@ class Prior(NamedModule):
     :attr:`joint_over_batch`            ``False``: the sites are per instance, declared inside
                                         the model's plate over the N instances
     :attr:`accepts_queue`               ``False``: the normaliser takes no queued latents
-    :attr:`accepts_mask`                ``False``: every view of an instance is observed
-    :meth:`likelihood_marginals`        pair form: each view's own minibatch mixture
-    :meth:`posterior`                   ``None``: no structured guide of the prior's own
-    :meth:`posterior_log_ratio`         ``None``: the structured guide's terms are computed from
-                                        the prior's and the posterior's log-densities
     ==================================  =======================================================
-
-    A plain callable ``prior(q, q2)`` (not a :class:`Prior`) is accepted by :class:`~rpm.RPM`
-    as a pair-form prior with all the defaults.
     """
 
-    #: False: the pair form, ``forward(q, q2)`` declaring ``"z"`` and ``"z2"``. True: the joint
-    #: form over J views, ``forward(q, marginal)`` declaring ``"z"`` with event_shape (J, D).
-    joint_views: bool = False
-
-    #: True when :math:`P(z, z')` is defined relative to the recognition marginals (as the
-    #: implicit prior's :math:`P(z) = Q(z)`, :math:`P(z'|z) \propto Q(z') e^{f}`), so that
+    #: True when the prior is defined relative to the recognition marginals (as the implicit
+    #: prior's :math:`P(z) = Q(z)`, :math:`P(z'|z) \propto Q(z') e^{f}`), so that
     #: deterministic (Delta) encoders give a well-defined ELBO. False for densities on
-    #: :math:`\mathbb{R}^D`, which need Q(z) to have a density too (Appendix B of Aitchison &
-    #: Ganev): :class:`~rpm.RPM` then refuses ``DeltaRecognition`` without noise.
+    #: :math:`\mathbb{R}^{J D}`, which need Q(z) to have a density too (Appendix B of
+    #: Aitchison & Ganev): :class:`~rpm.RPM` then refuses ``DeltaRecognition`` without noise.
     accepts_delta_recognition: bool = False
 
     #: The latent dimension D the prior was built for, or None for any; :class:`~rpm.RPM`
     #: checks the encoders' output against it.
     dim: int | None = None
 
-    #: False (the default): the instances are independent under the prior, and
-    #: :meth:`forward` is called inside the model's ``pyro.plate`` over the N instances,
-    #: declaring per-instance sites (batch (N,)). True when the prior couples the instances of
-    #: a batch (the implicit prior's conditional is normalised over the batch's own latents):
-    #: :meth:`forward` is then called outside the plate and declares each site as one event
-    #: over the whole batch ((N, D) for a pair site, (N, J, D) for the joint form), and the
-    #: :class:`~rpm.RPM`'s guide declares its sites the same way, so that model and guide
-    #: agree on every site's shape and Pyro's batch semantics hold.
+    #: False (the default): the instances are independent under the prior, and ``forward`` is
+    #: called inside the model's ``pyro.plate`` over the N instances, declaring per-instance
+    #: sites (batch (N,)). True when the prior couples the instances of a batch (the implicit
+    #: priors' normaliser runs over the batch's own latents): ``forward`` is then called outside
+    #: the plate and declares each site as one event over the whole batch ((N, D) for a site of
+    #: a pair prior, (N, J, D) for the site of a prior over J views), and the
+    #: :class:`~rpm.RPM`'s guide declares its sites the same way, so that model and guide agree
+    #: on every site's shape and Pyro's batch semantics hold.
     joint_over_batch: bool = False
 
-    #: True when the normaliser of :meth:`log_ratio` and :meth:`forward` takes the latents of
-    #: a :class:`~rpm.marginals.candidates.LatentQueue` as extra candidates (the implicit
-    #: prior: MoCo); :class:`~rpm.RPM` refuses a queue for a prior that does not.
+    #: True when the normaliser of the prior's analytic log-ratio and of its ``forward`` takes
+    #: the latents of a :class:`~rpm.marginals.candidates.LatentQueue` as extra candidates (the
+    #: implicit prior: MoCo); :class:`~rpm.RPM` refuses a queue for a prior that does not.
     accepts_queue: bool = False
 
-    #: True when the joint-form prior marginalises missing views exactly: called with
-    #: recognition distributions masked over the views (``q.mask(mask)``, mask (N, J), True =
-    #: observed; :func:`rpm.marginals.sequence_marginal.sequence_mask`), its site's
-    #: log-density is that of the observed views' latents (the state-space prior: the Kalman
-    #: filter without the missing frames' updates). :class:`~rpm.RPM` refuses ``mask=`` for a
-    #: prior that does not (an implicit prior's InfoNCE terms pair consecutive views and have no
-    #: marginal over a missing one).
-    accepts_mask: bool = False
+
+class Prior(PriorBase):
+    r"""Base class of priors :math:`P(z, z')` over the latents of a pair of views (Eq. 9 of
+    Aitchison & Ganev).
+
+    The ELBO of the RPM of N pairs with the recognition models as the guide (Eq. 15) is
+
+    .. math::
+
+        \mathcal{L} = \sum_{i=1}^N \mathbb{E}_{Q(z_i|x_i) Q(z'_i|x'_i)}\big[\log P(z_i, z'_i)
+        - \log Q_1(z_i) - \log Q_2(z'_i)\big] + \text{const},
+
+    with :math:`Q_1, Q_2` the views' recognition marginals (the minibatch mixtures of Eq. 11,
+    or those of :meth:`likelihood_marginals`).
+
+    **Protocol.** ``forward(q, q2)`` declares the sample sites ``"z"`` and ``"z2"`` and returns
+    their values ``(z, z2)``, q and q2 being the two views' recognition distributions
+    (batch_shape (N,), event_shape (D,)). Implement :meth:`forward`; override the other hooks
+    when their defaults do not fit:
+
+    ==================================  =======================================================
+    hook                                default
+    ==================================  =======================================================
+    :meth:`forward` (required)          declares ``"z"`` and ``"z2"``, returns ``(z, z2)``
+    :meth:`log_ratio`                   ``None``: no analytic cancellation, the ELBO traces
+                                        :meth:`forward` and subtracts the mixture marginals
+                                        (:func:`rpm.inference.objective.prior_log_ratio`)
+    :meth:`likelihood_marginals`        each view's own minibatch mixture
+    attributes of :class:`PriorBase`    ``accepts_delta_recognition``, ``dim``,
+                                        ``joint_over_batch``, ``accepts_queue``
+    ==================================  =======================================================
+
+    A plain callable ``prior(q, q2)`` (not a :class:`PriorBase`) is accepted by
+    :class:`~rpm.RPM` as a pair prior with all the defaults. A prior over J views is a
+    :class:`SequencePrior` (the other protocol; a class cannot follow both).
+    """
 
     def forward(self, q: TorchDistribution, q2: TorchDistribution):
-        r"""Declares the prior's sample sites and returns their values.
-
-        Pair form: ``"z"`` and ``"z2"``, each (N, D), inside the model's plate over the N pairs
-        (or as whole-batch events, :attr:`joint_over_batch`). Joint form: ``forward(q,
-        marginal)`` declaring ``"z"`` (N, J, D).
+        r"""Declares the sample sites ``"z"`` and ``"z2"``, each (N, D), inside the model's plate
+        over the N pairs (or as whole-batch events, :attr:`~PriorBase.joint_over_batch`), and
+        returns their values ``(z, z2)``.
 
         Each site is a normalised distribution whose ``sample`` draws from the density its
         ``log_prob`` defines, so that Pyro's tools (``Importance``, ``Predictive``,
@@ -170,10 +191,8 @@ class Prior(NamedModule):
         (``docs/theory.md#normalised-sample-sites``).
 
         :param q: the first view's recognition distributions, batch_shape (N,), event_shape
-            (D,) (the implicit prior's marginal is built from them; explicit priors ignore them);
-            in the joint form all J views', batch_shape (N, J).
-        :param q2: the second view's, likewise; in the joint form the marginal
-            :math:`\prod_j Q_j`.
+            (D,) (the implicit prior's marginal is built from them; explicit priors ignore them).
+        :param q2: the second view's, likewise.
         """
         raise NotImplementedError(
             f"{type(self).__name__} must implement forward(q, q2), declaring the sample sites "
@@ -184,11 +203,11 @@ class Prior(NamedModule):
         self, z: torch.Tensor, z2: torch.Tensor, q: TorchDistribution, q2: TorchDistribution,
         candidates: Candidates | None = None, block_size: int | None = None,
     ) -> torch.Tensor | None:
-        r"""The per-instance ELBO term after analytic cancellation, or None (the default).
+        r"""The per-pair ELBO term after analytic cancellation, or None (the default).
 
         .. math::
 
-            \log P(z_i, z'_i) - \log Q(z_i) - \log Q(z'_i)
+            \log P(z_i, z'_i) - \log Q_1(z_i) - \log Q_2(z'_i)
 
         (Eq. 15 of Aitchison & Ganev, the terms inside the expectation), for a prior whose
         log-density cancels the recognition marginals in closed form: the implicit prior
@@ -197,10 +216,6 @@ class Prior(NamedModule):
         with its sites conditioned on the samples and subtract the minibatch-mixture marginals
         (:func:`rpm.inference.objective.prior_log_ratio`); both routes must agree with
         ``Trace_ELBO``.
-
-        In the joint form the signature is ``log_ratio(z (N, J, D), q (N, J), marginal,
-        candidates=None, block_size=None)`` and the term is :math:`\log P(z_{i,1:J}) - \sum_j
-        \log Q_j(z_{i,j})`.
 
         :param torch.Tensor z: first-view latents, shape (N, D).
         :param torch.Tensor z2: second-view latents, shape (N, D), paired with z.
@@ -218,8 +233,7 @@ class Prior(NamedModule):
     def likelihood_marginals(
         self, q: TorchDistribution, q2: TorchDistribution
     ) -> tuple[MixtureMarginal, MixtureMarginal]:
-        r"""The recognition marginals :math:`(Q_1, Q_2)` that the likelihood factors divide by
-        (pair form).
+        r"""The recognition marginals :math:`(Q_1, Q_2)` that the likelihood factors divide by.
 
         .. math::
 
@@ -232,9 +246,7 @@ class Prior(NamedModule):
         :math:`\log Q_1(z_i) + \log Q_2(z'_i)`. The default is each view's own minibatch mixture,
         :math:`Q_1 = \frac1N \sum_n Q(z|x_n)` and :math:`Q_2 = \frac1N \sum_n Q(z'|x'_n)`
         (Eq. 11). A prior built on another estimate of the recognition marginal returns that one
-        (the pooled prior of NT-Xent: the mixture over both views, for both). In the joint form
-        the model's :class:`~rpm.marginals.SequenceMixtureMarginal` is used (per view, or
-        pooled over the views).
+        (the pooled prior of NT-Xent: the mixture over both views, for both).
 
         :param q: first-view recognition distributions, batch_shape (N,), event_shape (D,).
         :param q2: second-view recognition distributions, likewise.
@@ -244,10 +256,106 @@ class Prior(NamedModule):
         """
         return MixtureMarginal(q), MixtureMarginal(q2)
 
+
+class SequencePrior(PriorBase):
+    r"""Base class of priors :math:`P(z_1, \dots, z_J)` over the latents of J >= 2 views of an
+    instance: a sequence of J views, ordered (the T frames of a video window) or not (J
+    augmentations of an image) (``docs/theory.md``, sequences; J views and the encoders).
+
+    The ELBO of the RPM of N instances (Eq. 12 and 15 of Aitchison & Ganev with J views) is
+
+    .. math::
+
+        \mathcal{L} = \sum_{i=1}^N \mathbb{E}_{Q(z_{i,1:J}|x_{i,1:J})}\Big[\log P(z_{i,1:J})
+            + \sum_j \big(\log Q(z_{i,j}|x_{i,j}) - \log Q_j(z_{i,j})\big)
+            - \log Q(z_{i,1:J}|x_{i,1:J})\Big] + \text{const},
+
+    with :math:`Q_j` the recognition marginal of view j (the model's
+    :class:`~rpm.marginals.SequenceMixtureMarginal`, per view or pooled over the views); with
+    the recognition models as the guide the middle and last terms cancel and the terms are
+    :math:`\log P(z_{i,1:J}) - \sum_j \log Q_j(z_{i,j})`. With J = 2 this is
+    :class:`Prior`'s pair ELBO.
+
+    **Protocol.** ``forward(q, marginal)`` declares one sample site ``"z"`` with event_shape
+    (J, D) and returns its value, (N, J, D); q holds the J views' recognition distributions,
+    batch_shape (N, J), and ``marginal`` is the model's :math:`\prod_j Q_j`. Implement
+    :meth:`forward`; override the other hooks when their defaults do not fit:
+
+    ==================================  =======================================================
+    hook                                default
+    ==================================  =======================================================
+    :meth:`forward` (required)          declares ``"z"`` (event (J, D)), returns its value
+    :meth:`sequence_log_ratio`          ``None``: no analytic cancellation, the ELBO traces
+                                        :meth:`forward` and subtracts the marginals
+                                        (:func:`rpm.inference.objective.prior_log_ratio`)
+    :meth:`posterior`                   ``None``: no structured guide of the prior's own
+    :meth:`posterior_log_ratio`         ``None``: the structured guide's terms are computed from
+                                        the prior's and the posterior's log-densities
+    :attr:`accepts_mask`                ``False``: every view of an instance is observed
+    attributes of :class:`PriorBase`    ``accepts_delta_recognition``, ``dim``,
+                                        ``joint_over_batch``, ``accepts_queue``
+    ==================================  =======================================================
+
+    The analytic term is :meth:`sequence_log_ratio`, not :class:`Prior`'s ``log_ratio``: the
+    two protocols share no method, and a class cannot follow both.
+    """
+
+    #: True when the prior marginalises missing views exactly: called with recognition
+    #: distributions masked over the views (``q.mask(mask)``, mask (N, J), True = observed;
+    #: :func:`rpm.marginals.sequence_marginal.sequence_mask`), its site's log-density is that of
+    #: the observed views' latents (the state-space prior: the Kalman filter without the missing
+    #: frames' updates). :class:`~rpm.RPM` refuses ``mask=`` for a prior that does not (an
+    #: implicit prior's InfoNCE terms pair consecutive views and have no marginal over a missing
+    #: one).
+    accepts_mask: bool = False
+
+    def forward(self, q: TorchDistribution, marginal: SequenceMixtureMarginal) -> torch.Tensor:
+        r"""Declares the sample site ``"z"`` with event_shape (J, D) inside the model's plate
+        over the N instances (or as one event (N, J, D) for a prior that is
+        :attr:`~PriorBase.joint_over_batch`) and returns its value, (N, J, D).
+
+        The site is a normalised distribution whose ``sample`` draws from the density its
+        ``log_prob`` defines; a term that is not normalised (an implicit prior's tilt) enters as
+        a ``pyro.factor`` of another name (``docs/theory.md#normalised-sample-sites``).
+
+        :param q: the recognition distributions, batch_shape (N, J), event_shape (D,).
+        :param marginal: the model's recognition marginals :math:`\prod_j Q_j`, batch_shape
+            (N,), event_shape (J, D) (implicit priors are built from them).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement forward(q, marginal), declaring the sample "
+            "site 'z' with event_shape (J, D) and returning its value")
+
+    def sequence_log_ratio(self, z: torch.Tensor, q: TorchDistribution,
+                           marginal: SequenceMixtureMarginal,
+                           candidates: Candidates | None = None,
+                           block_size: int | None = None) -> torch.Tensor | None:
+        r"""The per-instance ELBO term after analytic cancellation, or None (the default).
+
+        .. math::
+
+            \log P(z_{i,1:J}) - \sum_{j=1}^J \log Q_j(z_{i,j})
+
+        for a prior whose log-density cancels the marginals in closed form (the Markov implicit
+        prior: the sum of the InfoNCE terms of consecutive views, Eq. 23-25 per step). None
+        makes the ELBO trace :meth:`forward` with ``"z"`` conditioned on the samples and
+        subtract ``marginal.log_prob(z)`` (:func:`rpm.inference.objective.prior_log_ratio`);
+        both routes must agree with ``Trace_ELBO``.
+
+        :param torch.Tensor z: latents, shape (N, J, D).
+        :param q: recognition distributions, batch_shape (N, J), event_shape (D,).
+        :param marginal: the model's marginals :math:`\prod_j Q_j`.
+        :param candidates: the step's :class:`~rpm.marginals.candidates.Candidates` (the batch,
+            every process's batch, a queue); None means the batch.
+        :param block_size: block edge of the O(N^2) kernels; None decides by size.
+        :return: shape (N,), or None.
+        """
+        return None
+
     def posterior(self, q: TorchDistribution) -> TorchDistribution | None:
         r"""A structured guide :math:`Q(z_{1:J}|x_{1:J})` built from the recognition
-        distributions (joint form, q of batch_shape (N, J)), with batch_shape (N,) and
-        event_shape (J, D); None (the default) when the prior has none."""
+        distributions (q of batch_shape (N, J)), with batch_shape (N,) and event_shape (J, D);
+        None (the default) when the prior has none."""
         return None
 
     def posterior_log_ratio(self, z: torch.Tensor, q: TorchDistribution,
@@ -270,6 +378,45 @@ class Prior(NamedModule):
         :return: shape (N,), or None.
         """
         return None
+
+
+def is_sequence_prior(prior) -> bool:
+    """Which protocol ``prior`` follows: True for a prior over J views (a
+    :class:`SequencePrior`), False for a pair prior (a :class:`Prior`, or a plain callable
+    ``prior(q, q2)``).
+
+    :raises TypeError: for a class that derives from both :class:`Prior` and
+        :class:`SequencePrior`; for one that still sets rpm 0.1's ``joint_views`` flag (a prior
+        over J views subclasses :class:`SequencePrior`); and for a :class:`SequencePrior` with
+        a method ``log_ratio`` (0.1's name of :meth:`SequencePrior.sequence_log_ratio`, which
+        the objective would otherwise never call).
+    """
+    if not isinstance(prior, PriorBase):
+        return False
+    cls = type(prior)
+    name = cls.__name__
+    sequence = isinstance(prior, SequencePrior)
+    if sequence and isinstance(prior, Prior):
+        raise TypeError(
+            f"{name} derives from both rpm.priors.Prior (a prior over a pair) and "
+            "rpm.priors.SequencePrior (a prior over J views); a prior follows one protocol: "
+            "derive from one of them")
+    if hasattr(cls, "joint_views"):
+        if cls.joint_views and not sequence:
+            raise TypeError(
+                f"{name} sets joint_views = True (rpm 0.1's flag of a prior over J views), which "
+                "rpm no longer reads: subclass rpm.priors.SequencePrior instead of "
+                "rpm.priors.Prior and rename its log_ratio to sequence_log_ratio(z, q, "
+                "marginal, candidates=None, block_size=None)")
+        raise TypeError(
+            f"{name} sets joint_views, which rpm no longer reads: remove it (a pair prior "
+            "subclasses rpm.priors.Prior, a prior over J views rpm.priors.SequencePrior)")
+    if sequence and hasattr(cls, "log_ratio"):
+        raise TypeError(
+            f"{name} is a prior over J views (rpm.priors.SequencePrior) with a method "
+            "log_ratio, the pair prior's name; rename it sequence_log_ratio(z, q, marginal, "
+            "candidates=None, block_size=None)")
+    return sequence
 
 
 class Energy(NamedModule):
@@ -411,9 +558,9 @@ class Energy(NamedModule):
 # ----------------------------------------------------------------------------------------------
 
 def hook(prior, name: str):
-    """The prior's hook ``name`` (an attribute of :class:`Prior`), or :class:`Prior`'s default
-    for a plain callable."""
-    return getattr(prior if isinstance(prior, Prior) else Prior, name)
+    """The prior's attribute ``name`` (one of :class:`PriorBase`'s, or of its protocol's), or
+    :class:`Prior`'s default for a plain callable (a pair prior)."""
+    return getattr(prior if isinstance(prior, PriorBase) else Prior, name)
 
 
 def delta_with_density_message(what: str, prior) -> str:
@@ -466,9 +613,10 @@ def declare_prior(prior, *args, sites: tuple[str, ...] = ("z", "z2")):
     order of ``sites`` (the model pairs them with the views' likelihood factors): a prior
     returning ``(z2, z)`` is refused. A site must be a distribution, not a ``pyro.factor``
     (the latents are drawn from distributions, the unnormalised couplings are factors of other
-    names: :meth:`Prior.forward`).
+    names: :meth:`Prior.forward`, :meth:`SequencePrior.forward`).
 
-    :return: the prior's return value: ``(z, z2)`` for the pair form, z for the joint form.
+    :return: the prior's return value: ``(z, z2)`` for a pair prior (sites ``("z", "z2")``),
+        z for a prior over J views (site ``("z",)``).
     :raises ValueError: for a missing site, a wrong return value, a site of another latent size
         than the encoder's, or a site that does not fit the plate.
     """

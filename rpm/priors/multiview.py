@@ -35,7 +35,7 @@ marginals) and the coupling a factor (``docs/theory.md#normalised-sample-sites``
 ELBO of the model whose prior log-density is the average of the centres' (as
 :class:`~rpm.priors.PooledImplicitPrior` averages its two directions): every centre's prior is
 :math:`\prod_j Q_j(z_j)` times its tilt :math:`e^{r_c}`, so the model declares ``"z"`` (one
-event (N, J, D) over the batch, :attr:`~rpm.priors.Prior.joint_over_batch`) from the model's
+event (N, J, D) over the batch, :attr:`~rpm.priors.PriorBase.joint_over_batch`) from the model's
 marginals and adds the averaged tilt as the factor ``"z_views"``.
 
 **The queue** (MoCo). A :class:`~rpm.marginals.candidates.LatentQueue` of K latents of earlier
@@ -48,7 +48,7 @@ same marginal, of the older encoder's, so :math:`\hat Z` is biased towards
 filled (K / (N J) steps); the bias vanishes when it stops moving, and no gradient flows into the
 queue. The prior owns the queue (a submodule: ``state_dict()`` and checkpoints carry it) and
 **pushes automatically**: in training mode (``prior.training``, which ``model.train()`` sets),
-after each evaluation of its terms (:meth:`MultiViewImplicitPrior.log_ratio`, which
+after each evaluation of its terms (:meth:`MultiViewImplicitPrior.sequence_log_ratio`, which
 :class:`~rpm.RPMELBO` calls once per particle, or the Pyro model under ``Trace_ELBO``), the
 detached latents of the partner views (those that are some centre's positive), gathered from
 every process over a global batch; ``eval()`` stops the pushes.
@@ -63,7 +63,7 @@ from pyro.distributions import TorchDistribution
 from rpm._validation import check_int
 from rpm.marginals.candidates import Candidates, LatentQueue
 from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
-from rpm.priors.base import Energy
+from rpm.priors.base import Energy, SequencePrior
 from rpm.priors.energy_range import check_implicit_log_ratio
 from rpm.priors.implicit import tilt_factor
 from rpm.priors.multiview_terms import (
@@ -73,7 +73,6 @@ from rpm.priors.multiview_terms import (
     multiview_masks,
     positive_index,
 )
-from rpm.priors.sequence import SequencePrior
 
 __all__ = ["MultiViewImplicitPrior", "PartnerMixturePrior", "StarImplicitPrior"]
 
@@ -247,10 +246,10 @@ class MultiViewImplicitPrior(SequencePrior):
         check_implicit_log_ratio(type(self).__name__, self.energy, [z.reshape(-1, z.shape[2])], ratio)
         return ratio
 
-    def log_ratio(self, z: torch.Tensor, q: TorchDistribution | None = None,
-                  marginal: SequenceMixtureMarginal | None = None,
-                  candidates: Candidates | None = None,
-                  block_size: int | None = None) -> torch.Tensor:
+    def sequence_log_ratio(self, z: torch.Tensor, q: TorchDistribution | None = None,
+                           marginal: SequenceMixtureMarginal | None = None,
+                           candidates: Candidates | None = None,
+                           block_size: int | None = None) -> torch.Tensor:
         r"""Per-instance :math:`\log P(z_{i,1:J}) - \sum_j \log Q_j(z_{i,j})` after the
         cancellation of the marginals: the average over the centres c of :math:`r_{i,c}`
         (module docstring), shape (N,). Over a global batch the candidates are every

@@ -11,8 +11,9 @@ An RPM over T views (:class:`~rpm.RPM`) has the ELBO
 (Eq. 12 and 15 of Aitchison & Ganev with T views), with :math:`Q_t` the minibatch-mixture
 marginals (:class:`~rpm.marginals.sequence_marginal.SequenceMixtureMarginal`). A sequence
 prior declares one sample site ``"z"`` with event_shape (T, D) inside the model's plate over
-the N sequences. :class:`SequencePrior` is the base class with the hooks the model and
-:class:`~rpm.RPMELBO` call; this module also holds
+the N sequences. :class:`~rpm.priors.base.SequencePrior` is the base class of this protocol,
+with the hooks the model and :class:`~rpm.RPMELBO` call (:mod:`rpm.priors.base`); this module
+holds
 
 * :class:`MarkovImplicitPrior`: the chain of implicit conditionals,
   :math:`P(z_1) = Q_1(z_1)`, :math:`P(z_{t+1}|z_t) = Q_{t+1}(z_{t+1}) e^{f(z_t, z_{t+1})} /
@@ -38,58 +39,15 @@ from torch.distributions import constraints
 from rpm.marginals.candidates import Candidates
 from rpm.marginals.sequence_marginal import SequenceMixtureMarginal, view
 from rpm.ops.logsumexp import diagonal_log_softmax
-from rpm.priors.base import Prior
+from rpm.priors.base import Prior, SequencePrior, is_sequence_prior
 from rpm.priors.energy_range import check_implicit_log_ratio
 from rpm.priors.implicit import ImplicitPrior, tilt_factor
 
-# The stacked path of MarkovImplicitPrior.log_ratio: at most this many entries of the
+# The stacked path of MarkovImplicitPrior.sequence_log_ratio: at most this many entries of the
 # ((T - 1) N)^2 matrix (small batches, where one kernel beats T - 1).
 _STACKED_LIMIT = 2**14
 
-__all__ = ["MarkovChain", "MarkovImplicitPrior", "MarkovPrior", "SequencePrior"]
-
-
-class SequencePrior(Prior):
-    r"""Base class of the joint form of :class:`~rpm.priors.base.Prior`: a prior
-    :math:`P(z_{1:J})` over the latents of J views (T frames of a sequence, J augmentations),
-    ordered or not.
-
-    Implement :meth:`forward`; the other hooks and their defaults are
-    :class:`~rpm.priors.base.Prior`'s (:meth:`log_ratio` None: the ELBO traces :meth:`forward`
-    and subtracts the marginals; :meth:`posterior` None: no structured guide;
-    :attr:`accepts_delta_recognition` False: Delta encoders need noise, Appendix B;
-    :attr:`~rpm.priors.base.Prior.joint_over_batch` False: ``"z"`` is declared inside the
-    model's plate over the N instances).
-    """
-
-    joint_views = True
-
-    def forward(self, q: TorchDistribution, marginal: SequenceMixtureMarginal) -> torch.Tensor:
-        r"""Declares the sample site ``"z"`` with event_shape (J, D) inside the model's plate
-        over the N instances (or as one event (N, J, D) for a prior that is
-        :attr:`~rpm.priors.base.Prior.joint_over_batch`) and returns its value, (N, J, D).
-
-        :param q: the recognition distributions, batch_shape (N, J), event_shape (D,).
-        :param marginal: the model's recognition marginals :math:`\prod_j Q_j`, batch_shape
-            (N,), event_shape (J, D) (implicit priors are built from them).
-        """
-        raise NotImplementedError(
-            f"{type(self).__name__} must implement forward(q, marginal), declaring the sample "
-            "site 'z' with event_shape (J, D) and returning its value")
-
-    def log_ratio(self, z: torch.Tensor, q: TorchDistribution,
-                  marginal: SequenceMixtureMarginal, candidates: Candidates | None = None,
-                  block_size: int | None = None) -> torch.Tensor | None:
-        r"""Per-instance :math:`\log P(z_{1:J}) - \sum_j \log Q_j(z_j)` after analytic
-        cancellation, shape (N,), or None (the default: the ELBO traces :meth:`forward`).
-
-        :param torch.Tensor z: latents, shape (N, J, D).
-        :param q: recognition distributions, batch_shape (N, J).
-        :param marginal: the model's marginals :math:`\prod_j Q_j`.
-        :param candidates: the step's :class:`~rpm.marginals.candidates.Candidates`.
-        :param block_size: block edge of the O(N^2) kernels; None decides by size.
-        """
-        return None
+__all__ = ["MarkovChain", "MarkovImplicitPrior", "MarkovPrior"]
 
 
 class _BatchChain(TorchDistribution):
@@ -144,7 +102,7 @@ class MarkovImplicitPrior(SequencePrior):
 
         \sum_{t=1}^{T-1} \Big[f(z_t, z_{t+1}) - \log \frac1N \sum_j e^{f(z_t, z_{j,t+1})}\Big],
 
-    which :meth:`log_ratio` returns (through the pair prior's own
+    which :meth:`sequence_log_ratio` returns (through the pair prior's own
     :meth:`~rpm.priors.ImplicitPrior.log_ratio`, streamed for large batches or in blocks of the
     marginal's ``block_size``, as ``RPMELBO(block_size=...)`` asks); with T = 2 this is
     exactly the pair model's ELBO.
@@ -153,7 +111,7 @@ class MarkovImplicitPrior(SequencePrior):
     factor (``docs/theory.md#normalised-sample-sites``): ``"z"`` is the N draws of the model's
     marginals :math:`\prod_t Q_t`, one event (N, T, D) over the batch (the normaliser of each
     step couples the sequences, :attr:`joint_over_batch`), and the factor ``"z_chain"`` is the
-    sum of :meth:`log_ratio` (:func:`~rpm.priors.implicit.tilt_factor`), so that
+    sum of :meth:`sequence_log_ratio` (:func:`~rpm.priors.implicit.tilt_factor`), so that
     :math:`\log P(z_{1:N, 1:T}) = \sum_{n, t} \log Q_t(z_{n,t}) + \sum_n \text{log\_ratio}_n`.
 
     :param energy: f(z, z'), e.g. :class:`~rpm.priors.RBFEnergy`.
@@ -176,16 +134,18 @@ class MarkovImplicitPrior(SequencePrior):
 
     def forward(self, q: TorchDistribution, marginal: SequenceMixtureMarginal) -> torch.Tensor:
         """Declares ``"z"`` ~ the model's marginals, one event (N, T, D) over the batch, and
-        the factor ``"z_chain"``, the sum of this class's :meth:`log_ratio`; returns z,
-        (N, T, D)."""
+        the factor ``"z_chain"``, the sum of this class's :meth:`sequence_log_ratio`; returns
+        z, (N, T, D)."""
         z = pyro.sample("z", marginal.to_event(1))
-        tilt_factor("z_chain", lambda z: MarkovImplicitPrior.log_ratio(self, z, q, marginal), z,
+        tilt_factor("z_chain",
+                    lambda z: MarkovImplicitPrior.sequence_log_ratio(self, z, q, marginal), z,
                     event_dim=3)
         return z
 
-    def log_ratio(self, z: torch.Tensor, q: TorchDistribution,
-                  marginal: SequenceMixtureMarginal, candidates: Candidates | None = None,
-                  block_size: int | None = None) -> torch.Tensor:
+    def sequence_log_ratio(self, z: torch.Tensor, q: TorchDistribution,
+                           marginal: SequenceMixtureMarginal,
+                           candidates: Candidates | None = None,
+                           block_size: int | None = None) -> torch.Tensor:
         """Per-sequence sum of the consecutive views' InfoNCE terms, shape (N,); over a global
         batch each step's normaliser runs over every process's (t+1)-th views."""
         if block_size is None:  # RPMELBO(block_size=...) reaches the marginal too
@@ -200,9 +160,8 @@ class MarkovImplicitPrior(SequencePrior):
                                                 candidates, block_size)
         return total
 
-
     def _stacked_log_ratio(self, z: torch.Tensor) -> torch.Tensor:
-        r""":meth:`log_ratio` of a small batch from one call of the energy: the matrix of
+        r""":meth:`sequence_log_ratio` of a small batch from one call of the energy: the matrix of
         :math:`f` between all (T - 1) N anchors :math:`z_{i,t}` and all partners
         :math:`z_{j,t+1}`, of which step t's (N, N) block is its InfoNCE matrix (the energy's
         ``forward`` is pairwise, so the other blocks are simply not used). One kernel instead of
@@ -313,6 +272,11 @@ class MarkovPrior(SequencePrior):
         super().__init__()
         if not callable(pair_prior):
             raise TypeError(f"pair_prior must be callable as prior(q, q2), got {pair_prior!r}")
+        if is_sequence_prior(pair_prior):
+            raise TypeError(
+                f"MarkovPrior chains a pair prior (rpm.priors.Prior, forward(q, q2)); "
+                f"{type(pair_prior).__name__} is already a prior over J views: give it to "
+                "rpm.RPM directly")
         if isinstance(pair_prior, Prior) and pair_prior.joint_over_batch:
             raise ValueError(
                 f"{type(pair_prior).__name__} couples the pairs of a batch (joint_over_batch): "

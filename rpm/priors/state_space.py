@@ -44,7 +44,7 @@ from rpm._validation import check_positive_int
 from rpm.distributions.state_space import GaussianStateSpace, StateSpacePosterior
 from rpm.marginals.sequence_marginal import sequence_components, sequence_mask
 from rpm.ops.kalman import KalmanForecast, KalmanSmootherResult
-from rpm.priors.sequence import SequencePrior
+from rpm.priors.base import SequencePrior
 
 __all__ = ["LinearGaussianPrior", "StateSpacePrior"]
 
