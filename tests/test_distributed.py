@@ -83,7 +83,8 @@ def _objective(model, x, x2, noise, global_batch):
     else:
         z = q.base_dist.loc + q.base_dist.scale * noise[0]
         z2 = q2.base_dist.loc + q2.base_dist.scale * noise[1]
-    return model.log_ratio(z, z2, q, q2, global_batch=global_batch)
+    return rpm.inference.rpm_elbo(model.prior, [z, z2], [q, q2],
+                                  candidates=model.candidates(global_batch))
 
 
 def _sequence_objective(model, x, x2, noise, global_batch):

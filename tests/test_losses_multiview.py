@@ -28,7 +28,7 @@ def _stacked(views):
 def _rpm_elbo_per_instance(prior, views):
     """-RPMELBO / N of rpm.RPM(DeltaRecognition(identity), prior) on the outputs themselves."""
     model = rpm.RPM(rpm.DeltaRecognition(torch.nn.Identity()), prior)
-    args = views if len(views) == 2 and not prior.joint_views else [views]
+    args = views if len(views) == 2 and not isinstance(prior, rpm.priors.SequencePrior) else [views]
     return -rpm.RPMELBO().loss(model.model, model.guide, *args) / views[0].shape[0]
 
 

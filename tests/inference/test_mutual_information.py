@@ -55,7 +55,7 @@ def monte_carlo_elbo(prior, batches=6, n=1536):
         q, q2 = model.recognise(x, x2)
         z, z2 = q.sample(), q2.sample()
         with torch.no_grad():
-            values.append(model.log_ratio(z, z2, q, q2).item() / n)
+            values.append(rpm.inference.rpm_elbo(model.prior, [z, z2], [q, q2]).item() / n)
     values = torch.tensor(values)
     return values.mean().item(), (values.std() / math.sqrt(batches)).item()
 

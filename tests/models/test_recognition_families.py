@@ -166,4 +166,5 @@ def test_a_global_batch_refuses_a_family_it_cannot_gather():
     x, x2 = make_batch()
     q, q2 = model.recognise(x, x2)
     with pytest.raises(ValueError, match="StudentT recognition has no such gather"):
-        model.log_ratio(q.sample(), q2.sample(), q, q2, global_batch=True)
+        rpm.inference.rpm_elbo(model.prior, [q.sample(), q2.sample()], [q, q2],
+                               candidates=model.candidates(global_batch=True))

@@ -230,8 +230,9 @@ def test_markov_implicit_prior_log_density_is_the_equation(pooled):
     assert torch.allclose(site["log_prob"], marginal.log_prob(z).sum(), atol=1e-12)
     log_density = site["log_prob"] + trace.nodes["z_chain"]["log_prob"]
     assert torch.allclose(log_density, expected.sum(), atol=1e-12)
-    # and the analytic cancellation of MarkovImplicitPrior.log_ratio
-    assert torch.allclose(prior.log_ratio(z, q, marginal), expected - marginal.log_prob(z), atol=1e-12)
+    # and the analytic cancellation of MarkovImplicitPrior.sequence_log_ratio
+    assert torch.allclose(prior.sequence_log_ratio(z, q, marginal),
+                          expected - marginal.log_prob(z), atol=1e-12)
 
 
 def test_sequence_marginals_are_the_per_view_and_pooled_mixtures():

@@ -139,7 +139,7 @@ def ratio_and_loop(kind, energy, n, block_size):
         z = torch.randn(n, views, D, dtype=torch.float64, requires_grad=True)
         q = dist.Delta(z.detach(), event_dim=1)
         marginal = SequenceMixtureMarginal(q, block_size=block_size)
-        return [z], MarkovImplicitPrior(energy).log_ratio(z, q, marginal), markov_loop(energy, z)
+        return [z], MarkovImplicitPrior(energy).sequence_log_ratio(z, q, marginal), markov_loop(energy, z)
     z = torch.randn(n, D, dtype=torch.float64, requires_grad=True)
     z2 = (z.detach() + 0.5 * torch.randn(n, D, dtype=torch.float64)).requires_grad_()
     prior = ImplicitPrior(energy) if kind == "implicit" else PooledImplicitPrior(energy)

@@ -1,5 +1,7 @@
-"""The Prior and Energy hooks: their defaults, a subclass of a built-in energy that keeps the
-streamed normaliser, and a custom energy that gets it from its own factorisation."""
+"""The two prior protocols (Prior over a pair, SequencePrior over J views) and the Energy hooks:
+their defaults, the refusal of classes that mix the protocols or keep rpm 0.1's flag, a
+subclass of a built-in energy that keeps the streamed normaliser, and a custom energy that gets
+it from its own factorisation."""
 
 import math
 
@@ -10,7 +12,16 @@ from pyro.infer import Trace_ELBO
 
 import rpm
 import rpm.priors.implicit as implicit
-from rpm.priors import Energy, ImplicitPrior, Prior, RBFEnergy
+from rpm.priors import (
+    Energy,
+    ImplicitPrior,
+    MarkovPrior,
+    Prior,
+    PriorBase,
+    RBFEnergy,
+    SequencePrior,
+)
+from rpm.priors.base import is_sequence_prior
 
 N, D = 9, 3
 
@@ -130,6 +141,113 @@ def test_a_custom_prior_with_an_analytic_log_ratio_is_used_by_the_elbo():
     fast = rpm.RPMELBO().loss(model.model, model.guide, x, x2)
     assert used
     assert fast == pytest.approx(Trace_ELBO().loss(model.model, model.guide, x, x2), rel=1e-12)
+
+
+def test_sequence_prior_defaults():
+    """The prior over J views shares PriorBase's attributes and none of Prior's methods."""
+    prior = SequencePrior()
+    assert isinstance(prior, PriorBase) and not isinstance(prior, Prior)
+    assert not isinstance(Prior(), SequencePrior)
+    assert (prior.accepts_delta_recognition, prior.dim, prior.joint_over_batch,
+            prior.accepts_queue, prior.accepts_mask) == (False, None, False, False, False)
+    assert not hasattr(prior, "log_ratio") and not hasattr(Prior(), "sequence_log_ratio")
+    q = pyro.distributions.Normal(torch.randn(4, 3, D), 1.0).to_event(1)
+    z = torch.randn(4, 3, D)
+    assert prior.sequence_log_ratio(z, q, None) is None
+    assert prior.posterior(q) is None and prior.posterior_log_ratio(z, q, None) is None
+    with pytest.raises(NotImplementedError, match=r"forward\(q, marginal\)"):
+        prior(q, None)
+    assert is_sequence_prior(prior) and not is_sequence_prior(Prior())
+    assert not is_sequence_prior(lambda q, q2: None)   # a plain callable is a pair prior
+
+
+class _IndependentViews(SequencePrior):
+    """z_{1:J} ~ N(0, I) per instance (event (J, D)), traced: no analytic term."""
+
+    def forward(self, q, marginal):
+        num_views = q.batch_shape[-1]
+        standard = pyro.distributions.Normal(torch.zeros(num_views, D), 1.0).to_event(2)
+        return pyro.sample("z", standard)
+
+
+def test_a_custom_sequence_prior_with_an_analytic_term_is_used_by_the_elbo():
+    """A prior over J = 3 views with Gaussian recognition: RPMELBO calls its sequence_log_ratio,
+    and with or without it RPMELBO equals Trace_ELBO and the float64 loop of
+    -sum_i [log N(z_i; 0, I) - sum_j log (1/N) sum_n Q(z_ij|x_nj)] at the guide's draw."""
+    torch.set_default_dtype(torch.float64)
+    used = []
+
+    class Analytic(_IndependentViews):
+        def sequence_log_ratio(self, z, q, marginal, candidates=None, block_size=None):
+            used.append(True)
+            log_prior = pyro.distributions.Normal(0.0, 1.0).log_prob(z).sum((-1, -2))
+            return log_prior - marginal.log_prob(z)
+
+    net = _Head()
+    xs = [torch.randn(N, 4) for _ in range(3)]
+    for prior, analytic in ((Analytic(), True), (_IndependentViews(), False)):
+        used.clear()
+        model = rpm.RPM(rpm.GaussianRecognition(net), prior)
+        pyro.set_rng_seed(3)
+        fast = rpm.RPMELBO().loss(model.model, model.guide, xs)
+        assert bool(used) is analytic
+        pyro.set_rng_seed(3)
+        assert fast == pytest.approx(Trace_ELBO().loss(model.model, model.guide, xs), rel=1e-12)
+        pyro.set_rng_seed(3)
+        z = pyro.poutine.trace(model.guide).get_trace(xs).nodes["z"]["value"].detach()
+        loc, scale = (p.detach() for p in net(torch.stack(xs, 1)))    # each (N, J, D), as z
+        total = 0.0
+        for i in range(N):
+            total += sum(-0.5 * float(v) ** 2 - 0.5 * math.log(2 * math.pi) for v in z[i].flatten())
+            for j in range(3):
+                components = [float(pyro.distributions.Normal(loc[n, j], scale[n, j])
+                                    .log_prob(z[i, j]).sum()) for n in range(N)]
+                total -= math.log(sum(math.exp(c) for c in components) / N)
+        assert fast == pytest.approx(-total, rel=1e-10)
+
+
+def test_a_prior_that_mixes_the_protocols_is_refused():
+    """rpm 0.1's joint_views flag, a class deriving from both protocols and a SequencePrior
+    whose analytic term still has the pair's name are refused where the RPM meets them: at
+    construction, at the next call after an assignment, and in rpm_elbo."""
+
+    class OldJointViews(Prior):                        # a 0.1 prior over J views
+        joint_views = True
+
+        def forward(self, q, marginal):
+            raise AssertionError("not reached")
+
+    class Both(Prior, SequencePrior):
+        pass
+
+    class OldName(_IndependentViews):
+        def log_ratio(self, z, q, marginal, candidates=None, block_size=None):
+            raise AssertionError("not reached")
+
+    class FlagOnSequence(_IndependentViews):
+        joint_views = True
+
+    cases = [(OldJointViews, r"subclass rpm.priors.SequencePrior instead of rpm.priors.Prior "
+                             r"and rename its log_ratio to sequence_log_ratio"),
+             (Both, "derives from both rpm.priors.Prior .* and rpm.priors.SequencePrior"),
+             (OldName, "rename it sequence_log_ratio"),
+             (FlagOnSequence, "joint_views, which rpm no longer reads: remove it")]
+    recognition = rpm.GaussianRecognition(_Head())
+    for cls, message in cases:
+        with pytest.raises(TypeError, match=message):
+            rpm.RPM(recognition, cls())
+        model = rpm.RPM(recognition, _IndependentViews())
+        model.prior = cls()
+        with pytest.raises(TypeError, match=message):
+            model.model([torch.randn(N, 4) for _ in range(3)])
+        with pytest.raises(TypeError, match=message):
+            rpm.inference.rpm_elbo(cls(), torch.randn(N, 3, D),
+                                   pyro.distributions.Normal(torch.zeros(N, 3, D), 1.0).to_event(1))
+
+
+def test_markov_prior_takes_a_pair_prior_only():
+    with pytest.raises(TypeError, match="already a prior over J views"):
+        MarkovPrior(_IndependentViews())
 
 
 def test_a_prior_that_accepts_delta_recognition_is_allowed():
