@@ -77,8 +77,11 @@ torch.set_default_dtype(torch.float32)
 #
 # ## 2. A custom sequence prior in a few lines of Pyro
 #
-# A sequence prior is a `SequencePrior` whose `forward(q, marginal)` declares the site `"z"`
-# with event shape (T, D). Here, a Gaussian random walk with a learned step length, written
+# A sequence prior is a `SequencePrior` (the protocol of priors over J views; a pair prior is a
+# `Prior`, with `forward(q, q2)`) whose `forward(q, marginal)` declares the site `"z"` with event
+# shape (T, D). A prior whose ELBO terms $\log P(z_{1:T}) - \sum_t \log Q_t(z_t)$ have a closed
+# form may also return them from `sequence_log_ratio(z, q, marginal)`; without it, as here, the
+# ELBO traces `forward`. Here, a Gaussian random walk with a learned step length, written
 # with Pyro's own `GaussianHMM` (its hidden state is the latent itself, observed with a tiny
 # noise):
 
