@@ -12,6 +12,7 @@ from pyro.infer import Trace_ELBO
 
 import rpm
 import rpm.priors.implicit as implicit
+from rpm.inference.objective import prior_log_ratio
 from rpm.priors import (
     Energy,
     ImplicitPrior,
@@ -248,6 +249,13 @@ def test_a_prior_that_mixes_the_protocols_is_refused():
 def test_markov_prior_takes_a_pair_prior_only():
     with pytest.raises(TypeError, match="already a prior over J views"):
         MarkovPrior(_IndependentViews())
+
+
+def test_the_terms_of_j_views_refuse_a_pair_prior():
+    q = pyro.distributions.Normal(torch.zeros(N, 3, D), 1.0).to_event(1)
+    with pytest.raises(TypeError, match=r"need a prior over J views .* got ImplicitPrior"):
+        prior_log_ratio(ImplicitPrior(RBFEnergy()), q.sample(), (q, None), "instances",
+                        sequence=True)
 
 
 def test_a_prior_that_accepts_delta_recognition_is_allowed():
