@@ -7,7 +7,7 @@ channels, batch normalisation, ReLU), then the feature map :math:`F \in \mathbb 
 s/8 \times s/8}` pooled (``pooling``): ``flatten`` keeps every cell (the features know where
 they are), ``average`` takes the mean over the cells, :math:`\bar F_c = \frac{64}{s^2}
 \sum_{ij} F_{cij}` (a ResNet's global average pooling: features that move with the image
-give the same vector); then a hidden layer of ``hidden`` units and a linear map to
+give nearly the same vector); then a hidden layer of ``hidden`` units and a linear map to
 ``rep_dims``; recognition :math:`Q(z \mid x) = \delta(z - h(x))`. Energy (``energy``):
 
 * ``cosine``: :math:`f(z, z') = \hat z^\top \hat z' / \tau` (unit vectors; SimCLR's critic,
