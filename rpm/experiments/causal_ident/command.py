@@ -61,11 +61,14 @@ from rpm.experiments.common import (
     write_json_atomic,
 )
 
-__all__ = ["ENERGIES", "add_parser", "run"]
+__all__ = ["ENERGIES", "POOLINGS", "add_parser", "run"]
 
 #: The energies of the implicit prior (written out so that ``rpm --help`` imports no torch; a
 #: test checks them against :data:`rpm.experiments.causal_ident.model.ENERGIES`).
 ENERGIES = ("cosine", "rbf")
+#: The encoder's poolings (written out for the same reason; checked against
+#: :data:`rpm.experiments.causal_ident.model.POOLINGS`).
+POOLINGS = ("flatten", "average")
 
 
 def _row_list(text: str) -> list[str]:
@@ -112,6 +115,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="channels of the encoder's first convolution (default: 32)")
     model.add_argument("--hidden", type=positive_int, default=256,
                        help="units of the encoder's hidden layer (default: 256)")
+    model.add_argument("--pooling", choices=POOLINGS, default="flatten",
+                       help="how the encoder pools its last feature map: flatten (every cell, "
+                       "the features know where they are) or average (a ResNet's global average "
+                       "pooling) (default: flatten)")
     train = parser.add_argument_group("training")
     train.add_argument("--steps", type=positive_int, default=1500,
                        help="optimiser steps per row; on --resume it may grow (default: 1500)")

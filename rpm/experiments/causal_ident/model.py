@@ -3,8 +3,12 @@ InfoNCE, Aitchison & Ganev Eq. 23-25) on the output of a small convolutional enc
 scene images.
 
 Encoder :math:`h`: three 3 x 3 convolutions of stride 2 (``width``, ``2 width``, ``2 width``
-channels, batch normalisation, ReLU), a hidden layer of ``hidden`` units and a linear map to ``rep_dims``;
-recognition :math:`Q(z \mid x) = \delta(z - h(x))`. Energy (``energy``):
+channels, batch normalisation, ReLU), then the feature map :math:`F \in \mathbb R^{2 w \times
+s/8 \times s/8}` pooled (``pooling``): ``flatten`` keeps every cell (the features know where
+they are), ``average`` takes the mean over the cells, :math:`\bar F_c = \frac{64}{s^2}
+\sum_{ij} F_{cij}` (a ResNet's global average pooling: features that move with the image
+give nearly the same vector); then a hidden layer of ``hidden`` units and a linear map to
+``rep_dims``; recognition :math:`Q(z \mid x) = \delta(z - h(x))`. Energy (``energy``):
 
 * ``cosine``: :math:`f(z, z') = \hat z^\top \hat z' / \tau` (unit vectors; SimCLR's critic,
   the paper's);
@@ -24,28 +28,35 @@ import rpm
 from rpm._validation import check_choice, check_positive, check_positive_int
 from rpm.priors import CosineEnergy, ImplicitPrior, RBFEnergy
 
-__all__ = ["ENERGIES", "SceneEncoder", "build_model", "model_from_arguments"]
+__all__ = ["ENERGIES", "POOLINGS", "SceneEncoder", "build_model", "model_from_arguments"]
 
 #: The energies of the implicit prior (module docstring).
 ENERGIES = ("cosine", "rbf")
+#: How :class:`SceneEncoder` pools its last feature map (module docstring).
+POOLINGS = ("flatten", "average")
 
 
 class SceneEncoder(nn.Module):
     r""":math:`h: [0, 1]^{3 \times s \times s} \to \mathbb R^{m}`, three stride-2 3 x 3
-    convolutions with batch normalisation and ReLU, then ``Linear -> ReLU -> Linear`` (module docstring).
+    convolutions with batch normalisation and ReLU, the feature map flattened or averaged over
+    its cells, then ``Linear -> ReLU -> Linear`` (module docstring).
 
     :param int rep_dims: m, the representation's dimension.
     :param int size: s, the side of the images (a multiple of 8).
     :param int width: channels of the first convolution (the others have twice as many).
     :param int hidden: units of the hidden layer.
+    :param str pooling: ``"flatten"`` (every cell of the last feature map) or ``"average"``
+        (their mean per channel).
     """
 
-    def __init__(self, rep_dims: int, size: int = 32, width: int = 32, hidden: int = 256) -> None:
+    def __init__(self, rep_dims: int, size: int = 32, width: int = 32, hidden: int = 256,
+                 pooling: str = "flatten") -> None:
         super().__init__()
         rep_dims, size = check_positive_int("rep_dims", rep_dims), check_positive_int("size", size)
         width, hidden = check_positive_int("width", width), check_positive_int("hidden", hidden)
         if size % 8:
             raise ValueError(f"size must be a multiple of 8 (three halvings), got {size}")
+        self.pooling = check_choice("pooling", pooling, POOLINGS)
         self.size = size
         self.features = nn.Sequential(
             nn.Conv2d(3, width, 3, stride=2, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
@@ -53,9 +64,11 @@ class SceneEncoder(nn.Module):
             nn.ReLU(),
             nn.Conv2d(2 * width, 2 * width, 3, stride=2, padding=1), nn.BatchNorm2d(2 * width),
             nn.ReLU(),
-            nn.Flatten(),
         )
-        self.head = nn.Sequential(nn.Linear(2 * width * (size // 8) ** 2, hidden), nn.ReLU(),
+        self.pool = nn.Flatten() if pooling == "flatten" else nn.Sequential(
+            nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        cells = (size // 8) ** 2 if pooling == "flatten" else 1
+        self.head = nn.Sequential(nn.Linear(2 * width * cells, hidden), nn.ReLU(),
                                   nn.Linear(hidden, rep_dims))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -63,7 +76,7 @@ class SceneEncoder(nn.Module):
         if images.ndim != 4 or images.shape[1:] != (3, self.size, self.size):
             raise ValueError(f"images must have shape (N, 3, {self.size}, {self.size}), got "
                              f"{tuple(images.shape)}")
-        return self.head(self.features(images))
+        return self.head(self.pool(self.features(images)))
 
 
 def build_model(encoder: nn.Module, energy: str = "cosine", temperature: float = 0.1) -> rpm.RPM:
@@ -89,8 +102,9 @@ def model_from_arguments(arguments: dict) -> rpm.RPM:
     (:mod:`rpm.experiments.trained`).
 
     :param dict arguments: ``rep_dims``, ``size``, ``width``, ``hidden``, ``energy``,
-        ``temperature``.
+        ``temperature`` and ``pooling`` (absent in the records written before it existed:
+        ``"flatten"``, the encoder they were trained with).
     """
     encoder = SceneEncoder(arguments["rep_dims"], arguments["size"], arguments["width"],
-                           arguments["hidden"])
+                           arguments["hidden"], arguments.get("pooling", "flatten"))
     return build_model(encoder, arguments["energy"], arguments["temperature"])

@@ -154,7 +154,8 @@ def model_arguments(args: argparse.Namespace) -> dict:
     """The model record's arguments (:func:`~rpm.experiments.causal_ident.model.model_from_arguments`)
     from the flags."""
     return {"rep_dims": args.rep_dims, "size": args.size, "width": args.width,
-            "hidden": args.hidden, "energy": args.energy, "temperature": args.temperature}
+            "hidden": args.hidden, "energy": args.energy, "temperature": args.temperature,
+            "pooling": args.pooling}
 
 
 def train_row(name: str, spec: ViewSpec, published: tuple, args: argparse.Namespace,

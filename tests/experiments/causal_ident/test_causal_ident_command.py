@@ -25,8 +25,40 @@ def _run(tmp_path, *argv, name="run"):
         return exit.code
 
 
-def test_energy_choices_are_the_models():
+def test_energy_and_pooling_choices_are_the_models():
     assert command.ENERGIES == model.ENERGIES
+    assert command.POOLINGS == model.POOLINGS
+
+
+def test_average_pooling_is_the_mean_of_the_last_feature_map():
+    torch.manual_seed(0)
+    encoder = model.SceneEncoder(3, 32, width=4, hidden=8, pooling="average").eval()
+    x = torch.rand(5, 3, 32, 32)
+    with torch.no_grad():
+        features = encoder.features(x).double()  # (5, 8, 4, 4)
+        mean = torch.zeros(5, 8, dtype=torch.float64)
+        for i in range(4):
+            for j in range(4):
+                mean += features[:, :, i, j] / 16
+        expected = encoder.head.double()(mean)
+        encoder.float()
+        got = encoder(x)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-6)
+    # flatten feeds every cell to the head: its first layer has 16 times the inputs
+    flat = model.SceneEncoder(3, 32, width=4, hidden=8)
+    assert flat.pooling == "flatten"
+    assert flat.head[0].in_features == 16 * encoder.head[0].in_features
+    with pytest.raises(ValueError, match="pooling"):
+        model.SceneEncoder(3, 32, pooling="max")
+
+
+def test_a_model_record_without_pooling_builds_the_flatten_encoder():
+    arguments = {"rep_dims": 3, "size": 16, "width": 4, "hidden": 8, "energy": "cosine",
+                 "temperature": 0.1}
+    encoder = model.model_from_arguments(arguments).recognition.net
+    assert encoder.pooling == "flatten"
+    assert model.model_from_arguments({**arguments, "pooling": "average"}
+                                      ).recognition.net.pooling == "average"
 
 
 def test_every_row_has_its_published_scores():
@@ -42,6 +74,7 @@ def test_every_row_has_its_published_scores():
     (["--eval-samples", "10"], "--eval-samples"),
     (["--hue-shift", "0.7"], "--hue-shift must be <= 0.5"),
     (["--energy", "vmf"], "invalid choice"),
+    (["--pooling", "max"], "invalid choice"),
 ])
 def test_bad_flags_exit_2_with_a_message(tmp_path, capsys, argv, message):
     assert _run(tmp_path, *argv) == 2
