@@ -29,7 +29,21 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["command_options", "float_array", "held_out_mask", "read_arrays"]
+__all__ = ["add_data_file_argument", "command_options", "float_array", "held_out_mask",
+           "read_arrays"]
+
+
+def add_data_file_argument(group: argparse._ArgumentGroup, instead_of: str) -> None:
+    """Adds ``--data FILE.npz`` (default None: the command's own data) to a command's data
+    group: the NumPy archive of arrays to train on (:func:`read_arrays`).
+
+    :param group: the command's ``data`` argument group.
+    :param str instead_of: what the file replaces, and the flags that then do not apply (e.g.
+        ``"generated sequences; --size and --length then do not apply"``).
+    """
+    group.add_argument("--data", metavar="FILE.npz", default=None,
+                       help="train on the arrays of this NumPy archive (numpy.savez) instead of "
+                       + instead_of)
 
 
 def read_arrays(path: str | os.PathLike, required: Sequence[str],
