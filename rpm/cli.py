@@ -4,8 +4,11 @@ experiment.
 
 An experiment module registers itself by being listed in :data:`SUBCOMMANDS`; it provides
 
-* ``add_parser(subparsers) -> None``: adds its sub-parser (usually with
-  :func:`rpm.experiments.common.add_common_arguments`) and sets ``func=run`` as a default;
+* ``add_parser(subparsers) -> None``: adds its sub-parser (with the run flags of
+  :func:`rpm.experiments.common.add_common_arguments`, the training flags of
+  :func:`rpm.experiments.common.add_training_arguments` and, for a command that trains on a
+  file, ``--data`` of :func:`rpm.experiments.data_file.add_data_file_argument`, each with the
+  command's defaults) and sets ``func=run`` as a default;
 * ``run(args) -> int``: runs the experiment and returns the exit status.
 
 ``main`` turns the predictable failures into one-line messages and exit statuses instead of

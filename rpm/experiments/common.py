@@ -57,7 +57,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,8 @@ __all__ = [
     "Run",
     "SEED_PURPOSES",
     "add_common_arguments",
+    "add_training_arguments",
+    "at_least_two_frames",
     "contrastive_batch_size",
     "derived_seed",
     "check_models_resumable",
@@ -92,6 +94,7 @@ __all__ = [
     "fraction_of_frames",
     "nonnegative_float",
     "nonnegative_int",
+    "momentum",
     "open_run",
     "positive_float",
     "positive_int",
@@ -254,6 +257,24 @@ def device_name(text: str) -> str:
     return text
 
 
+def at_least_two_frames(text: str) -> int:
+    """argparse ``type=``: an integer >= 2, a window or a sequence of at least 2 frames (a
+    prior over the frames of one window has no dynamics with one frame)."""
+    value = positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer >= 2 (a window needs at least 2 frames), got {text!r}")
+    return value
+
+
+def momentum(text: str) -> float:
+    """argparse ``type=``: a momentum (of SGD, of a moving average) in [0, 1)."""
+    value = _parse_float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a momentum in [0, 1), got {text!r}")
+    return value
+
+
 def add_common_arguments(
     parser: argparse.ArgumentParser,
     *,
@@ -329,6 +350,92 @@ def add_common_arguments(
     group.add_argument(
         "--no-progress", dest="progress", action="store_false", help="hide the progress bar"
     )
+
+
+#: The training flags the commands share, in the order they are added: destination -> (flag,
+#: type, metavar, what the flag sets when the command does not say it in its own words).
+_TRAINING_FLAGS: dict[str, tuple[str, Callable[[str], Any], str | None, str]] = {
+    "steps": ("--steps", positive_int, None,
+              "optimiser steps; on --resume it may grow to extend a run"),
+    "batch_size": ("--batch-size", positive_int, None, "samples per minibatch"),
+    "lr": ("--lr", positive_float, None, "peak learning rate of Adam"),
+    "prior_lr": ("--prior-lr", positive_float, None,
+                 "peak learning rate of the prior's parameters"),
+    "warmup": ("--warmup", probability, None,
+               "fraction of the steps with a linear warm-up, then a cosine decay to 0"),
+    "eval_every": ("--eval-every", nonnegative_int, "STEPS",
+                   "evaluate the held-out scores every STEPS steps; 0: at the end only"),
+    "eval_samples": ("--eval-samples", positive_int, None,
+                     "fresh samples of each held-out set"),
+    "chunk_steps": ("--chunk-steps", positive_int, None,
+                    "minibatches sampled at once on the device"),
+}
+#: What ``--batch-size`` is and checks (>= 2) in a contrastive command.
+_CONTRASTIVE_BATCH = ("pairs per minibatch, >= 2 (each pair's negatives are the other pairs "
+                      "of its minibatch)")
+
+
+def _default_text(value: Any) -> str:
+    """A default as its help shows it: ``1e-3`` rather than ``0.001`` below 0.01."""
+    if isinstance(value, float) and 0 < abs(value) < 0.01:
+        mantissa, exponent = f"{value:e}".split("e")
+        return f"{float(mantissa):g}e{int(exponent)}"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def add_training_arguments(
+    parser: argparse.ArgumentParser,
+    defaults: Mapping[str, Any],
+    *,
+    contrastive: bool = False,
+    descriptions: Mapping[str, str] | None = None,
+) -> argparse._ArgumentGroup:
+    """Add the ``training`` group with the training flags the commands share, each with the
+    command's default; returns the group, for the command's own training flags.
+
+    The flags, added in this order for those named in ``defaults`` (by destination):
+    ``--steps`` (>= 1), ``--batch-size`` (>= 1; >= 2 when ``contrastive``), ``--lr`` (> 0),
+    ``--prior-lr`` (> 0), ``--warmup`` (in [0, 1]), ``--eval-every STEPS`` (>= 0),
+    ``--eval-samples`` (>= 1) and ``--chunk-steps`` (>= 1). Each help string is the command's
+    description of the flag (``descriptions``, by destination) or the shared one, followed by
+    ``(default: VALUE)``.
+
+    :param argparse.ArgumentParser parser: the command's sub-parser.
+    :param defaults: destination -> default, e.g. ``{"steps": 600, "lr": 3e-3}``; only these
+        flags are added.
+    :param bool contrastive: whether a minibatch of ``--batch-size`` pairs gives each pair the
+        others as negatives, so that ``--batch-size`` must be >= 2
+        (:func:`contrastive_batch_size`).
+    :param descriptions: destination -> what the flag means in this command (without the
+        default), where the shared wording does not say it.
+    :raises ValueError: a destination that is not a shared training flag, a description of a
+        flag without a default, or a default that its flag would refuse.
+    """
+    descriptions = dict(descriptions or {})
+    unknown = sorted(set(defaults).difference(_TRAINING_FLAGS))
+    if unknown:
+        raise ValueError(f"add_training_arguments: no shared training flag {', '.join(unknown)}; "
+                         f"the shared ones are {', '.join(_TRAINING_FLAGS)}")
+    undefaulted = sorted(set(descriptions).difference(defaults))
+    if undefaulted:
+        raise ValueError(f"add_training_arguments: descriptions of {', '.join(undefaulted)} "
+                         "without a default: give each flag described a default too")
+    group = parser.add_argument_group("training")
+    for dest, (flag, parse, metavar, description) in _TRAINING_FLAGS.items():
+        if dest not in defaults:
+            continue
+        if dest == "batch_size" and contrastive:
+            parse, description = contrastive_batch_size, _CONTRASTIVE_BATCH
+        default = defaults[dest]
+        try:
+            parse(str(default))
+        except argparse.ArgumentTypeError as err:
+            raise ValueError(f"add_training_arguments: the default of {flag}, {default!r}, is "
+                             f"refused by the flag itself ({err})") from None
+        group.add_argument(flag, type=parse, default=default, metavar=metavar,
+                           help=f"{descriptions.get(dest, description)} (default: "
+                           f"{_default_text(default)})")
+    return group
 
 
 # --------------------------------------------------------------------------- run folder

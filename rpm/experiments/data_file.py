@@ -7,11 +7,14 @@ named array per item: e.g. ``numpy.savez("mine.npz", observations=x, states=s)``
 names the arrays it reads (``rpm lds --help``); every array is checked before the run folder is
 created, and each problem is one line that names the array, what it must be and what it is:
 :func:`read_arrays` (the file and its names), :func:`float_array` (the layout, finite values),
-:func:`held_out_mask` (the split).
+:func:`held_out_mask` and :func:`held_out_split` (the split). :func:`add_data_file_argument`
+adds the flag.
 
 **The split.** An optional boolean array ``held_out`` of one entry per sample (sequence, pair,
 image) marks the samples that are scored and never trained on; without it each command applies
-its own rule (stated in its ``--help``).
+its own rule (stated in its ``--help``): the last N // d samples when there is something to score
+(:func:`held_out_split`, ``rpm lds``, ``rpm pendulum``, ``rpm identifiability``), a stratified
+quarter of the labelled images (``rpm digits``).
 
 **Options** (:func:`command_options`): a command's public ``fit`` function takes the command's
 flags as keyword arguments by their names (``batch_size=64`` for ``--batch-size 64``), each
@@ -29,7 +32,21 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["command_options", "float_array", "held_out_mask", "read_arrays"]
+__all__ = ["add_data_file_argument", "command_options", "float_array", "held_out_mask",
+           "held_out_split", "read_arrays"]
+
+
+def add_data_file_argument(group: argparse._ArgumentGroup, instead_of: str) -> None:
+    """Adds ``--data FILE.npz`` (default None: the command's own data) to a command's data
+    group: the NumPy archive of arrays to train on (:func:`read_arrays`).
+
+    :param group: the command's ``data`` argument group.
+    :param str instead_of: what the file replaces, and the flags that then do not apply (e.g.
+        ``"generated sequences; --size and --length then do not apply"``).
+    """
+    group.add_argument("--data", metavar="FILE.npz", default=None,
+                       help="train on the arrays of this NumPy archive (numpy.savez) instead of "
+                       + instead_of)
 
 
 def read_arrays(path: str | os.PathLike, required: Sequence[str],
@@ -134,6 +151,45 @@ def held_out_mask(value: Any, num: int, unit: str = "samples"):
     if mask.shape != (num,):
         raise ValueError(f"held_out must have shape ({num},), one entry per {unit[:-1]}, got "
                          f"shape {tuple(mask.shape)}")
+    return mask
+
+
+def held_out_split(held_out: Any, num: int, unit: str, *, share: int, scored_by: str | None):
+    r"""The held-out mask of ``num`` samples (True: scored, never trained on) by the split rule
+    of ``rpm lds``, ``rpm pendulum`` and ``rpm identifiability``: ``held_out`` when given
+    (:func:`held_out_mask`); without it, when there is an array to score against, the last
+    :math:`\max(1, \lfloor N / d \rfloor)` samples (d = ``share``), else none (nothing is
+    scored, so every sample trains).
+
+    :param held_out: the file's ``held_out`` (a boolean array of shape (num,)), or None.
+    :param int num: N, the number of samples.
+    :param str unit: what the samples are, plural (``"sequences"``), in the messages.
+    :param int share: d >= 2 (d = 1 would hold out every sample).
+    :param scored_by: the name of the array scored against (``"states"``), or None without one.
+    :return: a boolean NumPy array of shape (num,).
+    :raises ValueError: a bad ``held_out``, a split that leaves no sample to train on, or one
+        with something to score that holds none out (or cannot: fewer than 2 samples); a
+        ``share`` below 2.
+    """
+    import numpy as np
+
+    if isinstance(share, bool) or not isinstance(share, int) or share < 2:
+        raise ValueError(f"held_out_split: share must be an integer >= 2 (the default split holds "
+                         f"out the last N // share samples), got {share!r}")
+    if held_out is not None:
+        mask = held_out_mask(held_out, num, unit)
+    else:
+        mask = np.zeros(num, dtype=bool)
+        if scored_by is not None:
+            if num < 2:
+                raise ValueError(f"too few {unit} ({num}) to score: the {scored_by} need at least "
+                                 f"2 {unit}, one to train on and one held out")
+            mask[num - max(1, num // share):] = True
+    if mask.all():
+        raise ValueError(f"held_out marks all {num} {unit}: none is left to train on")
+    if scored_by is not None and not mask.any():
+        raise ValueError(f"held_out marks no {unit[:-1]}, but the scores need at least one "
+                         f"held-out {unit[:-1]} (or leave out the {scored_by})")
     return mask
 
 

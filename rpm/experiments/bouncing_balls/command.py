@@ -89,13 +89,14 @@ from rpm.experiments.common import (
     ConfigurationError,
     Run,
     add_common_arguments,
+    add_training_arguments,
+    at_least_two_frames,
     check_models_resumable,
-    contrastive_batch_size,
     derived_seed,
     environment,
     fraction_of_frames,
+    momentum,
     nonnegative_float,
-    nonnegative_int,
     open_run,
     positive_float,
     positive_int,
@@ -150,23 +151,6 @@ def _is_state_space(model) -> bool:
     return isinstance(model.prior, LinearGaussianPrior)
 
 
-def _momentum(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"expected a momentum in [0, 1), got {text!r}")
-    return value
-
-
-def _window(text: str) -> int:
-    value = positive_int(text)
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"a window needs at least 2 frames, got {text!r}")
-    return value
-
-
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Adds the ``bouncing-balls`` sub-command."""
     parser = subparsers.add_parser(
@@ -184,18 +168,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="length of the video (default: 900)")
     group.add_argument("--test-frames", type=positive_int, default=200,
                        help="last frames held out to score the decoder (default: 200)")
-    group.add_argument("--epochs", type=positive_int, default=30,
-                       help="passes over the training pairs; on --resume it may grow to extend a "
-                       "run (default: 30)")
-    group.add_argument("--batch-size", type=contrastive_batch_size, default=128,
-                       help="pairs per minibatch, >= 2; with torchrun the global batch, split "
-                       "over the processes (default: 128)")
-    group.add_argument("--lr", type=positive_float, default=1e-2,
-                       help="learning rate (default: 1e-2)")
-    group.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
-                       help="optimiser (default: adam)")
-    group.add_argument("--momentum", type=_momentum, default=0.9,
-                       help="momentum of --optimizer sgd, in [0, 1) (default: 0.9)")
     group.add_argument("--image-size", type=positive_int, default=32,
                        help="side of the frames in pixels (default: 32)")
     group.add_argument("--ball-diameter", type=positive_float, default=5.0,
@@ -207,7 +179,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--state-space-noise", type=positive_float, default=STATE_SPACE_NOISE,
                        help="recognition noise of the state-space prior, also the start of its "
                        f"observation noise R and position noise (default: {STATE_SPACE_NOISE})")
-    group.add_argument("--window", type=_window, default=WINDOW,
+    group.add_argument("--window", type=at_least_two_frames, default=WINDOW,
                        help=f"frames per training window of the state-space prior, >= 2 "
                        f"(default: {WINDOW})")
     group.add_argument("--state-space-guide", choices=("structured", "recognition"),
@@ -247,9 +219,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--stop-window", type=positive_int, default=STOP_WINDOW,
                        help="steps over which the convergence rule averages the training loss "
                        f"(default: {STOP_WINDOW})")
-    group.add_argument("--prior-lr", type=positive_float, default=PRIOR_LR,
-                       help="learning rate of the state-space prior's parameters at the start "
-                       f"(--prior-lr-halflife) (default: {PRIOR_LR:g})")
     group.add_argument("--prior-lr-halflife", type=nonnegative_float, default=PRIOR_LR_HALFLIFE,
                        help="the state-space prior's learning rate halves every this many steps "
                        "(--prior-lr * 0.5 ** (step / HALFLIFE); the encoder's stays at --lr); 0: "
@@ -265,9 +234,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="after training, score the state-space prior's forecasts and "
                        "imputations with this fraction of the held-out frames dropped "
                        "(results.json 'missing_frames'; 0: skip; default: 0.25)")
-    group.add_argument("--eval-every", type=nonnegative_int, default=50,
-                       help="evaluate the held-out R^2 every STEPS steps; 0: at the end only "
-                       "(default: 50)")
+    train = add_training_arguments(
+        parser, {"batch_size": 128, "lr": 1e-2, "prior_lr": PRIOR_LR, "eval_every": 50},
+        contrastive=True,
+        descriptions={"batch_size": "pairs per minibatch, >= 2; with torchrun the global batch, "
+                      "split over the processes",
+                      "lr": "learning rate of --optimizer (of the encoder alone under the "
+                      "state-space prior, whose parameters take --prior-lr)",
+                      "prior_lr": "learning rate of the state-space prior's parameters at the "
+                      "start (--prior-lr-halflife)",
+                      "eval_every": "evaluate the held-out R^2 every STEPS steps; 0: at the end "
+                      "only"})
+    train.add_argument("--epochs", type=positive_int, default=30,
+                       help="passes over the training pairs; on --resume it may grow to extend a "
+                       "run (default: 30)")
+    train.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
+                       help="optimiser (default: adam)")
+    train.add_argument("--momentum", type=momentum, default=0.9,
+                       help="momentum of --optimizer sgd, in [0, 1) (default: 0.9)")
     parser.set_defaults(func=run)
 
 

@@ -48,10 +48,9 @@ from rpm.experiments.common import (
     ConfigurationError,
     Run,
     add_common_arguments,
+    add_training_arguments,
     check_models_resumable,
-    contrastive_batch_size,
     environment,
-    nonnegative_int,
     open_run,
     positive_float,
     positive_int,
@@ -119,22 +118,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="how the encoder pools its last feature map: flatten (every cell, "
                        "the features know where they are) or average (a ResNet's global average "
                        "pooling) (default: flatten)")
-    train = parser.add_argument_group("training")
-    train.add_argument("--steps", type=positive_int, default=1500,
-                       help="optimiser steps per row; on --resume it may grow (default: 1500)")
-    train.add_argument("--batch-size", type=contrastive_batch_size, default=256,
-                       help="pairs per minibatch, >= 2 (default: 256)")
-    train.add_argument("--lr", type=positive_float, default=1e-3,
-                       help="peak learning rate of Adam (default: 1e-3)")
-    train.add_argument("--warmup", type=probability, default=0.05,
-                       help="fraction of the steps with a linear warm-up, then a cosine decay "
-                       "to 0 (default: 0.05)")
-    train.add_argument("--eval-every", type=nonnegative_int, default=250,
-                       help="evaluate the validation linear read-outs every STEPS steps; 0: at "
-                       "the end only (default: 250)")
-    train.add_argument("--eval-samples", type=positive_int, default=2000,
-                       help="fresh scenes of each held-out set, half to fit the read-outs and "
-                       "half to score them (default: 2000)")
+    add_training_arguments(
+        parser, {"steps": 1500, "batch_size": 256, "lr": 1e-3, "warmup": 0.05, "eval_every": 250,
+                 "eval_samples": 2000}, contrastive=True,
+        descriptions={"steps": "optimiser steps per row; on --resume it may grow",
+                      "eval_every": "evaluate the validation linear read-outs every STEPS steps; "
+                      "0: at the end only",
+                      "eval_samples": "fresh scenes of each held-out set, half to fit the "
+                      "read-outs and half to score them"})
     parser.set_defaults(func=run)
 
 

@@ -66,14 +66,12 @@ from rpm.experiments.common import (
     ConfigurationError,
     Run,
     add_common_arguments,
+    add_training_arguments,
     check_models_resumable,
-    contrastive_batch_size,
     environment,
-    nonnegative_int,
     open_run,
     positive_float,
     positive_int,
-    probability,
     resolve_device,
     torch_threads,
     write_json_atomic,
@@ -139,24 +137,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="width of the encoder's hidden layers (default: 128)")
     model.add_argument("--depth", type=positive_int, default=3,
                        help="number of hidden layers of the encoder (default: 3)")
-    train = parser.add_argument_group("training")
-    train.add_argument("--steps", type=positive_int, default=6000,
-                       help="optimiser steps per row; on --resume it may grow (default: 6000)")
-    train.add_argument("--batch-size", type=contrastive_batch_size, default=1024,
-                       help="pairs per minibatch, >= 2 (default: 1024)")
-    train.add_argument("--lr", type=positive_float, default=1e-3,
-                       help="peak learning rate of Adam (default: 1e-3)")
-    train.add_argument("--warmup", type=probability, default=0.05,
-                       help="fraction of the steps with a linear warm-up, then a cosine decay "
-                       "to 0 (default: 0.05)")
-    train.add_argument("--eval-every", type=nonnegative_int, default=500,
-                       help="evaluate the validation linear R^2 every STEPS steps; 0: at the "
-                       "end only (default: 500)")
-    train.add_argument("--eval-samples", type=positive_int, default=4000,
-                       help="fresh samples of each held-out set, half to fit the read-outs "
-                       "and half to score them (default: 4000)")
-    train.add_argument("--chunk-steps", type=positive_int, default=16,
-                       help="minibatches sampled at once (default: 16)")
+    add_training_arguments(
+        parser, {"steps": 6000, "batch_size": 1024, "lr": 1e-3, "warmup": 0.05, "eval_every": 500,
+                 "eval_samples": 4000, "chunk_steps": 16}, contrastive=True,
+        descriptions={"steps": "optimiser steps per row; on --resume it may grow",
+                      "eval_every": "evaluate the validation linear R^2 every STEPS steps; 0: at "
+                      "the end only",
+                      "eval_samples": "fresh samples of each held-out set, half to fit the "
+                      "read-outs and half to score them"})
     parser.set_defaults(func=run)
 
 

@@ -80,18 +80,17 @@ from rpm.experiments.common import (
     ConfigurationError,
     Run,
     add_common_arguments,
-    contrastive_batch_size,
+    add_training_arguments,
     environment,
-    nonnegative_int,
     open_run,
     positive_float,
     positive_int,
-    probability,
     read_run_config,
     resolve_device,
     torch_threads,
     write_json_atomic,
 )
+from rpm.experiments.data_file import add_data_file_argument
 
 __all__ = ["FLOORS", "METHODS", "add_parser", "run"]
 
@@ -138,9 +137,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "uint8 images are divided by 255), optional 'labels' (N,) integer classes to score "
         "with and 'held_out' (N,) boolean (the test images, never trained on; default: a "
         "stratified quarter with labels, none without); without labels the scores are skipped")
-    data.add_argument("--data", metavar="FILE.npz", default=None,
-                      help="train on the arrays of this NumPy archive (numpy.savez) instead of "
-                      "the bundled digits")
+    add_data_file_argument(data, "the bundled digits")
     model = parser.add_argument_group("model")
     model.add_argument("--methods", type=_method_list, default=list(DEFAULT_METHODS), metavar="LIST",
                        help=f"methods to train, separated by commas, from {','.join(METHODS)}; "
@@ -151,20 +148,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="channels of the CNN's first layer, then 2x and 4x (default: 16)")
     model.add_argument("--latent-dim", type=positive_int, default=64,
                        help="dimension of the projection head's output z (default: 64)")
-    train = parser.add_argument_group("training")
-    train.add_argument("--steps", type=positive_int, default=800,
-                       help="optimiser steps; on --resume it may grow to extend a run (default: 800)")
-    train.add_argument("--batch-size", type=contrastive_batch_size, default=256,
-                       help="images per minibatch, two views each, at most the 1347 training "
-                       "images (default: 256)")
-    train.add_argument("--lr", type=positive_float, default=2e-3,
-                       help="peak learning rate of Adam (default: 2e-3)")
-    train.add_argument("--warmup", type=probability, default=0.05,
-                       help="fraction of the steps with a linear warm-up, then a cosine decay to "
-                       "0 (default: 0.05)")
-    train.add_argument("--eval-every", type=nonnegative_int, default=100,
-                       help="validation kNN accuracy every STEPS steps; 0: at the end only "
-                       "(default: 100)")
+    train = add_training_arguments(
+        parser, {"steps": 800, "batch_size": 256, "lr": 2e-3, "warmup": 0.05, "eval_every": 100},
+        contrastive=True,
+        descriptions={"batch_size": "images per minibatch, two views each, >= 2, at most the "
+                      "1347 training images",
+                      "eval_every": "validation kNN accuracy every STEPS steps; 0: at the end "
+                      "only"})
     train.add_argument("--draws", type=positive_int, default=5,
                        help="random draws of the labelled images per label count (default: 5)")
     train.add_argument("--num-seeds", type=positive_int, default=1,

@@ -77,19 +77,18 @@ from rpm.experiments.common import (
     ConfigurationError,
     Run,
     add_common_arguments,
+    add_training_arguments,
     check_models_resumable,
-    contrastive_batch_size,
     environment,
-    nonnegative_int,
     open_run,
     positive_float,
     positive_int,
-    probability,
     read_run_config,
     resolve_device,
     torch_threads,
     write_json_atomic,
 )
+from rpm.experiments.data_file import add_data_file_argument
 
 __all__ = ["CONDITIONALS", "ENCODER_SPACES", "ENERGIES", "MARGINALS", "SPACES", "add_parser",
            "run"]
@@ -132,10 +131,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "first view, to score against, and 'held_out' (N,) boolean (the pairs scored and not "
         "trained on, both the validation and the test set; default: the last N // 5 with "
         "latents, none without); without latents the scores are skipped")
-    data.add_argument("--data", metavar="FILE.npz", default=None,
-                      help="train on the arrays of this NumPy archive (numpy.savez) instead of "
-                      "generated pairs; --space, --marginal, --conditional, their parameters "
-                      "and --eval-samples then do not apply")
+    add_data_file_argument(data, "generated pairs; --space, --marginal, --conditional, their "
+                           "parameters and --eval-samples then do not apply")
     data.add_argument("--dim", type=positive_int, default=3,
                       help="number n of latents (ambient dimension on the sphere; default: 3; "
                       "the published setting is 10); with --data the encoder's output "
@@ -175,29 +172,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="width of the encoder's hidden layers (default: 128)")
     model.add_argument("--depth", type=positive_int, default=3,
                        help="number of hidden layers of the encoder (default: 3)")
-    train = parser.add_argument_group("training")
-    train.add_argument("--steps", type=positive_int, default=3000,
-                       help="optimiser steps; on --resume it may grow to extend a run "
-                       "(default: 3000)")
-    train.add_argument("--batch-size", type=contrastive_batch_size, default=256,
-                       help="pairs per minibatch, >= 2; with torchrun the global batch, split "
-                       "over the processes (default: 256)")
-    train.add_argument("--lr", type=positive_float, default=1e-3,
-                       help="peak learning rate of Adam (default: 1e-3)")
+    train = add_training_arguments(
+        parser, {"steps": 3000, "batch_size": 256, "lr": 1e-3, "warmup": 0.05, "eval_every": 250,
+                 "eval_samples": 10000, "chunk_steps": 16}, contrastive=True,
+        descriptions={"batch_size": "pairs per minibatch, >= 2; with torchrun the global batch, "
+                      "split over the processes",
+                      "eval_every": "evaluate the validation R^2 and MCC every STEPS steps; 0: "
+                      "at the end only",
+                      "eval_samples": "fresh samples of each held-out set, validation and test"})
     train.add_argument("--energy-lr", type=positive_float, default=0.03,
                        help="peak learning rate of the energy's parameters (kappa, tau, l, "
                        "Lambda, W), which start far from their optimum (default: 0.03)")
-    train.add_argument("--warmup", type=probability, default=0.05,
-                       help="fraction of the steps with a linear warm-up, then a cosine decay "
-                       "to 0 (default: 0.05)")
-    train.add_argument("--eval-every", type=nonnegative_int, default=250,
-                       help="evaluate the validation R^2 and MCC every STEPS steps; 0: at the "
-                       "end only (default: 250)")
-    train.add_argument("--eval-samples", type=positive_int, default=10000,
-                       help="fresh samples of each held-out set, validation and test "
-                       "(default: 10000)")
-    train.add_argument("--chunk-steps", type=positive_int, default=16,
-                       help="minibatches sampled at once on the device (default: 16)")
     train.add_argument("--compile", action="store_true",
                        help="compile the encoder with torch.compile")
     parser.set_defaults(func=run)

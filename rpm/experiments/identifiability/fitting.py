@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from rpm.experiments.common import GIVEN_FLAGS, resolve_device, torch_threads
-from rpm.experiments.data_file import command_options, float_array, held_out_mask, read_arrays
+from rpm.experiments.data_file import command_options, float_array, held_out_split, read_arrays
 from rpm.experiments.identifiability.data import ArrayPairStream
 from rpm.experiments.identifiability.train import train_energy
 from rpm.experiments.lds.fitting import run_folder
@@ -92,15 +92,9 @@ def check_arrays(views: Any, latents: Any, held_out: Any, batch_size: int,
         if len(z) != num:
             raise ValueError(f"latents must have shape (N, K) = ({num}, K) like views, got shape "
                              f"{tuple(z.shape)}")
-    if held_out is not None:
-        mask = held_out_mask(held_out, num, "pairs")
-    else:
-        mask = np.zeros(num, dtype=bool)
-        if z is not None:
-            mask[num - max(1, num // HELD_OUT_SHARE):] = True
+    mask = held_out_split(held_out, num, "pairs", share=HELD_OUT_SHARE,
+                          scored_by=None if z is None else "latents")
     train = int((~mask).sum())
-    if train == 0:
-        raise ValueError(f"held_out marks all {num} pairs: none is left to train on")
     if train < batch_size:
         raise ValueError(f"{train} training pairs, fewer than --batch-size {batch_size}: use "
                          f"--batch-size {train} or less")

@@ -6,20 +6,9 @@ from __future__ import annotations
 
 import argparse
 
-from rpm.experiments.common import nonnegative_int, positive_float, positive_int
+from rpm.experiments.common import add_training_arguments, at_least_two_frames, positive_float
 
-__all__ = ["add_state_space_model_arguments", "add_window_training_arguments",
-           "at_least_two_frames"]
-
-
-def at_least_two_frames(text: str) -> int:
-    """An integer >= 2: a window or a sequence of at least 2 frames (a state-space prior over
-    one frame has no dynamics)."""
-    value = positive_int(text)
-    if value < 2:
-        raise argparse.ArgumentTypeError(
-            f"expected an integer >= 2 (a window needs at least 2 frames), got {text!r}")
-    return value
+__all__ = ["add_state_space_model_arguments", "add_window_training_arguments"]
 
 
 def add_state_space_model_arguments(group, *, marginal: str = "pooled", prior: str = "free") -> None:
@@ -42,21 +31,16 @@ def add_state_space_model_arguments(group, *, marginal: str = "pooled", prior: s
 def add_window_training_arguments(parser: argparse.ArgumentParser, *, steps: int,
                                   batch_size: int, window: int, lr: float, eval_every: int,
                                   held_out: str, prior_lr: float = 1e-2) -> None:
-    """Adds the ``training`` group (``--steps``, ``--batch-size``, ``--window``, ``--lr``,
-    ``--prior-lr``, ``--eval-every``) with a command's defaults; ``held_out`` names what is
+    """Adds the ``training`` group (:func:`~rpm.experiments.common.add_training_arguments`:
+    ``--steps``, ``--batch-size`` of windows, ``--lr`` of the encoder, ``--prior-lr``,
+    ``--eval-every``; then ``--window``) with a command's defaults; ``held_out`` names what is
     scored (e.g. "sequences", "videos")."""
-    train = parser.add_argument_group("training")
-    train.add_argument("--steps", type=positive_int, default=steps,
-                       help="optimiser steps; on --resume it may grow to extend a run "
-                       f"(default: {steps})")
-    train.add_argument("--batch-size", type=positive_int, default=batch_size,
-                       help=f"windows per step (default: {batch_size})")
+    train = add_training_arguments(
+        parser, {"steps": steps, "batch_size": batch_size, "lr": lr, "prior_lr": prior_lr,
+                 "eval_every": eval_every},
+        descriptions={"batch_size": "windows per step", "lr": "peak learning rate of the encoder",
+                      "prior_lr": "peak learning rate of the prior",
+                      "eval_every": f"score the held-out {held_out} every STEPS steps; 0: at the "
+                      "end only"})
     train.add_argument("--window", type=at_least_two_frames, default=window,
                        help=f"frames per window (default: {window})")
-    train.add_argument("--lr", type=positive_float, default=lr,
-                       help=f"peak learning rate of the encoder (default: {lr:g})")
-    train.add_argument("--prior-lr", type=positive_float, default=prior_lr,
-                       help=f"peak learning rate of the prior (default: {prior_lr:g})")
-    train.add_argument("--eval-every", type=nonnegative_int, default=eval_every,
-                       help=f"score the held-out {held_out} every STEPS steps; 0: at the end only "
-                       f"(default: {eval_every})")

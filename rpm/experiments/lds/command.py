@@ -57,6 +57,7 @@ from rpm.experiments.common import (
     GIVEN_FLAGS,
     ConfigurationError,
     add_common_arguments,
+    at_least_two_frames,
     check_models_resumable,
     environment,
     nonnegative_int,
@@ -66,10 +67,10 @@ from rpm.experiments.common import (
     torch_threads,
     write_json_atomic,
 )
+from rpm.experiments.data_file import add_data_file_argument
 from rpm.experiments.lds.arguments import (
     add_state_space_model_arguments,
     add_window_training_arguments,
-    at_least_two_frames,
 )
 
 __all__ = ["SIZES", "add_parser", "run"]
@@ -97,10 +98,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "(N,) boolean (the sequences scored and not trained on; default: the last N // 3 with "
         "states, none without) and 'transition_matrix' (K, K) for the eigenvalue error; "
         "without states the scores are skipped")
-    data.add_argument("--data", metavar="FILE.npz", default=None,
-                      help="train on the arrays of this NumPy archive (numpy.savez) instead of "
-                      "generated sequences; --size, --sequences, --test-sequences and --length "
-                      "then do not apply")
+    add_data_file_argument(data, "generated sequences; --size, --sequences, --test-sequences "
+                           "and --length then do not apply")
     data.add_argument("--size", choices=SIZES, default="small",
                       help="latent and observation dimensions: small (3, 5), medium (5, 10), "
                       "large (10, 20) (default: small)")

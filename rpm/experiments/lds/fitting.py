@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -34,8 +35,8 @@ from rpm.experiments.lds.sequences import SequenceData, sequence_data
 from rpm.experiments.lds.train import train_sequence_model
 from rpm.experiments.trained import write_model_record
 
-__all__ = ["ARRAYS", "GENERATION_FLAGS", "SequenceFit", "check_arrays", "fit", "load_data", "model_arguments",
-           "train_and_score"]
+__all__ = ["ARRAYS", "GENERATION_FLAGS", "SequenceFit", "check_arrays", "fit", "load_data",
+           "model_arguments", "train_and_score", "train_scored"]
 
 #: The arrays of ``rpm lds --data``: required, then optional.
 ARRAYS = (("observations",), ("states", "held_out", "transition_matrix"))
@@ -147,6 +148,41 @@ def train_and_score(data: SequenceData, args, out: Path, device: torch.device,
     def scores() -> dict:
         return _scores(model, x, states, transition_matrix, num_train)
 
+    return train_scored(model, x, data, scores, ("r2", "means_r2", "eigenvalue_error"), args,
+                        out, description)
+
+
+def train_scored(model: rpm.RPM, observations: torch.Tensor, data: SequenceData,
+                 scores: Callable[[], dict], logged: Sequence[str], args, out: Path,
+                 description: str, drop_frames: float = 0.0) -> SequenceFit:
+    """Trains the state-space RPM ``model`` on the training sequences of ``observations``
+    (:func:`~rpm.experiments.lds.train.train_sequence_model` with the flags ``args``: ``steps``,
+    ``batch_size``, ``window``, ``lr``, ``prior_lr``, ``seed``, ``eval_every``,
+    ``checkpoint_every``, ``progress``, ``resume``) and scores it against ``data.states``: what
+    ``rpm lds`` and ``rpm pendulum`` share.
+
+    ``scores()`` scores the model as it is now and returns a dict with ``_inference``, the
+    :class:`~rpm.experiments.lds.evaluate.Inference` of every sequence. It is called before
+    training (the untrained scores), at every evaluation (the entries ``logged`` that are not
+    None go into the history) and after training, unless the evaluation after the last step
+    already scored the trained model (a resumed run that had finished trains no step and is
+    scored afresh). The trained scores get the held-out forecast errors of the smoothed latents
+    (:func:`~rpm.experiments.lds.evaluate.forecast_errors`: ``forecast_error`` of the model's
+    dynamics, ``var_forecast_error`` of a VAR fitted to the means). Without states nothing is
+    scored and ``scores`` is never called.
+
+    :param rpm.RPM model: the model, on the device of ``observations``.
+    :param torch.Tensor observations: every sequence, training ones first (``data``'s order),
+        (N, T, ...).
+    :param SequenceData data: the checked sequences (``states``, ``num_train``).
+    :param scores: the scoring closure (above).
+    :param logged: the keys of the scores that each evaluation records.
+    :param args: the command's flags.
+    :param Path out: the folder of the checkpoint and history.
+    :param str description: the progress bar's label.
+    :param float drop_frames: the probability of dropping each frame of a training window.
+    """
+    states, num_train = data.states, data.num_train
     untrained = None if states is None else scores()
     latest = {}  # the scores of the latest evaluation, reused below if it is the last step's
 
@@ -155,21 +191,19 @@ def train_and_score(data: SequenceData, args, out: Path, device: torch.device,
             return {}  # nothing to score: the evaluation records the time only
         result = scores()
         latest.update(step=step, scores=result)
-        return {key: value for key, value in result.items()
-                if not key.startswith("_") and value is not None}
+        return {key: result[key] for key in logged if result.get(key) is not None}
 
     history = train_sequence_model(
-        model, x[:num_train], steps=args.steps, batch_size=args.batch_size,
+        model, observations[:num_train], steps=args.steps, batch_size=args.batch_size,
         window=args.window, lr=args.lr, prior_lr=args.prior_lr, seed=args.seed,
         out=out, eval_fn=eval_fn, eval_every=args.eval_every,
         checkpoint_every=args.checkpoint_every, progress=args.progress, resume=args.resume,
-        description=description)
+        description=description, drop_frames=drop_frames)
     model.eval()
     if states is None:
-        return SequenceFit(model, None, None, "no states given", infer_states(model, x), data,
-                           history)
-    # the trainer evaluates after the last step: its scores are the trained model's (a resumed
-    # run that had already finished trains no step and is scored here)
+        return SequenceFit(model, None, None, "no states given", infer_states(model, observations),
+                           data, history)
+    # the trainer evaluates after the last step: its scores are the trained model's
     result = latest["scores"] if latest.get("step") == args.steps else scores()
     inference = result.pop("_inference")
     forecasts = forecast_errors(inference, states, num_train)

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from rpm.experiments.data_file import float_array, held_out_mask
+from rpm.experiments.data_file import float_array, held_out_split
 
 __all__ = ["SequenceData", "sequence_data"]
 
@@ -74,22 +74,10 @@ def sequence_data(observations: Any, states: Any = None, held_out: Any = None, *
         if s.shape[:2] != (num, length):
             raise ValueError(f"states must have shape (N, T, K) = ({num}, {length}, K) like "
                              f"observations, got shape {tuple(s.shape)}")
-    if held_out is not None:
-        mask = held_out_mask(held_out, num, "sequences")
-    else:
-        mask = np.zeros(num, dtype=bool)
-        if s is not None:
-            if num < 2:
-                raise ValueError(f"too few sequences ({num}) to score: the states need at least 2 "
-                                 "sequences, one to train on and one held out")
-            mask[num - max(1, num // held_out_share):] = True
+    mask = held_out_split(held_out, num, "sequences", share=held_out_share,
+                          scored_by=None if s is None else "states")
     train = int((~mask).sum())
-    if train == 0:
-        raise ValueError(f"held_out marks all {num} sequences: none is left to train on")
     if s is not None:
-        if train == num:
-            raise ValueError("held_out marks no sequence, but the scores need at least one "
-                             "held-out sequence (or leave out the states)")
         if train * length < min_train_frames:
             raise ValueError(f"too few training frames to score ({train} sequences of {length}): "
                              f"the read-out of the states needs at least {min_train_frames}; "

@@ -43,8 +43,8 @@ import json
 from rpm.experiments.common import (
     ConfigurationError,
     add_common_arguments,
+    add_training_arguments,
     check_models_resumable,
-    contrastive_batch_size,
     environment,
     nonnegative_int,
     open_run,
@@ -108,21 +108,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="channels of the encoder's convolutions (default: 16)")
     model.add_argument("--hidden", type=positive_int, default=128,
                        help="width of the encoder's hidden layer (default: 128)")
-    train = parser.add_argument_group("training")
-    train.add_argument("--steps", type=positive_int, default=2000,
-                       help="optimiser steps per prior; on --resume it may grow (default: 2000)")
-    train.add_argument("--batch-size", type=contrastive_batch_size, default=256,
-                       help="pairs per minibatch (default: 256)")
-    train.add_argument("--lr", type=positive_float, default=1e-3,
-                       help="learning rate of the encoder (Adam; default: 1e-3)")
-    train.add_argument("--prior-lr", type=positive_float, default=1e-2,
-                       help="learning rate of the walk's step scale and shape (default: 1e-2)")
+    train = add_training_arguments(
+        parser, {"steps": 2000, "batch_size": 256, "lr": 1e-3, "prior_lr": 1e-2, "eval_every": 250},
+        contrastive=True,
+        descriptions={"steps": "optimiser steps per prior; on --resume it may grow",
+                      "lr": "learning rate of the encoder (Adam)",
+                      "prior_lr": "learning rate of the walk's step scale and shape",
+                      "eval_every": "evaluate the test MCC every STEPS steps; 0: at the end only"})
     train.add_argument("--shape-warmup", type=nonnegative_int, default=1000,
                        help="steps during which the learned prior's shape stays at 1 (the "
                        "Laplace walk) before it is learned (default: 1000)")
-    train.add_argument("--eval-every", type=nonnegative_int, default=250,
-                       help="evaluate the test MCC every STEPS steps; 0: at the end only "
-                       "(default: 250)")
     parser.set_defaults(func=run)
 
 

@@ -40,7 +40,9 @@ import math
 from rpm.experiments.common import (
     ConfigurationError,
     add_common_arguments,
+    add_training_arguments,
     environment,
+    momentum,
     open_run,
     positive_float,
     positive_int,
@@ -79,13 +81,6 @@ def _critic_list(text: str) -> list[str]:
     return names
 
 
-def _momentum(text: str) -> float:
-    value = probability(text)
-    if value >= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a momentum in [0, 1), got {text!r}")
-    return value
-
-
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Adds the ``mutual-information`` sub-command."""
     parser = subparsers.add_parser(
@@ -121,20 +116,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="SMILE's clip (default: 5)")
     model.add_argument("--alpha", type=probability, default=0.01,
                        help="I_alpha's interpolation, in (0, 1] (default: 0.01)")
-    model.add_argument("--momentum", type=_momentum, default=0.99,
+    model.add_argument("--momentum", type=momentum, default=0.99,
                        help="MINE's moving average (default: 0.99)")
     model.add_argument("--rpm-hidden", type=int, default=0,
                        help="tanh units of the RPM encoders' MLPs; 0: affine (default: 0)")
-    train = parser.add_argument_group("training")
-    train.add_argument("--steps", type=positive_int, default=4000,
-                       help="Adam steps per stage (default: 4000)")
-    train.add_argument("--batch-size", type=positive_int, default=64,
-                       help="pairs per batch N (default: 64)")
-    train.add_argument("--lr", type=positive_float, default=5e-4,
-                       help="Adam learning rate of the critics and the RPM encoders "
-                       "(default: 5e-4)")
-    train.add_argument("--prior-lr", type=positive_float, default=1e-3,
-                       help="Adam learning rate of the RPM prior (default: 1e-3)")
+    train = add_training_arguments(
+        parser, {"steps": 4000, "batch_size": 64, "lr": 5e-4, "prior_lr": 1e-3},
+        descriptions={"steps": "Adam steps per stage", "batch_size": "pairs per batch N",
+                      "lr": "Adam learning rate of the critics and the RPM encoders",
+                      "prior_lr": "Adam learning rate of the RPM prior"})
     train.add_argument("--average-last", type=positive_int, default=1000,
                        help="the estimate of a stage is the mean of its last STEPS steps "
                        "(default: 1000)")

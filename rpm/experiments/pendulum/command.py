@@ -66,6 +66,7 @@ from rpm.experiments.common import (
     GIVEN_FLAGS,
     ConfigurationError,
     add_common_arguments,
+    at_least_two_frames,
     check_models_resumable,
     environment,
     fraction_of_frames,
@@ -77,10 +78,10 @@ from rpm.experiments.common import (
     torch_threads,
     write_json_atomic,
 )
+from rpm.experiments.data_file import add_data_file_argument
 from rpm.experiments.lds.arguments import (
     add_state_space_model_arguments,
     add_window_training_arguments,
-    at_least_two_frames,
 )
 
 __all__ = ["add_parser", "check_model_flags", "run"]
@@ -116,10 +117,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "frames are divided by 255), optional 'states' (N, T, K) to score against and "
         "'held_out' (N,) boolean (the videos scored and not trained on; default: the last "
         "N // 5 with states, none without); without states the scores are skipped")
-    data.add_argument("--data", metavar="FILE.npz", default=None,
-                      help="train on the arrays of this NumPy archive (numpy.savez) instead of "
-                      "generated videos; --distractors, --sequences, --test-sequences, "
-                      "--length, --image-size and --noise then do not apply")
+    add_data_file_argument(data, "generated videos; --distractors, --sequences, --test-sequences, "
+                           "--length, --image-size and --noise then do not apply")
     data.add_argument("--distractors", nargs="?", choices=DISTRACTORS, const="iid",
                       default="none",
                       help="the background: none; iid, procedural textures redrawn at every "

@@ -22,10 +22,9 @@ import torch
 
 from rpm.experiments.common import derived_seed, resolve_device, seed_everything, torch_threads
 from rpm.experiments.data_file import command_options, read_arrays
-from rpm.experiments.lds.evaluate import forecast_errors, heldout_r2, infer_states
-from rpm.experiments.lds.fitting import SequenceFit, run_folder
+from rpm.experiments.lds.evaluate import heldout_r2, infer_states
+from rpm.experiments.lds.fitting import SequenceFit, run_folder, train_scored
 from rpm.experiments.lds.sequences import SequenceData, sequence_data
-from rpm.experiments.lds.train import train_sequence_model
 from rpm.experiments.pendulum.missing_frames import evaluate_missing_frames
 from rpm.experiments.pendulum.model import model_from_arguments
 from rpm.experiments.pendulum.readout import knn_heldout_r2
@@ -132,44 +131,22 @@ def train_and_score(data: SequenceData, args, out, device: torch.device,
     def scores() -> dict:
         return _scores(model, frames, states, num_train, state_names)
 
-    untrained = None if states is None else scores()
-    latest = {}  # the scores of the latest evaluation, reused below if it is the last step's
-
-    def eval_fn(step: int) -> dict:
-        if states is None:
-            return {}  # nothing to score: the evaluation records the time only
-        result = scores()
-        latest.update(step=step, scores=result)
-        return {"r2": result["r2"], "means_r2": result["means_r2"]}
-
-    history = train_sequence_model(
-        model, frames[:num_train], steps=args.steps, batch_size=args.batch_size,
-        window=args.window, lr=args.lr, prior_lr=args.prior_lr, seed=args.seed,
-        out=out, eval_fn=eval_fn, eval_every=args.eval_every,
-        checkpoint_every=args.checkpoint_every, progress=args.progress, resume=args.resume,
-        description=description, drop_frames=args.drop_frames)
-    model.eval()
+    trained = train_scored(model, frames, data, scores, ("r2", "means_r2"), args, out,
+                           description, drop_frames=args.drop_frames)
     if states is None:
-        return SequenceFit(model, None, None, "no states given", infer_states(model, frames),
-                           data, history)
-    # the trainer evaluates after the last step: its scores are the trained model's (a resumed
-    # run that had already finished trains no step and is scored here)
-    result = latest["scores"] if latest.get("step") == args.steps else scores()
-    inference = result.pop("_inference")
-    forecasts = forecast_errors(inference, states, num_train)
+        return trained
+    result, inference = trained.scores, trained.inference
     knn = knn_heldout_r2(states, inference.smoothed, num_train, k=NEIGHBOURS)
     baseline = float((states[num_train:] - states[:num_train].mean((0, 1))).square().mean().sqrt())
     result.update(knn_r2=knn.mean().item(),
                   knn_r2_per_coordinate=dict(zip(state_names, knn.tolist(), strict=True)),
-                  forecast_error=forecasts["model"], var_forecast_error=forecasts["var"],
                   forecast_baseline=baseline)
     if args.eval_drop_frames > 0:
         result["missing_frames"] = {
             "fraction": args.eval_drop_frames, "trained_with_fraction": args.drop_frames,
             **evaluate_missing_frames(model, frames, states, num_train, args.eval_drop_frames,
                                       seed=derived_seed(args.seed, "drop"), inference=inference)}
-    untrained.pop("_inference")
-    return SequenceFit(model, result, untrained, None, inference, data, history)
+    return trained
 
 
 def fit(observations: Any, states: Any = None, held_out: Any = None, *, out: str | None = None,
