@@ -11,7 +11,8 @@ Times are CPU seconds of this process (``time.process_time``), the median of ``3
 calls timed in turn (so that the load of a shared machine affects both alike), after a warm-up;
 ``x torch`` is the package's time over the reference's.
 
-Usage: ``python benchmarks/losses.py --threads 1``.
+Usage: ``PYTHONPATH=. python benchmarks/losses.py --threads 1`` (the header names the package
+tree it imported).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+import rpm
 from rpm.losses import InfoNCELoss, NTXentLoss
 
 
@@ -75,7 +77,7 @@ def forms(num: int, dim: int, num_views: int, bank_size: int) -> dict[str, tuple
         return [torch.randn(num, dim, generator=generator).requires_grad_(True)
                 for _ in range(count)]
 
-    moco = NTXentLoss(0.2, memory_bank_size=(bank_size, dim))
+    moco = NTXentLoss(0.2, memory_bank_size=(bank_size, dim)).float()  # a float32 bank
     moco.eval()  # the bank is read, not written: every timed call sees the same K rows
     bank = moco.bank.latents().clone()
     negatives = torch.randn(bank_size, dim, generator=generator).requires_grad_(True)
@@ -135,7 +137,8 @@ def main(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
     load = os.getloadavg()
     print(f"threads={torch.get_num_threads()} clock=cpu load average {load[0]:.2f} {load[1]:.2f} "
-          f"{load[2]:.2f}; D={args.dim}, J={args.views}, K=M={args.bank}")
+          f"{load[2]:.2f}; D={args.dim}, J={args.views}, K=M={args.bank}; rpm from "
+          f"{os.path.dirname(rpm.__file__)}")
     print(f"{'N':>5} {'form':>18} {'rpm ms':>9} {'torch ms':>9} {'x torch':>8}")
     for num in args.sizes:
         for name, (mine, theirs) in measure(num, args.dim, args.views, args.bank, args.warmup,
