@@ -158,18 +158,20 @@ def _bank_shape(memory_bank_size) -> tuple[int, int | None]:
 
 
 class _ExplicitNegatives(LatentQueue):
-    r"""M explicit negatives as the queue of a :class:`~rpm.priors.StarImplicitPrior`
-    (``candidates="positives"``): :meth:`latents` returns them as they were given, neither
-    copied nor detached, so that the gradient reaches them as info-nce-pytorch's does (they are
-    the current encoder's samples of the marginal, not earlier ones); it takes no pushes.
+    r"""Explicit negatives as the queue of a :class:`~rpm.priors.StarImplicitPrior`
+    (``candidates="positives"``), held for one evaluation (:meth:`hold`): :meth:`latents`
+    returns them as they were given, neither copied nor detached, so that the gradient reaches
+    them as info-nce-pytorch's does (they are the current encoder's samples of the marginal, not
+    earlier ones); it takes no pushes."""
 
-    :param torch.Tensor negatives: shape (M, D).
-    """
-
-    def __init__(self, negatives: torch.Tensor):
+    def __init__(self):
         torch.nn.Module.__init__(self)  # no ring of buffers: the latents are held as given
-        self.size, self.dim = negatives.shape
+        self.hold(None)
+
+    def hold(self, negatives: torch.Tensor | None) -> None:
+        """Holds ``negatives`` (M, D), or nothing (None)."""
         self.negatives = negatives
+        self.size, self.dim = (0, 0) if negatives is None else negatives.shape
 
     def __len__(self) -> int:
         return self.size
@@ -563,6 +565,10 @@ class InfoNCELoss(torch.nn.Module):
         self.negative_mode = negative_mode
         self.energy = ScaledCosineEnergy(temperature, learn=learn_temperature)
         self.prior = ImplicitPrior(self.energy)
+        # MoCo's prior whose queue holds the negatives of one call; outside the submodules (its
+        # energy is this loss's own) and in eval mode, so that evaluating it never pushes
+        object.__setattr__(self, "_negatives_prior",
+                           _moco_prior(self.energy, _ExplicitNegatives()).eval())
 
     @property
     def temperature(self) -> float:
@@ -587,9 +593,12 @@ class InfoNCELoss(torch.nn.Module):
         if negative_keys is None:
             ratio = rpm_elbo(self.prior, [query, positive_key], per_instance=True)
             return ratio, math.log(query.shape[0])
-        # eval mode: the negatives are read, never pushed
-        prior = _moco_prior(self.energy, _ExplicitNegatives(negative_keys)).eval()
-        ratio = rpm_elbo(prior, [query, positive_key], per_instance=True)
+        negatives = self._negatives_prior.queue
+        negatives.hold(negative_keys)
+        try:
+            ratio = rpm_elbo(self._negatives_prior, [query, positive_key], per_instance=True)
+        finally:
+            negatives.hold(None)  # the loss keeps no reference to the call's tensors
         return ratio, math.log(negative_keys.shape[0] + 1)
 
     def rpm_prior(self, negative_keys: torch.Tensor | None = None):
