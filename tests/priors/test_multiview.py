@@ -318,6 +318,22 @@ def test_queue_with_own_positive_candidates_is_moco():
 
 
 @pytest.mark.parametrize("form", sorted(PRIORS))
+@pytest.mark.parametrize("global_views,centres", [(None, None), (2, None), (None, [1, 3]),
+                                                  (1, [0, 2])])
+def test_own_positive_candidates_over_j_views_match_the_loop(form, global_views, centres):
+    """candidates="positives" reads only each anchor's own instance's views (and the queue):
+    J = 4, the multi-crop rule and chosen centres, against the loop over the whole batch."""
+    queue = LatentQueue(6, D)
+    queue.push(torch.randn(6, D))
+    prior = PRIORS[form](RBFEnergy(1.2), candidates="positives", global_views=global_views,
+                         centres=centres, queue=queue).eval()
+    z = torch.randn(5, 4, D)
+    expected = elbo_loop(z.tolist(), _rbf(1.2), form, "positives", global_views, centres,
+                         queue.latents().tolist())
+    assert abs(rpm.inference.rpm_elbo(prior, z).item() - expected) < 1e-10
+
+
+@pytest.mark.parametrize("form", sorted(PRIORS))
 def test_queue_joins_pooled_candidates(form):
     queue = LatentQueue(6, D)
     queue.push(torch.randn(6, D))
