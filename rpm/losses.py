@@ -399,7 +399,7 @@ class NTXentLoss(torch.nn.Module):
     def _terms(self, views: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         r"""(ELBO summed over this process's instances, the loss): the ELBO from
         :func:`~rpm.inference.rpm_elbo` on the prior of the form, the loss the affine function
-        of it in the class docstring, :math:`c - s\,\mathcal{L}` (:meth:`_loss_constants`).
+        of it in the class docstring (over J views: :meth:`_loss_constants`).
         The energy normalises the outputs (once: a second ``F.normalize`` would scale a zero
         row's gradient again)."""
         if self.memory_bank_size > 0 and self.bank is None:
@@ -604,9 +604,10 @@ class InfoNCELoss(torch.nn.Module):
     def rpm_prior(self, negative_keys: torch.Tensor | None = None):
         r"""The prior whose ELBO :meth:`elbo` returns: :class:`~rpm.priors.ImplicitPrior` (no
         negatives), or a :class:`~rpm.priors.StarImplicitPrior` (``candidates="positives"``,
-        ``centres=[0]``) whose queue holds ``negative_keys`` (evaluate it in eval mode to keep its
-        queue as it is). A new prior each call, on an energy sharing this loss's temperature
-        (:meth:`ScaledCosineEnergy.shared`).
+        ``centres=[0]``) whose queue holds a detached copy of ``negative_keys`` (a model's
+        queue: the same ELBO as :meth:`elbo`, without a gradient in the negatives; evaluate it
+        in eval mode to keep its queue as it is). A new prior each call, on an energy sharing
+        this loss's temperature (:meth:`ScaledCosineEnergy.shared`).
 
         :param negative_keys: shape (M, D), or None.
         """
