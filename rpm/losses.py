@@ -7,7 +7,9 @@ each the negative RPM ELBO of its prior minus a constant (``docs/theory.md``, se
 ``forward(out0, out1)``: the mean loss, positive, in nats. It also takes J views,
 ``forward(*views)`` or ``forward([views])``, for SupCon's multi-positive forms. Its
 :meth:`NTXentLoss.elbo` returns the RPM ELBO per instance the loss comes from, and
-:meth:`NTXentLoss.rpm_prior` the prior itself (for :class:`~rpm.RPM`):
+:meth:`NTXentLoss.rpm_prior` the prior itself (for :class:`~rpm.RPM`). Every form computes
+its ELBO :math:`\mathcal{L}` with :func:`rpm.inference.rpm_elbo` (Delta recognition at the
+outputs) on the prior below, and its loss is the affine function of it stated there:
 
 * two views, no memory bank: SimCLR's NT-Xent is the pooled implicit prior
   (:class:`~rpm.priors.PooledImplicitPrior`) with the cosine energy
@@ -22,8 +24,10 @@ each the negative RPM ELBO of its prior minus a constant (``docs/theory.md``, se
 
 :class:`InfoNCELoss` takes the arguments of info-nce-pytorch's ``InfoNCE`` and returns its value:
 the one-directional, cross-view InfoNCE of :class:`~rpm.priors.ImplicitPrior`,
-:math:`\mathcal{L}/N = -\text{InfoNCE} + \log N`, or with explicit negatives
-:math:`\mathcal{L}/N = -\text{InfoNCE} + \log(M + 1)`.
+:math:`\mathcal{L}/N = -\text{InfoNCE} + \log N`, or with M explicit negatives that of MoCo's
+prior (:class:`~rpm.priors.StarImplicitPrior`, the negatives its queue),
+:math:`\mathcal{L}/N = -\text{InfoNCE} + \log(M + 1)`, each through
+:func:`rpm.inference.rpm_elbo`.
 
 Both take ``learn_temperature=True``: the temperature is then learned as CLIP learns its logit
 scale (:class:`ScaledCosineEnergy`).
@@ -47,7 +51,6 @@ from rpm.priors import ImplicitPrior, PartnerMixturePrior, PooledImplicitPrior, 
 from rpm.priors.base import Energy
 from rpm.priors.energies import CosineEnergy, unit_vectors
 from rpm.priors.multiview import MultiViewImplicitPrior
-from rpm.priors.multiview_terms import multiview_anchor_terms, multiview_loss
 
 __all__ = ["InfoNCELoss", "NTXentLoss", "ScaledCosineEnergy", "info_nce"]
 
@@ -154,17 +157,37 @@ def _bank_shape(memory_bank_size) -> tuple[int, int | None]:
     return size, dim
 
 
-def _moco_ratio(energy: ScaledCosineEnergy, z: torch.Tensor, z2: torch.Tensor,
-                negatives: torch.Tensor) -> torch.Tensor:
-    r"""Per-pair :math:`f(z_i, z'_i) - \log \frac{1}{K+1}(e^{f(z_i, z'_i)} + \sum_k e^{f(z_i, c_k)})`
-    for rows z, z2 (normalised here) and unit negatives c (used as they are, as lightly uses its
-    bank): the star prior's term with centre view 0, candidates {own positive} + the K negatives
-    (:func:`~rpm.priors.multiview_terms.multiview_anchor_terms` on the N x N block whose only
-    positive and candidate is the diagonal)."""
-    eye = torch.eye(z.shape[0], dtype=torch.bool, device=z.device)
-    logits = energy.paired(z, z2).diag_embed()                            # (N, N), the diagonal used
-    queue_logits = energy.logit_scale(z.dtype) * (unit_vectors(z) @ negatives.T)  # (N, K)
-    return multiview_anchor_terms(logits, eye, eye, "star", queue_logits).ratio
+class _ExplicitNegatives(LatentQueue):
+    r"""Explicit negatives as the queue of a :class:`~rpm.priors.StarImplicitPrior`
+    (``candidates="positives"``), held for one evaluation (:meth:`hold`): :meth:`latents`
+    returns them as they were given, neither copied nor detached, so that the gradient reaches
+    them as info-nce-pytorch's does (they are the current encoder's samples of the marginal, not
+    earlier ones); it takes no pushes."""
+
+    def __init__(self):
+        torch.nn.Module.__init__(self)  # no ring of buffers: the latents are held as given
+        self.hold(None)
+
+    def hold(self, negatives: torch.Tensor | None) -> None:
+        """Holds ``negatives`` (M, D), or nothing (None)."""
+        self.negatives = negatives
+        self.size, self.dim = (0, 0) if negatives is None else negatives.shape
+
+    def __len__(self) -> int:
+        return self.size
+
+    def latents(self) -> torch.Tensor:
+        """The negatives, (M, D), as given (with their gradient)."""
+        return self.negatives
+
+    def push(self, latents: torch.Tensor) -> None:
+        raise RuntimeError("explicit negatives take no pushes: evaluate their prior in eval mode")
+
+
+def _moco_prior(energy: Energy, queue: LatentQueue) -> StarImplicitPrior:
+    """MoCo's prior: the star prior with centre view 0, whose normaliser runs over the anchor's
+    own positive and the queue's K latents."""
+    return StarImplicitPrior(energy, candidates="positives", centres=[0], queue=queue)
 
 
 def _check_outputs(views: list, names: list[str], what: str) -> None:
@@ -232,8 +255,13 @@ class NTXentLoss(torch.nn.Module):
       earlier calls (every process's, with ``gather_distributed``), oldest overwritten first;
       a batch that reaches the end of the bank fills it to the end, its remaining rows are
       dropped, and the next batch writes from the start;
+    * the starting rows are drawn in float64 (``(K, D)``: the bank is float64 until the loss
+      is cast with ``.to()``, ``.float()`` or ``.double()``) or in the outputs' dtype (an int
+      K, at the first call), so that they are unit to the precision they are read in: the
+      cosine energy normalises the rows it reads, lightly reads them as they are;
     * it takes a batch after the loss is computed, and only when ``out0`` requires a gradient:
       under ``torch.no_grad()`` (a validation pass) it stays as it is, in train or eval mode;
+      evaluating the prior never pushes (it is held in eval mode, outside the submodules);
     * it is a :class:`~rpm.marginals.candidates.LatentQueue` of non-persistent buffers:
       ``state_dict()`` and checkpoints do not carry it (a model restored from a checkpoint
       starts a new random bank), while ``.to()`` and ``.double()`` move it;
@@ -265,7 +293,12 @@ class NTXentLoss(torch.nn.Module):
     the negative ELBOs of :class:`~rpm.priors.StarImplicitPrior` and
     :class:`~rpm.priors.PartnerMixturePrior`: with :math:`D = |C(k)|`,
     :math:`\mathcal{L}/(N(J-1)) = -L_\text{out} + \log D` and
-    :math:`\mathcal{L}/N = -L_\text{in} + \log(D/(J-1))`. With J = 2 both are NT-Xent.
+    :math:`\mathcal{L}/N = -L_\text{in} + \log(D/(J-1))`. With J = 2 both are NT-Xent. With
+    ``global_views`` the anchors differ in :math:`|P(k)|` and :math:`D_k`, and the loss is
+    still affine in the ELBO, :math:`L = c - J \mathcal{L} / w` with
+    :math:`w = \sum_k |P(k)|`, :math:`c = \frac1w \sum_k |P(k)| \log D_k` (``"out"``) or
+    :math:`w = NJ`, :math:`c = \frac1w \sum_k \log(D_k / |P(k)|)` (``"in"``), constants of the
+    batch's shape.
 
     .. code-block:: python
 
@@ -310,6 +343,10 @@ class NTXentLoss(torch.nn.Module):
         self.multiview_prior = _FORMS[form](self.energy, candidates=candidates,
                                             global_views=global_views)
         self.bank: LatentQueue | None = None
+        # MoCo's prior on the bank, made with the bank; held outside the submodules (its energy
+        # and bank are this loss's own) and in eval mode, so that evaluating it never pushes
+        # into the bank: forward pushes by lightly's rule
+        object.__setattr__(self, "_bank_prior", None)
         if self.memory_bank_size > 0 and dim is not None:
             self._init_bank(dim)
         if self.memory_bank_size > 0 and dim is None:  # lightly's warning, word for word
@@ -325,12 +362,17 @@ class NTXentLoss(torch.nn.Module):
         return self.energy.temperature
 
     def _init_bank(self, dim: int, like: torch.Tensor | None = None) -> None:
-        """K random unit vectors, as lightly's bank starts (on ``like``'s device, in its dtype),
-        in non-persistent buffers (lightly's: outside ``state_dict()``)."""
+        """K random unit vectors, as lightly's bank starts (on ``like``'s device, in its dtype;
+        without ``like``, in float64: unit rows to float64's precision, which a cast of the
+        loss to float64 keeps), in non-persistent buffers (lightly's: outside
+        ``state_dict()``)."""
         self.bank = LatentQueue(self.memory_bank_size, dim, persistent=False)
         if like is not None:
             self.bank.to(device=like.device, dtype=like.dtype)
+        else:
+            self.bank.to(dtype=torch.float64)
         self.bank.push(unit_vectors(torch.randn(self.memory_bank_size, dim, dtype=self.bank.memory.dtype)))
+        object.__setattr__(self, "_bank_prior", _moco_prior(self.energy, self.bank).eval())
 
     def _views(self, views: tuple) -> list[torch.Tensor]:
         if len(views) == 1 and isinstance(views[0], (list, tuple)):
@@ -355,23 +397,59 @@ class NTXentLoss(torch.nn.Module):
             and self.multiview_prior.global_views is None
 
     def _terms(self, views: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(ELBO summed over this process's instances, the loss). The energy normalises the
-        outputs (once: a second ``F.normalize`` would scale a zero row's gradient again)."""
+        r"""(ELBO summed over this process's instances, the loss): the ELBO from
+        :func:`~rpm.inference.rpm_elbo` on the prior of the form, the loss the affine function
+        of it in the class docstring (over J views: :meth:`_loss_constants`).
+        The energy normalises the outputs (once: a second ``F.normalize`` would scale a zero
+        row's gradient again)."""
         if self.memory_bank_size > 0 and self.bank is None:
             self._init_bank(views[0].shape[1], like=views[0])
         num = views[0].shape[0]
         if self.bank is not None:
-            negatives = self.bank.latents().to(views[0])
-            value = _moco_ratio(self.energy, views[0], views[1], negatives).sum()
-            return value, math.log(self.memory_bank_size + 1) - value / num
+            value = rpm_elbo(self._bank_prior, views)
+            return value, math.log(len(self.bank) + 1) - value / num
         candidates = Candidates(global_batch=self.gather_distributed)
         if self._pairwise(len(views)):
             value = rpm_elbo(self.prior, views, candidates=candidates)
             num_pairs = candidates.gather(views[0]).shape[0]  # M: the global batch (gathered once)
             return value, math.log(2 * num_pairs - 1) - value / num
-        terms = self.multiview_prior.anchor_terms(torch.stack(views, dim=1), candidates)
-        loss, _, _ = multiview_loss(terms, self.multiview_prior.form)
-        return terms.ratio.sum() / len(views), loss
+        latents = torch.stack(views, dim=1)                                   # (N, J, D)
+        value = rpm_elbo(self.multiview_prior, latents, candidates=candidates)
+        total = candidates.gather(latents).shape[0]  # M (gathered once, by the prior)
+        constant, weight = self._loss_constants(num, total, len(views))
+        return value, constant - len(views) * value / weight
+
+    def _loss_constants(self, num: int, total: int, num_views: int) -> tuple[float, float]:
+        r"""The constant c and the weight w of the J-view loss
+        :math:`L = c - \frac{1}{w} \sum_k r_k = c - \frac{J}{w} \mathcal{L}` over this
+        process's N J anchors (the prior's ELBO :math:`\mathcal{L}` is the mean over the J
+        centres of the anchors' terms :math:`r_k`, ``rpm.priors.multiview_terms``), from the
+        anchors' numbers of positives :math:`|P(k)|` and of candidates :math:`D_k`, M
+        instances in the (global) batch:
+
+        * a global view (every view without ``global_views``): :math:`|P| = J - 1`,
+          :math:`D = MJ - 1` (pooled) or :math:`M (J - 1)` (cross-view);
+        * a local crop (view :math:`\ge G`): :math:`|P| = G`, :math:`D = MG` (the global crops);
+
+        :math:`L_\text{out}`: :math:`w = \sum_k |P(k)|`,
+        :math:`c = \frac1w \sum_k |P(k)| \log D_k`; :math:`L_\text{in}`: :math:`w = NJ`,
+        :math:`c = \frac1w \sum_k \log(D_k / |P(k)|)`.
+        """
+        prior = self.multiview_prior
+        globals_ = num_views if prior.global_views is None else prior.global_views
+        locals_ = num_views - globals_
+        size_global = (total * num_views - 1 if prior.candidates == "pooled"
+                       else total * (num_views - 1))
+        size_local = total * globals_
+        if self.form == "out":
+            weight = num * (globals_ * (num_views - 1) + locals_ * globals_)
+            constant = num * (globals_ * (num_views - 1) * math.log(size_global)
+                              + locals_ * globals_ * math.log(size_local)) / weight
+        else:
+            weight = num * num_views
+            constant = num * (globals_ * math.log(size_global / (num_views - 1))
+                              + locals_ * math.log(size_local / globals_)) / weight
+        return constant, weight
 
     def rpm_prior(self, num_views: int = 2) -> MultiViewImplicitPrior | PooledImplicitPrior:
         r"""The prior whose ELBO :meth:`elbo` returns for batches of ``num_views`` views, a new
@@ -392,7 +470,7 @@ class NTXentLoss(torch.nn.Module):
             if self.bank is None:
                 raise ValueError("the memory bank is created at the first call (or give "
                                  "memory_bank_size=(K, D)); call the loss once before rpm_prior()")
-            return StarImplicitPrior(energy, candidates="positives", centres=[0], queue=self.bank)
+            return _moco_prior(energy, self.bank)
         if self._pairwise(num_views):
             return PooledImplicitPrior(energy)
         return type(self.multiview_prior)(energy, candidates=self.multiview_prior.candidates,
@@ -487,6 +565,10 @@ class InfoNCELoss(torch.nn.Module):
         self.negative_mode = negative_mode
         self.energy = ScaledCosineEnergy(temperature, learn=learn_temperature)
         self.prior = ImplicitPrior(self.energy)
+        # MoCo's prior whose queue holds the negatives of one call; outside the submodules (its
+        # energy is this loss's own) and in eval mode, so that evaluating it never pushes
+        object.__setattr__(self, "_negatives_prior",
+                           _moco_prior(self.energy, _ExplicitNegatives()).eval())
 
     @property
     def temperature(self) -> float:
@@ -504,20 +586,28 @@ class InfoNCELoss(torch.nn.Module):
                                  f"{query.shape[1]}); got {got}")
 
     def _ratio(self, query, positive_key, negative_keys) -> tuple[torch.Tensor, float]:
-        """Per-query ELBO terms (N,) and the constant log N or log(M + 1)."""
+        """Per-query ELBO terms (N,) (:func:`~rpm.inference.rpm_elbo` on :class:`ImplicitPrior`,
+        or on MoCo's prior whose queue is the negatives, as given) and the constant log N or
+        log(M + 1)."""
         self._check(query, positive_key, negative_keys)
-        z, z2 = unit_vectors(query), unit_vectors(positive_key)
         if negative_keys is None:
-            return self.prior.log_ratio(z, z2), math.log(z.shape[0])
-        negatives = unit_vectors(negative_keys)
-        return _moco_ratio(self.energy, z, z2, negatives), math.log(negatives.shape[0] + 1)
+            ratio = rpm_elbo(self.prior, [query, positive_key], per_instance=True)
+            return ratio, math.log(query.shape[0])
+        negatives = self._negatives_prior.queue
+        negatives.hold(negative_keys)
+        try:
+            ratio = rpm_elbo(self._negatives_prior, [query, positive_key], per_instance=True)
+        finally:
+            negatives.hold(None)  # the loss keeps no reference to the call's tensors
+        return ratio, math.log(negative_keys.shape[0] + 1)
 
     def rpm_prior(self, negative_keys: torch.Tensor | None = None):
         r"""The prior whose ELBO :meth:`elbo` returns: :class:`~rpm.priors.ImplicitPrior` (no
         negatives), or a :class:`~rpm.priors.StarImplicitPrior` (``candidates="positives"``,
-        ``centres=[0]``) whose queue holds ``negative_keys`` (evaluate it in eval mode to keep its
-        queue as it is). A new prior each call, on an energy sharing this loss's temperature
-        (:meth:`ScaledCosineEnergy.shared`).
+        ``centres=[0]``) whose queue holds a detached copy of ``negative_keys`` (a model's
+        queue: the same ELBO as :meth:`elbo`, without a gradient in the negatives; evaluate it
+        in eval mode to keep its queue as it is). A new prior each call, on an energy sharing
+        this loss's temperature (:meth:`ScaledCosineEnergy.shared`).
 
         :param negative_keys: shape (M, D), or None.
         """
@@ -526,7 +616,7 @@ class InfoNCELoss(torch.nn.Module):
             return ImplicitPrior(energy)
         queue = LatentQueue(negative_keys.shape[0], negative_keys.shape[1]).to(negative_keys)
         queue.push(negative_keys)
-        return StarImplicitPrior(energy, candidates="positives", centres=[0], queue=queue)
+        return _moco_prior(energy, queue)
 
     def elbo(self, query: torch.Tensor, positive_key: torch.Tensor,
              negative_keys: torch.Tensor | None = None) -> torch.Tensor:

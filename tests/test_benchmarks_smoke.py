@@ -1,5 +1,5 @@
-"""The step benchmarks (benchmarks/step_overhead.py, multiview.py, dense_infonce.py) run at toy
-size and print a row per size with the baseline's ratio; their numbers live in
+"""The step benchmarks (benchmarks/step_overhead.py, multiview.py, dense_infonce.py, losses.py)
+run at toy size and print a row per size with the baseline's ratio; their numbers live in
 benchmarks/README.md."""
 
 import importlib.util
@@ -64,3 +64,15 @@ def test_content_style_dims_runs(tmp_path, capsys, restore_threads):
         "--extra", "--batch-size 16 --hidden 8 --depth 1 --eval-samples 60 --threads 1"]))
     assert list(table) == [2, 7]
     assert capsys.readouterr().out.splitlines()[-1].split()[0] == "7"
+
+
+def test_losses_runs_and_agrees(capsys, restore_threads):
+    """Each form of rpm.losses against its plain-torch formula (the benchmark checks the values
+    agree before timing)."""
+    bench = load("losses")
+    bench.main(bench.parse_args(["--sizes", "4", "--dim", "3", "--views", "3", "--bank", "5",
+                                 "--warmup", "1", "--repeats", "1"]))
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert [" ".join(row.split()[1:-3]) for row in rows] == [
+        "ntxent", "ntxent bank", "ntxent J=3 out", "ntxent J=3 in", "infonce",
+        "infonce negatives"]

@@ -206,3 +206,41 @@ def test_bad_inputs():
         InfoNCELoss()(torch.randn(4, 3), torch.randn(4, 3), torch.randn(4, 2))
     with pytest.raises(ValueError, match="query and positive_key of the same shape"):
         InfoNCELoss()(torch.randn(4, 3), torch.randn(3, 3))
+
+
+def test_info_nce_gradients_reach_the_negatives_as_info_nce_pytorchs_and_nothing_is_kept():
+    """The negatives are candidates of MoCo's prior read as given: the gradients in the query,
+    the positive keys and the negatives are the reference's (float64), in training mode too, and
+    the loss keeps no state (no buffer, the same state_dict) after the call."""
+    query, key, negatives = (v.requires_grad_(True) for v in _outputs(5, 3, 4, seed=31))
+    negatives = negatives[:4]
+    loss_fn = InfoNCELoss(temperature=0.2)
+    loss_fn.train()
+    keys = list(loss_fn.state_dict())
+    inputs = [query, key, negatives]
+    grads = torch.autograd.grad(loss_fn(*inputs), inputs)
+    reference = torch.autograd.grad(_info_nce_reference(*inputs, 0.2, "mean"), inputs)
+    for grad, ref in zip(grads, reference, strict=True):
+        torch.testing.assert_close(grad, ref, atol=1e-12, rtol=0)
+    assert list(loss_fn.state_dict()) == keys
+    assert [name for name, _ in loss_fn.named_buffers()] == ["energy.scale"]
+
+
+def test_evaluating_the_bank_never_pushes_and_the_state_dict_keeps_its_keys():
+    """elbo() in training mode with gradients, and forward under no_grad, leave the bank as it
+    is (only forward with gradients pushes, by lightly's rule); an int K, whose bank is made at
+    the first call, keeps the state_dict's keys."""
+    with pytest.warns(UserWarning):
+        loss_fn = NTXentLoss(0.3, memory_bank_size=6).double()
+    keys = list(loss_fn.state_dict())
+    out0, out1 = (v.requires_grad_(True) for v in _outputs(4, 2, 3, seed=12))
+    loss_fn.train()
+    loss_fn.elbo(out0, out1)
+    memory, head = loss_fn.bank.memory.clone(), int(loss_fn.bank.head)
+    loss_fn.elbo(out0, out1)
+    with torch.no_grad():
+        loss_fn(out0, out1)
+    assert torch.equal(loss_fn.bank.memory, memory) and int(loss_fn.bank.head) == head
+    loss_fn(out0, out1)
+    assert int(loss_fn.bank.head) == (head + 4) % 6
+    assert list(loss_fn.state_dict()) == keys

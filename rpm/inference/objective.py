@@ -50,6 +50,7 @@ import pyro
 import torch
 from pyro import poutine
 from pyro.distributions import Delta, Independent, TorchDistribution
+from pyro.poutine.util import site_is_subsample
 
 from rpm._validation import check_bool, check_positive_int
 from rpm.marginals import MixtureMarginal
@@ -204,10 +205,12 @@ def marginal_log_prob(marginal: MixtureMarginal, z: torch.Tensor, candidates: Ca
 # -- the terms of Eq. 15 ----------------------------------------------------------------------------
 
 def prior_log_ratio(prior, latents, recognitions, plate: str, candidates: Candidates | None = None,
-                    block_size: int | None = None, sequence: bool | None = None) -> torch.Tensor:
+                    block_size: int | None = None, sequence: bool | None = None,
+                    per_instance: bool = False) -> torch.Tensor:
     r"""The batch's total :math:`\sum_i \log P(z_{i,1:J}) - \sum_j \log Q_j(z_{i,j})`, the
     terms of the RPM ELBO (Eq. 15 of Aitchison & Ganev; with J views, ``docs/theory.md``) that
-    do not cancel against the recognition guide.
+    do not cancel against the recognition guide; with ``per_instance`` the N terms themselves,
+    :math:`\log P(z_{i,1:J}) - \sum_j \log Q_j(z_{i,j})` for each instance i.
 
     The prior's own analytic term when it returns one (a pair prior's
     :meth:`~rpm.priors.base.Prior.log_ratio`, a prior over J views'
@@ -230,7 +233,11 @@ def prior_log_ratio(prior, latents, recognitions, plate: str, candidates: Candid
     :param block_size: stream the O(N^2) parts in blocks of this size (``None``: by size).
     :param sequence: whether the prior is a prior over J views
         (:func:`~rpm.priors.base.is_sequence_prior`; None: decided here).
-    :return: a scalar.
+    :param bool per_instance: return the terms of each instance, shape (N,), not their sum;
+        a prior without an analytic log-ratio whose log-density does not split over the
+        instances (:attr:`~rpm.priors.base.PriorBase.joint_over_batch`) has no such terms
+        (ValueError).
+    :return: a scalar, or shape (N,) with ``per_instance``.
     """
     if sequence is None:
         sequence = is_sequence_prior(prior)
@@ -241,34 +248,50 @@ def prior_log_ratio(prior, latents, recognitions, plate: str, candidates: Candid
                             f"(rpm.priors.SequencePrior); got {type(prior).__name__}")
         ratio = prior.sequence_log_ratio(z, q, marginal, candidates, block_size)
         if ratio is not None:
-            return ratio.sum()
+            return ratio if per_instance else ratio.sum()
         data, args, sites, num = {"z": z}, (q, marginal), ("z",), z.shape[0]
     else:
         (z, z2), (q, q2) = latents, recognitions
         if isinstance(prior, Prior):
             ratio = prior.log_ratio(z, z2, q, q2, candidates, block_size)
             if ratio is not None:
-                return ratio.sum()
+                return ratio if per_instance else ratio.sum()
         data, args, sites, num = {"z": z, "z2": z2}, (q, q2), ("z", "z2"), z.shape[0]
+    joint_over_batch = hook(prior, "joint_over_batch")
+    if per_instance and joint_over_batch:
+        raise ValueError(f"{type(prior).__name__} has no analytic log-ratio and its log-density "
+                         "is one event over the batch: it has no per-instance terms; take the "
+                         "batch's sum (per_instance=False)")
     # The traced prior (a trace context, not poutine.trace(fn), which would append Pyro's
     # shape table to the one-line errors of declare_prior's checks).
     with poutine.trace() as tracer, poutine.condition(data=data):
-        if hook(prior, "joint_over_batch"):
+        if joint_over_batch:
             declare_prior(prior, *args, sites=sites)
         else:
             with pyro.plate(plate, num):
                 declare_prior(prior, *args, sites=sites)
     trace = tracer.trace
     trace.compute_log_prob()
+    reduce = (lambda terms: _instance_terms(prior, terms, num)) if per_instance else torch.sum
     log_prior = sum(
-        site["log_prob"].sum() for site in trace.nodes.values() if site["type"] == "sample"
+        reduce(site["log_prob"]) for site in trace.nodes.values()
+        if site["type"] == "sample" and not site_is_subsample(site)  # not the plate's own node
     )
     if sequence:  # the model's marginal already runs over the candidates (a global batch)
-        return log_prior - marginal.log_prob(z).sum()
+        return log_prior - reduce(marginal.log_prob(z))
     marginal, marginal2 = likelihood_marginals(prior, q, q2)
-    log_marginals = (marginal_log_prob(marginal, z, candidates, block_size).sum()
-                     + marginal_log_prob(marginal2, z2, candidates, block_size).sum())
+    log_marginals = (reduce(marginal_log_prob(marginal, z, candidates, block_size))
+                     + reduce(marginal_log_prob(marginal2, z2, candidates, block_size)))
     return log_prior - log_marginals
+
+
+def _instance_terms(prior, terms: torch.Tensor, num: int) -> torch.Tensor:
+    """``terms`` of shape (N,), the per-instance log-densities of a site inside the plate."""
+    if terms.shape != (num,):
+        raise ValueError(f"{type(prior).__name__} declares a site whose log-density has shape "
+                         f"{tuple(terms.shape)}, not one term per instance ({num},): it has no "
+                         "per-instance terms; take the batch's sum (per_instance=False)")
+    return terms
 
 
 # -- the ELBO ----------------------------------------------------------------------------------------
@@ -345,7 +368,7 @@ def rpm_elbo(
     prior, latents: Sequence[torch.Tensor] | torch.Tensor,
     recognitions: Sequence[TorchDistribution] | TorchDistribution | None = None,
     candidates: Candidates | None = None, block_size: int | None = None,
-    pooled_marginal: bool = False,
+    pooled_marginal: bool = False, per_instance: bool = False,
 ) -> torch.Tensor:
     r"""The RPM ELBO of a batch of latents, for plain PyTorch loops on embeddings.
 
@@ -375,9 +398,13 @@ def rpm_elbo(
         queue); default the batch.
     :param block_size: block edge for the O(N^2) kernels; None decides by size.
     :param bool pooled_marginal: a prior over J views: pool the marginals over the views.
-    :return: a scalar tensor, the ELBO summed over the N instances.
+    :param bool per_instance: return the N instances' terms
+        :math:`\log P(z_{i,1:J}) - \sum_j \log Q_j(z_{i,j})`, shape (N,), instead of their sum
+        (:func:`prior_log_ratio`): per-example losses, e.g. ``reduction="none"``.
+    :return: a scalar tensor, the ELBO summed over the N instances, or shape (N,).
     """
     check_bool("pooled_marginal", pooled_marginal)
+    check_bool("per_instance", per_instance)
     if recognitions is None and not hook(prior, "accepts_delta_recognition"):
         raise ValueError(delta_with_density_message("the default Delta recognition", prior)
                          + "; pass the recognition distributions the latents were drawn from")
@@ -395,7 +422,7 @@ def rpm_elbo(
         marginal = SequenceMixtureMarginal(q, pooled=pooled_marginal, block_size=block_size,
                                            candidates=candidates)
         return prior_log_ratio(prior, z, (q, marginal), "instances", candidates, block_size,
-                               sequence=True)
+                               sequence=True, per_instance=per_instance)
     if isinstance(latents, torch.Tensor) or len(latents) != 2:
         got = f"a tensor {tuple(latents.shape)}" if isinstance(latents, torch.Tensor) else len(latents)
         raise ValueError(f"{type(prior).__name__} is a pair prior: pass latents [z, z2], "
@@ -403,4 +430,4 @@ def rpm_elbo(
     z, z2 = latents
     q, q2 = (_delta(z), _delta(z2)) if recognitions is None else recognitions
     return prior_log_ratio(prior, (z, z2), (q, q2), "pairs", candidates, block_size,
-                           sequence=False)
+                           sequence=False, per_instance=per_instance)

@@ -177,7 +177,8 @@ class MultiViewImplicitPrior(SequencePrior):
     def anchor_terms(self, z: torch.Tensor, candidates: Candidates | None = None) -> AnchorTerms:
         r"""The per-anchor terms :math:`r_k` of this process's centres, instance-major (row
         :math:`i J_c + c` is centre c of instance i), over this batch or a global batch
-        (:func:`~rpm.priors.multiview_terms.multiview_anchor_terms`).
+        (:func:`~rpm.priors.multiview_terms.multiview_anchor_terms`); with
+        ``candidates="positives"`` over the anchor's own instance's views (and the queue) only.
 
         :param torch.Tensor z: latents, shape (N, J, D).
         :param candidates: a :class:`~rpm.marginals.candidates.Candidates` with a global batch,
@@ -187,29 +188,42 @@ class MultiViewImplicitPrior(SequencePrior):
         self._check(z)
         num, num_views, dim = z.shape
         centres = self.centre_views(num_views)
-        columns, offset = z, 0
-        if candidates is not None and candidates.is_global:
-            columns = candidates.gather(z)                                        # (M, J, D)
-            offset = candidates.offset(num)
         rows = z[:, centres].reshape(num * len(centres), dim)                     # (R, D)
-        logits = self.energy(rows, columns.reshape(-1, dim))                       # (R, M J)
-        positives, allowed, index = self._masks(num, columns.shape[0], offset, num_views, z.device)
+        if self.candidates == "positives":
+            # every positive and candidate is a view of the anchor's own instance: the
+            # instance's block of the logits, (R, J), not the batch's (R, M J)
+            own = z.unsqueeze(1).expand(num, len(centres), num_views, dim).reshape(-1, dim)
+            logits = self.energy.paired(rows.repeat_interleave(num_views, dim=0), own)
+            logits = logits.reshape(-1, num_views)                                 # (R, J)
+            positives, allowed, index = self._masks(num, 1, 0, num_views, z.device, own=True)
+        else:
+            columns, offset = z, 0
+            if candidates is not None and candidates.is_global:
+                columns = candidates.gather(z)                                    # (M, J, D)
+                offset = candidates.offset(num)
+            logits = self.energy(rows, columns.reshape(-1, dim))                   # (R, M J)
+            positives, allowed, index = self._masks(num, columns.shape[0], offset, num_views,
+                                                    z.device)
         queue_logits = None
         queued = self.queued(z)
         if queued is not None:
             queue_logits = self.energy(rows, queued)                                # (R, K)
         return multiview_anchor_terms(logits, positives, allowed, self.form, queue_logits, index)
 
-    def _masks(self, num: int, num_columns: int, offset: int, num_views: int, device) -> tuple:
+    def _masks(self, num: int, num_columns: int, offset: int, num_views: int, device,
+               own: bool = False) -> tuple:
         """The positives and candidates masks and the positives' index
         (:func:`~rpm.priors.multiview_terms.positive_index`) of a batch's shape, cached (they
-        depend on the shapes only)."""
-        key = (num, num_columns, offset, num_views, str(device))
+        depend on the shapes only); ``own``: of each anchor's own instance's J columns only
+        (``num_columns`` 1, every row's instance 0)."""
+        key = (num, num_columns, offset, num_views, str(device), own)
         cache = self.__dict__.setdefault("_mask_cache", {})
         if key not in cache:
             centres = self.centre_views(num_views)
             row_instance = torch.arange(offset, offset + num, device=device).repeat_interleave(
                 len(centres))
+            if own:
+                row_instance = torch.zeros_like(row_instance)
             row_view = torch.tensor(centres, device=device).repeat(num)
             col_instance = torch.arange(num_columns, device=device).repeat_interleave(num_views)
             col_view = torch.arange(num_views, device=device).repeat(num_columns)

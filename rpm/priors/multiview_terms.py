@@ -29,7 +29,8 @@ centre). The losses users know are the same sums without the constants:
     L_\text{in} = \operatorname*{mean}_{k}
         -\log \frac{\sum_{p \in P(k)} e^{F_{kp}}}{\sum_{m \in C(k)} e^{F_{km}}}
 
-(SupCon's "outside" and "inside" forms, Khosla et al. 2020, Eq. 2 and 3): :func:`multiview_loss`.
+(SupCon's "outside" and "inside" forms, Khosla et al. 2020, Eq. 2 and 3): affine functions of
+the priors' ELBOs, :class:`rpm.losses.NTXentLoss`.
 
 **Candidate sets** (:func:`multiview_masks`): ``"pooled"``, every latent of the batch but the
 anchor itself (NT-Xent's, :math:`D = NJ - 1`); ``"cross_view"``, only the other views' columns
@@ -53,7 +54,6 @@ __all__ = [
     "FORMS",
     "AnchorTerms",
     "multiview_anchor_terms",
-    "multiview_loss",
     "multiview_masks",
     "positive_index",
 ]
@@ -66,14 +66,10 @@ FORMS = ("star", "mixture")
 
 
 class AnchorTerms(NamedTuple):
-    """Per-anchor quantities of :func:`multiview_anchor_terms`, each of shape (R,)."""
+    """The result of :func:`multiview_anchor_terms`."""
 
-    #: :math:`r_k`, the anchor's ELBO term (module docstring).
+    #: :math:`r_k`, the anchor's ELBO term (module docstring), shape (R,).
     ratio: torch.Tensor
-    #: :math:`|P(k)|`, as the logits' dtype.
-    num_positives: torch.Tensor
-    #: :math:`\log D_k`, the log of the number of candidates (queue included).
-    log_num_candidates: torch.Tensor
 
 
 def multiview_masks(
@@ -181,38 +177,4 @@ def multiview_anchor_terms(
         log_partners = safe_logsumexp(partners.masked_fill(~valid, -math.inf), dim=-1)
         ratio = torch.where(has, log_partners - num_positives.clamp_min(1).log() - log_normalizer,
                             torch.zeros_like(log_normalizer))
-    return AnchorTerms(ratio, num_positives, log_num_candidates)
-
-
-def multiview_loss(terms: AnchorTerms, form: str) -> tuple[torch.Tensor, torch.Tensor, float]:
-    r"""The loss :math:`L_\text{out}` (star) or :math:`L_\text{in}` (mixture) of a batch of
-    anchors, as ``(loss, constant, weight)`` with
-
-    .. math::
-
-        L = -\frac{1}{w} \sum_k r_k + c, \qquad
-        w = \sum_k |P(k)|,\ c = \frac1w \sum_k |P(k)| \log D_k \quad\text{(star)}; \qquad
-        w = \#\{k : P(k) \ne \emptyset\},\ c = \frac1w \sum_k \log\frac{D_k}{|P(k)|}
-        \quad\text{(mixture)}.
-
-    With equal :math:`D_k = D` and :math:`|P(k)| = J - 1` for the NJ anchors of N instances, and
-    the prior's ELBO :math:`\mathcal{L} = \frac1J \sum_k r_k` (averaged over the J centres):
-    :math:`\mathcal{L} / (N (J - 1)) = -L_\text{out} + \log D` and
-    :math:`\mathcal{L} / N = -L_\text{in} + \log(D / (J - 1))`.
-
-    :param AnchorTerms terms: from :func:`multiview_anchor_terms`.
-    :param str form: ``"star"`` or ``"mixture"``.
-    :return: ``(loss, constant, weight)``: scalar tensors and a float.
-    """
-    ratio, num_positives, log_num = terms
-    has = num_positives > 0
-    if form == "star":
-        weight = num_positives.sum()
-        constant = (num_positives * log_num).sum() / weight
-    elif form == "mixture":
-        weight = has.sum().to(ratio.dtype)
-        constant = torch.where(has, log_num - num_positives.clamp_min(1).log(),
-                               torch.zeros_like(log_num)).sum() / weight
-    else:
-        raise ValueError(f"form must be one of {FORMS}, got {form!r}")
-    return constant - ratio.sum() / weight, constant, float(weight)
+    return AnchorTerms(ratio)

@@ -136,3 +136,65 @@ def test_cosine_rpm_elbo_is_minus_infonce_plus_log_n_with_cross_entropy():
     logits = 5.0 * torch.nn.functional.normalize(z, dim=-1) @ torch.nn.functional.normalize(z2, dim=-1).T
     info_nce = torch.nn.functional.cross_entropy(logits, torch.arange(N))
     assert (value / N).item() == pytest.approx(-info_nce.item() + math.log(N), rel=1e-12)
+
+
+def test_per_instance_terms_are_the_loops_and_sum_to_the_elbo():
+    """per_instance=True: the N terms log P(z_i, z2_i) - log Q(z_i) - log Q(z2_i), through the
+    implicit prior's analytic log-ratio (the InfoNCE loop's terms) and through the traced
+    explicit prior (a float64 loop of its Gaussian densities and the mixture marginals)."""
+    z, z2 = torch.randn(N, D), torch.randn(N, D)
+    implicit = ImplicitPrior(RBFEnergy(lengthscale=0.8))
+    terms = rpm_elbo(implicit, [z, z2], per_instance=True)
+    assert terms.shape == (N,)
+    assert terms.tolist() == pytest.approx(info_nce_terms(z, z2), rel=1e-12)
+    assert terms.sum().item() == pytest.approx(rpm_elbo(implicit, [z, z2]).item(), rel=1e-13)
+
+    net = GaussianHead(4, D)
+    model = rpm.RPM(rpm.GaussianRecognition(net), GaussianRandomWalkPrior(D))
+    q, q2 = model.recognise(torch.randn(N, 4), torch.randn(N, 4))
+    z, z2 = q.rsample(), q2.rsample()
+    terms = rpm_elbo(model.prior, [z, z2], recognitions=[q, q2], per_instance=True)
+    total = rpm_elbo(model.prior, [z, z2], recognitions=[q, q2])
+    assert terms.sum().item() == pytest.approx(total.item(), rel=1e-12)
+    scale, step = model.prior.scale.item(), model.prior.step.item()
+
+    def normal(x, loc, sd):
+        return sum(-0.5 * ((a - b) / s) ** 2 - math.log(s * math.sqrt(2 * math.pi))
+                   for a, b, s in zip(x, loc, sd, strict=True))
+
+    def mixture(x, dist):
+        locs, sds = dist.base_dist.loc.tolist(), dist.base_dist.scale.tolist()
+        return math.log(sum(math.exp(normal(x, m, s)) for m, s in zip(locs, sds, strict=True)) / N)
+
+    with torch.no_grad():
+        for i in range(N):
+            a, b = z[i].tolist(), z2[i].tolist()
+            expected = (normal(a, [0.0] * D, [scale] * D) + normal(b, a, [step] * D)
+                        - mixture(a, q) - mixture(b, q2))
+            assert terms[i].item() == pytest.approx(expected, rel=1e-10)
+
+
+def test_per_instance_terms_over_j_views_and_a_prior_without_them():
+    views = [torch.randn(N, D) for _ in range(3)]
+    prior = MarkovImplicitPrior(RBFEnergy(lengthscale=0.8))
+    terms = rpm_elbo(prior, views, per_instance=True)
+    expected = [sum(pair) for pair in zip(*(info_nce_terms(views[t], views[t + 1])
+                                            for t in range(2)), strict=True)]
+    assert terms.tolist() == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(TypeError, match="per_instance must be True or False"):
+        rpm_elbo(prior, views, per_instance=1)
+
+
+class _TracedImplicitPrior(ImplicitPrior):
+    """The implicit prior without its analytic log-ratio: the ELBO traces its whole-batch sites."""
+
+    def log_ratio(self, *args, **kwargs):
+        return None
+
+
+def test_a_traced_prior_over_the_whole_batch_has_a_sum_and_no_per_instance_terms():
+    z, z2 = torch.randn(N, D), torch.randn(N, D)
+    prior = _TracedImplicitPrior(RBFEnergy(lengthscale=0.8))
+    assert rpm_elbo(prior, [z, z2]).item() == pytest.approx(sum(info_nce_terms(z, z2)), rel=1e-12)
+    with pytest.raises(ValueError, match="no per-instance terms"):
+        rpm_elbo(prior, [z, z2], per_instance=True)

@@ -28,7 +28,6 @@ from rpm.priors import (
 )
 from rpm.priors.multiview_terms import (
     multiview_anchor_terms,
-    multiview_loss,
     multiview_masks,
     positive_index,
 )
@@ -226,8 +225,9 @@ def test_rpmelbo_equals_trace_elbo_in_gradients_and_for_gaussian_encoders(form, 
             assert torch.allclose(ga, gb, rtol=1e-10, atol=1e-12)
 
 
-def test_the_terms_and_the_loss_function_against_the_loop():
-    """multiview_masks, multiview_anchor_terms and multiview_loss on a pooled batch of J = 3."""
+def test_the_masks_and_the_terms_against_the_loop():
+    """multiview_masks and multiview_anchor_terms on a batch of J = 3 (the losses L_out and L_in
+    against loss_loop: tests/test_losses_multiview.py)."""
     num, num_views = 4, 3
     z = torch.randn(num, num_views, D)
     f = _rbf(1.1)
@@ -242,10 +242,6 @@ def test_the_terms_and_the_loss_function_against_the_loop():
             indexed = multiview_anchor_terms(energy(rows, rows), positives, allowed, form,
                                              index=positive_index(positives))
             assert torch.allclose(indexed.ratio, terms.ratio, rtol=1e-14, atol=1e-14)
-            loss, constant, _ = multiview_loss(terms, form)
-            expected_loss, expected_constant = loss_loop(z.tolist(), f, form, candidates)
-            assert abs(loss.item() - expected_loss) < 1e-12
-            assert abs(constant.item() - expected_constant) < 1e-12
             assert abs(terms.ratio.sum().item() / num_views
                        - elbo_loop(z.tolist(), f, form, candidates)) < 1e-10
 
@@ -315,6 +311,22 @@ def test_queue_with_own_positive_candidates_is_moco():
     assert abs(elbo / num - (-moco + math.log(size + 1))) < 1e-10
     assert abs(-Trace_ELBO().loss(model.model, model.guide, views) - elbo) < 1e-10
     assert abs(elbo - elbo_loop(z, f, "star", "positives", centres=[0], queue=bank)) < 1e-10
+
+
+@pytest.mark.parametrize("form", sorted(PRIORS))
+@pytest.mark.parametrize("global_views,centres", [(None, None), (2, None), (None, [1, 3]),
+                                                  (1, [0, 2])])
+def test_own_positive_candidates_over_j_views_match_the_loop(form, global_views, centres):
+    """candidates="positives" reads only each anchor's own instance's views (and the queue):
+    J = 4, the multi-crop rule and chosen centres, against the loop over the whole batch."""
+    queue = LatentQueue(6, D)
+    queue.push(torch.randn(6, D))
+    prior = PRIORS[form](RBFEnergy(1.2), candidates="positives", global_views=global_views,
+                         centres=centres, queue=queue).eval()
+    z = torch.randn(5, 4, D)
+    expected = elbo_loop(z.tolist(), _rbf(1.2), form, "positives", global_views, centres,
+                         queue.latents().tolist())
+    assert abs(rpm.inference.rpm_elbo(prior, z).item() - expected) < 1e-10
 
 
 @pytest.mark.parametrize("form", sorted(PRIORS))
