@@ -255,10 +255,10 @@ class NTXentLoss(torch.nn.Module):
       earlier calls (every process's, with ``gather_distributed``), oldest overwritten first;
       a batch that reaches the end of the bank fills it to the end, its remaining rows are
       dropped, and the next batch writes from the start;
-    * the starting rows are drawn in float64 (``(K, D)``: the bank is float64 until the loss
-      is cast with ``.to()``, ``.float()`` or ``.double()``) or in the outputs' dtype (an int
-      K, at the first call), so that they are unit to the precision they are read in: the
-      cosine energy normalises the rows it reads, lightly reads them as they are;
+    * the starting rows are drawn in the default dtype (``(K, D)``, at construction) or in
+      the outputs' dtype (an int K, at the first call); the cosine energy normalises the rows
+      it reads, lightly reads them as they are, so the two agree to the rounding of the dtype
+      the rows were drawn in;
     * it takes a batch after the loss is computed, and only when ``out0`` requires a gradient:
       under ``torch.no_grad()`` (a validation pass) it stays as it is, in train or eval mode;
       evaluating the prior never pushes (it is held in eval mode, outside the submodules);
@@ -363,14 +363,11 @@ class NTXentLoss(torch.nn.Module):
 
     def _init_bank(self, dim: int, like: torch.Tensor | None = None) -> None:
         """K random unit vectors, as lightly's bank starts (on ``like``'s device, in its dtype;
-        without ``like``, in float64: unit rows to float64's precision, which a cast of the
-        loss to float64 keeps), in non-persistent buffers (lightly's: outside
+        without ``like``, in the default dtype), in non-persistent buffers (lightly's: outside
         ``state_dict()``)."""
         self.bank = LatentQueue(self.memory_bank_size, dim, persistent=False)
         if like is not None:
             self.bank.to(device=like.device, dtype=like.dtype)
-        else:
-            self.bank.to(dtype=torch.float64)
         self.bank.push(unit_vectors(torch.randn(self.memory_bank_size, dim, dtype=self.bank.memory.dtype)))
         object.__setattr__(self, "_bank_prior", _moco_prior(self.energy, self.bank).eval())
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rpm.losses import NTXentLoss
+from tests.helpers import float64_bank_loss
 
 
 def _unit(v):
@@ -114,7 +115,7 @@ def test_memory_bank_matches_the_loop_and_the_elbo_identity(k, tau):
     generator = torch.Generator().manual_seed(k)
     out0 = torch.randn(4, 3, generator=generator, dtype=torch.float64)
     out1 = torch.randn(4, 3, generator=generator, dtype=torch.float64)
-    loss_fn = NTXentLoss(tau, memory_bank_size=(k, 3)).double()
+    loss_fn = float64_bank_loss(tau, memory_bank_size=(k, 3))
     bank = loss_fn.bank.latents().clone()
     assert bank.shape == (k, 3)
     torch.testing.assert_close(bank.norm(dim=1), torch.ones(k, dtype=torch.float64))  # random unit
@@ -175,7 +176,7 @@ def test_a_sequence_of_train_steps_and_a_no_grad_validation_pass_is_lightlys(k, 
     requires a gradient."""
     tau, dim = 0.3, 3
     generator = torch.Generator().manual_seed(k)
-    loss_fn = NTXentLoss(tau, memory_bank_size=(k, dim)).double()
+    loss_fn = float64_bank_loss(tau, memory_bank_size=(k, dim))
     lightly = _LightlyBank(loss_fn.bank.memory.tolist())
     # (batch size, grad enabled, module mode): the fourth call is the validation pass
     calls = [(b, True, "train") for b in batches[:3]] + [(batches[3], False, "train")] \
@@ -241,7 +242,7 @@ def test_a_row_of_zeros_gives_lightlys_finite_value(dtype, tolerance, bank):
     out0, out1 = torch.randn(2, 4, 3, generator=generator, dtype=torch.float64)
     out0[1] = 0.0
     out1[2] = 0.0
-    loss_fn = NTXentLoss(0.5, memory_bank_size=(bank, 3) if bank else 0).to(dtype)
+    loss_fn = float64_bank_loss(0.5, memory_bank_size=(bank, 3) if bank else 0).to(dtype)
     negatives = loss_fn.bank.memory.clone() if bank else None
     if bank:
         expected = _lightly_moco_loop(out0, out1, negatives.double().tolist(), 0.5)
@@ -288,7 +289,7 @@ def test_memory_bank_gradients_match_autograd_through_the_loop():
     generator = torch.Generator().manual_seed(13)
     out0 = torch.randn(5, 4, generator=generator, dtype=torch.float64, requires_grad=True)
     out1 = torch.randn(5, 4, generator=generator, dtype=torch.float64, requires_grad=True)
-    loss_fn = NTXentLoss(0.3, memory_bank_size=(7, 4)).double()
+    loss_fn = float64_bank_loss(0.3, memory_bank_size=(7, 4))
     bank = loss_fn.bank.latents().clone()
     grads = torch.autograd.grad(loss_fn(out0, out1), [out0, out1])
     reference = torch.autograd.grad(_moco_loop_torch(out0, out1, bank, 0.3), [out0, out1])
