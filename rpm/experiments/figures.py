@@ -31,6 +31,9 @@ _SPARE = ("tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray")
 # From this many logged losses on, the loss is drawn faint with a running mean over it.
 _SMOOTH_FROM = 60
 
+#: The most runs side by side in :func:`plot_training`; more wrap into further bands.
+RUNS_PER_BAND = 5
+
 
 def colours_for(names: Sequence[str]) -> dict[str, str]:
     """A colour per name: the fixed colour of a known name (``"rbf"``, ``"cosine"`` ...), the
@@ -73,11 +76,12 @@ def plot_training(
     baselines: Mapping[str, float] | None = None,
     baseline_label: str = "baseline",
 ) -> Figure:
-    """The training curves of every run: the loss (top row) and the held-out score at the
-    evaluation steps (bottom row, markers at the evaluations), one column per run, with the
-    run's colour of :func:`colours_for`. The losses of different runs are different objectives
-    (each prior or energy is its own model), so each column has its own loss axis; the scores
-    share one axis.
+    """The training curves of every run: the loss (top panel) and the held-out score at the
+    evaluation steps (the panel below it, markers at the evaluations), one column per run, with
+    the run's colour of :func:`colours_for`; more than :data:`RUNS_PER_BAND` runs wrap into
+    bands of that many columns, one band under the other. The losses of different runs are
+    different objectives (each prior or energy is its own model), so each run has its own loss
+    axis; the scores share one axis.
 
     :param path-like path: the PNG to write.
     :param dict histories: run name -> the trainer's history, ``{"losses": [[step, mean loss
@@ -96,11 +100,19 @@ def plot_training(
     if not names:
         raise ValueError("plot_training needs at least one run's history")
     colours = colours_for(names)
-    fig = Figure(figsize=(max(2.6 * len(names) + 0.6, 4.6), 4.2), layout="constrained")
-    axes = np.asarray(fig.subplots(2, len(names), sharex="col", squeeze=False))
-    for column, name in enumerate(names):
+    columns = min(len(names), RUNS_PER_BAND)
+    bands = -(-len(names) // columns)
+    fig = Figure(figsize=(max(2.6 * columns + 0.6, 4.6), 4.2 * bands), layout="constrained")
+    grid = np.asarray(fig.subplots(2 * bands, columns, squeeze=False))
+    pairs = [(grid[2 * (k // columns), k % columns], grid[2 * (k // columns) + 1, k % columns])
+             for k in range(len(names))]
+    for k in range(len(names), bands * columns):  # the last band's empty places
+        for ax in grid[2 * (k // columns):2 * (k // columns) + 2, k % columns]:
+            ax.set_visible(False)
+    for (top, bottom), name in zip(pairs, names, strict=True):
+        bottom.sharex(top)
+        top.tick_params(labelbottom=False)
         history = histories[name]
-        top, bottom = axes[:, column]
         losses = np.asarray(history.get("losses") or [], dtype=np.float64).reshape(-1, 2)
         if len(losses) >= _SMOOTH_FROM:  # many logged points: faint, with a running mean
             top.plot(losses[:, 0], losses[:, 1], color=colours[name], lw=0.6, alpha=0.45)
@@ -124,18 +136,19 @@ def plot_training(
             ax.spines[["top", "right"]].set_visible(False)
             ax.tick_params(labelsize=8)
     many = any(len(h.get("losses") or []) >= _SMOOTH_FROM for h in histories.values())
-    axes[0, 0].set_ylabel(f"{loss_label}\n(faint: logged, solid: running mean)" if many
-                          else loss_label, fontsize=8)
-    axes[1, 0].set_ylabel(score_label, fontsize=8)
+    for band in range(bands):
+        grid[2 * band, 0].set_ylabel(f"{loss_label}\n(faint: logged, solid: running mean)"
+                                     if many else loss_label, fontsize=8)
+        grid[2 * band + 1, 0].set_ylabel(score_label, fontsize=8)
     scores = [e[score] for h in histories.values() for e in h.get("evaluations") or []
               if e.get(score) is not None] + list((baselines or {}).values())
     low, high = (min(scores), max(scores)) if scores else (None, None)
     if scores:
         margin = 0.05 * max(high - low, 1e-3)
-        for ax in axes[1]:
-            ax.set_ylim(low - margin, high + 2 * margin)
+        for _, bottom in pairs:
+            bottom.set_ylim(low - margin, high + 2 * margin)
     if title:
-        centred_suptitle(fig, title, axes.flat)
+        centred_suptitle(fig, title, [ax for pair in pairs for ax in pair])
     fig.savefig(path, dpi=DPI)
     return fig
 

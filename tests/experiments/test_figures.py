@@ -135,6 +135,30 @@ def test_training_figure_one_column_per_run(tmp_path):
         plot_training(tmp_path / "empty.png", {})
 
 
+def test_training_figure_wraps_many_runs_into_bands(tmp_path):
+    """Seven runs: two bands of at most RUNS_PER_BAND columns, each run's loss above its own
+    score, the last band's three empty places hidden, one score axis for all."""
+    from rpm.experiments.figures import RUNS_PER_BAND
+
+    histories = {f"run{k}": {"losses": [[10, 2.0 + k], [20, 1.0 + k]],
+                             "evaluations": [{"step": 20, "r2": 0.1 * k}]} for k in range(7)}
+    fig = plot_training(tmp_path / "training.png", histories, title="seven runs")
+    assert RUNS_PER_BAND == 5
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(fig.axes) == 4 * RUNS_PER_BAND and len(visible) == 14
+    tops = [ax for ax in visible if ax.get_title()]
+    assert [ax.get_title() for ax in tops] == list(histories)
+    for k, top in enumerate(tops):
+        (loss_line,) = top.lines
+        assert list(loss_line.get_ydata()) == [2.0 + k, 1.0 + k]
+        row, column = divmod(k, RUNS_PER_BAND)
+        spec = top.get_subplotspec()
+        assert (spec.rowspan.start, spec.colspan.start) == (2 * row, column)
+    bottoms = [ax for ax in visible if not ax.get_title()]
+    assert [ax.lines[0].get_ydata()[0] for ax in bottoms] == pytest.approx([0.1 * k for k in range(7)])
+    assert len({ax.get_ylim() for ax in bottoms}) == 1
+
+
 def _identifiability_run(r2, mcc, dim=4, concentrations=None):
     steps = [0, 100, 200]
     return {
