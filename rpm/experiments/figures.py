@@ -78,7 +78,7 @@ def plot_training(
 ) -> Figure:
     """The training curves of every run: the loss (top panel) and the held-out score at the
     evaluation steps (the panel below it, markers at the evaluations), one column per run, with
-    the run's colour of :func:`colours_for`; more than :data:`RUNS_PER_BAND` runs wrap into
+    the run's colour of :func:`colours_for`; more than ``RUNS_PER_BAND`` (5) runs wrap into
     bands of that many columns, one band under the other. The losses of different runs are
     different objectives (each prior or energy is its own model), so each run has its own loss
     axis; the scores share one axis.
