@@ -275,6 +275,30 @@ def momentum(text: str) -> float:
     return value
 
 
+def table_rows(rows: Iterable[str]) -> Callable[[str], list[str]]:
+    """An argparse type for ``--rows`` of a command that reproduces a table: ``all``, or some of
+    ``rows`` separated by commas, each at most once; the value is the chosen names in the
+    table's order (the order of ``rows``).
+
+    :param rows: the table's row names, in its order.
+    :return: the type function (raises ``argparse.ArgumentTypeError`` naming the rows).
+    """
+    rows = list(rows)
+
+    def parse(text: str) -> list[str]:
+        if text.strip() == "all":
+            return list(rows)
+        names = [part.strip() for part in text.split(",")]
+        unknown = [name for name in names if name not in rows]
+        if unknown or not names or len(set(names)) != len(names):
+            raise argparse.ArgumentTypeError(
+                f"expected 'all' or distinct rows from {', '.join(rows)} separated by commas, "
+                f"got {text!r}")
+        return [name for name in rows if name in names]
+
+    return parse
+
+
 def add_common_arguments(
     parser: argparse.ArgumentParser,
     *,

@@ -56,6 +56,7 @@ from rpm.experiments.common import (
     positive_int,
     probability,
     resolve_device,
+    table_rows,
     torch_threads,
     write_json_atomic,
 )
@@ -70,18 +71,6 @@ ENERGIES = ("cosine", "rbf")
 POOLINGS = ("flatten", "average")
 
 
-def _row_list(text: str) -> list[str]:
-    if text.strip() == "all":
-        return list(ROWS)
-    names = [part.strip() for part in text.split(",")]
-    unknown = [name for name in names if name not in ROWS]
-    if unknown or not names or len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(
-            f"expected 'all' or distinct rows from {', '.join(ROWS)} separated by commas, got "
-            f"{text!r}")
-    return [name for name in ROWS if name in names]  # the table's order
-
-
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Adds the ``causal-ident`` sub-command."""
     parser = subparsers.add_parser(
@@ -92,7 +81,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_common_arguments(parser, default_out="runs/causal-ident", default_checkpoint_every=500,
                          grow_flag="--steps")
     data = parser.add_argument_group("data")
-    data.add_argument("--rows", type=_row_list, default=list(DEFAULT_ROWS), metavar="LIST",
+    data.add_argument("--rows", type=table_rows(ROWS), default=list(DEFAULT_ROWS), metavar="LIST",
                       help=f"rows of the table: 'all' or some of {', '.join(ROWS)} (default: "
                       f"{','.join(DEFAULT_ROWS)})")
     data.add_argument("--size", type=positive_int, default=32,

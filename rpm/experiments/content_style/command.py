@@ -73,6 +73,7 @@ from rpm.experiments.common import (
     positive_float,
     positive_int,
     resolve_device,
+    table_rows,
     torch_threads,
     write_json_atomic,
 )
@@ -93,18 +94,6 @@ PRIORS = ("rbf", "gaussian")
 CONTENT_DIM = STYLE_DIM = 5
 
 
-def _row_list(text: str) -> list[str]:
-    if text.strip() == "all":
-        return list(ROWS)
-    names = [part.strip() for part in text.split(",")]
-    unknown = [name for name in names if name not in ROWS]
-    if unknown or not names or len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(
-            f"expected 'all' or distinct rows from {', '.join(ROWS)} separated by commas, got "
-            f"{text!r}")
-    return [name for name in ROWS if name in names]  # the table's order
-
-
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Adds the ``content-style`` sub-command."""
     parser = subparsers.add_parser(
@@ -115,7 +104,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_common_arguments(parser, default_out="runs/content-style", default_checkpoint_every=1000,
                          grow_flag="--steps")
     data = parser.add_argument_group("data")
-    data.add_argument("--rows", type=_row_list, default=list(ROWS), metavar="LIST",
+    data.add_argument("--rows", type=table_rows(ROWS), default=list(ROWS), metavar="LIST",
                       help=f"rows of the table: 'all' or some of {', '.join(ROWS)} "
                       "(default: all)")
     data.add_argument("--redraw-every-batch", action="store_true",
