@@ -1001,6 +1001,44 @@ def fit_or_resume(trainer, resume: bool, name: str) -> dict:
     return trainer.fit(resume=resume)
 
 
+def fit_with_cosine_schedule(model, optimizer, loss_fn, args: argparse.Namespace, out: Path,
+                             name: str, eval_fn, *, log_every: int,
+                             distributed: bool = False) -> dict:
+    """Trains ``model`` for ``args.steps`` steps with ``optimizer``, its learning rates warmed up
+    over the fraction ``args.warmup`` of the steps and then decayed to 0 along a cosine
+    (:func:`rpm.training.schedule.cosine_schedule`), through a
+    :class:`rpm.training.trainer.Trainer` writing to ``out``: ``eval_fn`` at the start and
+    every ``args.eval_every`` steps (logged as ``val``), a checkpoint every
+    ``args.checkpoint_every`` steps, resumed on ``args.resume`` (:func:`fit_or_resume`).
+
+    :param model: the module trained (its ``state_dict`` is checkpointed).
+    :param optimizer: a ``torch.optim`` optimizer over its parameters.
+    :param loss_fn: the step's loss, a function of the step.
+    :param args: the command's flags (``steps``, ``warmup``, ``eval_every``,
+        ``checkpoint_every``, ``progress``, ``resume``).
+    :param out: the model's folder.
+    :param str name: the model's name in the progress lines.
+    :param eval_fn: the validation scores, a function of the step.
+    :param int log_every: steps between logged losses.
+    :param bool distributed: train under ``torch.distributed`` (the Trainer's ``distributed``).
+    :return: the training history.
+    """
+    import torch
+
+    from rpm.training.schedule import cosine_schedule
+    from rpm.training.trainer import Trainer
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
+                                                  cosine_schedule(args.steps, args.warmup))
+    trainer = Trainer(
+        model, optimizer, loss_fn, out_dir=out, num_steps=args.steps, scheduler=scheduler,
+        eval_fn=eval_fn, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
+        log_every=log_every, progress=args.progress, description=name,
+        eval_at_start=True, eval_label="val", distributed=distributed,
+    )
+    return fit_or_resume(trainer, args.resume, name)
+
+
 def derived_seed(seed: int, purpose: str, index: int = 0) -> int:
     """The seed of one random stream of a run: a 63-bit integer drawn from
     ``numpy.random.SeedSequence([seed, purpose number, index])``, so that distinct purposes and

@@ -32,11 +32,9 @@ from rpm.data.scenes import HUE_COLUMNS, LATENTS, CausalScenes, Scenes, render_s
 from rpm.evaluation import linear_probe_accuracy
 from rpm.experiments.causal_ident.model import model_from_arguments
 from rpm.experiments.causal_ident.rows import FACTORS, ROWS, ViewSpec
-from rpm.experiments.common import derived_seed, fit_or_resume, seed_everything
+from rpm.experiments.common import derived_seed, fit_with_cosine_schedule, seed_everything
 from rpm.experiments.trained import write_model_record
 from rpm.metrics import block_r2
-from rpm.training.schedule import cosine_schedule
-from rpm.training.trainer import Trainer
 
 __all__ = ["CLASSIFIER_C", "FACTOR_COLUMNS", "class_accuracy", "factor_scores", "factor_targets", "train_row",
            "view_pair"]
@@ -197,15 +195,8 @@ def train_row(name: str, spec: ViewSpec, published: tuple, args: argparse.Namesp
         return scores
 
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
-                                                  cosine_schedule(args.steps, args.warmup))
-    trainer = Trainer(
-        model, optimizer, loss_fn, out_dir=out, num_steps=args.steps, scheduler=scheduler,
-        eval_fn=eval_fn, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
-        log_every=min(50, args.steps), progress=args.progress, description=name,
-        eval_at_start=True, eval_label="val",
-    )
-    history = fit_or_resume(trainer, args.resume, name)
+    history = fit_with_cosine_schedule(model, optimizer, loss_fn, args, out, name, eval_fn,
+                                       log_every=min(50, args.steps))
     evaluations = history["evaluations"]
     scores = factor_scores(z_test, _representation(model, x_test, device))
     return {

@@ -22,13 +22,11 @@ import torch
 
 import rpm
 from rpm.data.synthetic import ContentStyleProcess, InvertibleMLP
-from rpm.experiments.common import fit_or_resume, seed_everything
+from rpm.experiments.common import fit_with_cosine_schedule, seed_everything
 from rpm.experiments.content_style.model import model_from_arguments
 from rpm.experiments.identifiability.data import PairStream
 from rpm.experiments.trained import write_model_record
 from rpm.metrics import block_r2
-from rpm.training.schedule import cosine_schedule
-from rpm.training.trainer import Trainer
 
 __all__ = ["block_scores", "train_row"]
 
@@ -96,15 +94,8 @@ def train_row(name: str, args: argparse.Namespace, process: ContentStyleProcess,
                             nonlinear=False)
 
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
-                                                  cosine_schedule(args.steps, args.warmup))
-    trainer = Trainer(
-        model, optimizer, loss_fn, out_dir=out, num_steps=args.steps, scheduler=scheduler,
-        eval_fn=eval_fn, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
-        log_every=min(100, args.steps), progress=args.progress, description=name,
-        eval_at_start=True, eval_label="val",
-    )
-    history = fit_or_resume(trainer, args.resume, name)
+    history = fit_with_cosine_schedule(model, optimizer, loss_fn, args, out, name, eval_fn,
+                                       log_every=min(100, args.steps))
     evaluations = history["evaluations"]
     scores = block_scores(z_test, _representation(model, x_test), process.content_dim)
     return {

@@ -53,7 +53,7 @@ import rpm
 from rpm import distributed
 from rpm.data.augment import MultiViewTransform, RandomView, multi_crop_views
 from rpm.evaluation import knn_accuracy, label_efficiency, representations
-from rpm.experiments.common import derived_seed, fit_or_resume, seed_everything
+from rpm.experiments.common import derived_seed, fit_with_cosine_schedule, seed_everything
 from rpm.experiments.digits.model import (
     MIN_SCALE,
     VIEWS,
@@ -63,7 +63,6 @@ from rpm.experiments.digits.model import (
 )
 from rpm.experiments.trained import write_model_record
 from rpm.training.schedule import cosine_schedule
-from rpm.training.trainer import Trainer
 
 __all__ = ["LABELS_PER_CLASS", "batch_views", "cosine_schedule", "distributed_ntxent_share",
            "method_views", "reported_loss", "score_encoder", "score_features", "train_method",
@@ -227,15 +226,8 @@ def train_method(name: str, args: argparse.Namespace, data, device, out: Path,
                                     data.train.labels[query], k=5)}
 
     optimizer = torch.optim.Adam(module.parameters(), lr=args.lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
-                                                  cosine_schedule(args.steps, args.warmup))
-    trainer = Trainer(
-        module, optimizer, loss_fn, out_dir=out, num_steps=args.steps, scheduler=scheduler,
-        eval_fn=eval_fn, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
-        log_every=min(50, args.steps), progress=args.progress, description=name,
-        eval_at_start=True, eval_label="val", distributed=parallel,
-    )
-    history = fit_or_resume(trainer, args.resume, name)
+    history = fit_with_cosine_schedule(module, optimizer, loss_fn, args, out, name, eval_fn,
+                                       log_every=min(50, args.steps), distributed=parallel)
     encoder.eval()
     if not distributed.is_main_process():
         return None, encoder

@@ -29,7 +29,7 @@ import torch
 import rpm
 from rpm import distributed
 from rpm.data.synthetic import LatentProcess
-from rpm.experiments.common import derived_seed, fit_or_resume, seed_everything
+from rpm.experiments.common import derived_seed, fit_with_cosine_schedule, seed_everything
 from rpm.experiments.identifiability.model import (
     build_rpm,
     energy_parameters,
@@ -39,7 +39,6 @@ from rpm.experiments.trained import write_model_record
 from rpm.metrics import mcc, mcc_per_dimension, r2, r2_per_dimension
 from rpm.priors import AnisotropicEnergy
 from rpm.training.schedule import cosine_schedule
-from rpm.training.trainer import Trainer
 
 __all__ = ["R2_LEVELS", "cosine_schedule", "oracle_concentrations", "train_energy"]
 
@@ -158,15 +157,8 @@ def train_energy(name: str, args: argparse.Namespace, stream: Callable, held_out
     if energy_params:
         groups.append({"params": energy_params, "lr": args.energy_lr})
     optimizer = torch.optim.Adam(groups, fused=device.type == "cuda" or None)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
-                                                  cosine_schedule(args.steps, args.warmup))
-    trainer = Trainer(
-        model, optimizer, loss_fn, out_dir=out, num_steps=args.steps, scheduler=scheduler,
-        eval_fn=eval_fn, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
-        log_every=min(100, args.steps), progress=args.progress, description=name,
-        eval_at_start=True, eval_label="val", distributed=parallel,
-    )
-    history = fit_or_resume(trainer, args.resume, name)
+    history = fit_with_cosine_schedule(model, optimizer, loss_fn, args, out, name, eval_fn,
+                                       log_every=min(100, args.steps), distributed=parallel)
     model.eval()
 
     params = energy_parameters(energy)
