@@ -259,6 +259,17 @@ class DeltaRecognition(NamedModule):
         self.noise_scale = noise_scale
         self.validate = validate
 
+    def _zero_log_density(self, loc: torch.Tensor) -> torch.Tensor:
+        """Zeros of shape (N,) in the latents' dtype and device: the log-density of the point
+        mass (Pyro's ``Delta`` fills a new tensor at each call when given the number 0); made
+        once per shape, dtype and device and shared by the distributions it returns (read
+        only, never part of the autograd graph)."""
+        zeros = self.__dict__.get("_zeros")
+        if (zeros is None or zeros.shape != loc.shape[:-1] or zeros.dtype != loc.dtype
+                or zeros.device != loc.device):
+            zeros = self.__dict__["_zeros"] = loc.new_zeros(loc.shape[:-1])
+        return zeros
+
     @property
     def is_deterministic(self) -> bool:
         """True when Q(z|x) is a point mass (``noise_scale == 0``)."""
@@ -273,5 +284,6 @@ class DeltaRecognition(NamedModule):
         if self.is_deterministic:
             # Delta's own argument check (a real log-density of zeros) would add a reduction
             # and a synchronisation per call; the latents were checked above
-            return Delta(loc, event_dim=1, validate_args=False)
+            return Delta(loc, log_density=self._zero_log_density(loc), event_dim=1,
+                         validate_args=False)
         return Normal(loc, torch.full_like(loc, self.noise_scale)).to_event(1)

@@ -163,16 +163,18 @@ class CosineEnergy(Energy):
 
     def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         self.check_latents(z, z2)
-        # kappa scales the N rows before the product rather than the N x M matrix after it
-        return (_in_dtype(self.kappa, z.dtype) * unit_vectors(z)) @ unit_vectors(z2).T
+        # kappa scales the N rows before the product rather than the N x M matrix after it; a
+        # 0-dim kappa takes the rows' dtype in the product (torch's type promotion), as
+        # kappa.to(z.dtype) would, without a cast at every call
+        return (self.kappa * unit_vectors(z)) @ unit_vectors(z2).T
 
     def paired(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         self.check_latents(z, z2)
-        return _in_dtype(self.kappa, z.dtype) * (unit_vectors(z) * unit_vectors(z2)).sum(-1)
+        return self.kappa * (unit_vectors(z) * unit_vectors(z2)).sum(-1)
 
     def logit_factors(self, z: torch.Tensor, z2: torch.Tensor):
         self.check_latents(z, z2)
-        return _in_dtype(self.kappa, z.dtype) * unit_vectors(z), unit_vectors(z2), None
+        return self.kappa * unit_vectors(z), unit_vectors(z2), None
 
     def logit_bound(self, radius: torch.Tensor) -> torch.Tensor:
         r""":math:`\kappa \max(1, 1/R)` for :math:`R > 0`, :math:`\kappa \max(1, 1/\epsilon)` at
