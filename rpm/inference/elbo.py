@@ -211,8 +211,8 @@ class RPMELBO(ELBO):
     prior and energy, are read through Pyro's param store under the model's name).
 
     Checks: the structural checks run on the first batch of each shape after an assignment of
-    a module, and under ``pyro.enable_validation`` every batch's values are checked (the views,
-    the encoders' latents; :mod:`rpm.models.checked_batches`).
+    a module, and under ``pyro.enable_validation`` every batch's values are checked (the encoders'
+    outputs; a non-finite one names the input rows: :mod:`rpm.models.checked_batches`).
 
     Handlers: with ``(m.model, m.guide)`` of one model, ``poutine.scale`` by one number
     active around the call multiplies the loss, as it does under ``Trace_ELBO``, and

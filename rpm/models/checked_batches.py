@@ -13,11 +13,14 @@ it (Appendix B of Aitchison & Ganev).
   ``noise_scale``): the checks are decided by what was assigned, never by object identities,
   so no sequence of assignments skips the checks of the modules assigned last.
 * Under ``pyro.enable_validation`` (Pyro's default) **every batch** has its values checked:
-  the views and the recognition parameters finite, the scales positive, in one reduction
+  the recognition parameters, which are all the objective reads of a batch (a Delta's
+  latents, a Gaussian's location and scale), finite and the scales positive, in one reduction
   (:func:`check_values`; within an :class:`~rpm.RPMELBO` evaluation, in the reduction of the
   implicit prior's range check when the batch reaches one); a batch that fails it is encoded
   again under :func:`full_checks`, where every check runs and the error names the input rows
-  or the encoder.
+  that hold NaN or infinite entries, or the encoder. (A non-finite input entry that the
+  encoder does not propagate into its outputs leaves the loss and its gradients finite, and
+  is not reported.)
 
 The implicit priors' range check (:func:`~rpm.priors.energy_range.check_implicit_log_ratio`)
 runs on every batch under validation; it guards the gradients too, which a finite loss does
@@ -108,12 +111,12 @@ def checks_skipped() -> bool:
     return _SKIP.get()
 
 
-def value_tensors(views: Sequence[torch.Tensor], recognitions: Sequence[Distribution]
+def value_tensors(recognitions: Sequence[Distribution]
                   ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The tensors of a batch that must be finite (the floating-point ``views``, the location
-    of a Delta, the location and scale of a (diagonal) Normal; any other family checks its
-    own) and the scales that must be positive."""
-    tensors = [view for view in views if view.is_floating_point()]
+    """The tensors of a batch that must be finite (the location of a Delta, the location and
+    scale of a (diagonal) Normal; any other family checks its own) and the scales that must
+    be positive."""
+    tensors = []
     scales = []
     for dist in recognitions:
         base = dist.base_dist if isinstance(dist, Independent) else dist
@@ -144,21 +147,20 @@ def values_valid(tensors: Sequence[torch.Tensor], scales: Sequence[torch.Tensor]
     return math.isfinite(sum(sums)) or all(all_finite(t) for t in tensors)
 
 
-def check_values(views: Sequence[torch.Tensor], recognitions: Sequence[Distribution]) -> bool:
-    r"""True when every entry of the floating-point ``views`` and of the recognition
-    distributions' parameters (location, and scale for a Gaussian) is finite and every scale is
-    positive (:func:`value_tensors`, :func:`values_valid`); the value checks of a batch whose
-    structure passed before.
+def check_values(recognitions: Sequence[Distribution]) -> bool:
+    r"""True when every entry of the recognition distributions' parameters (location, and
+    scale for a Gaussian) is finite and every scale is positive (:func:`value_tensors`,
+    :func:`values_valid`); the value checks of a batch whose structure passed before (the
+    views themselves are read by the objective only through these parameters).
 
     Inside :func:`~rpm.priors.energy_range.deferred_value_checks` (an
     :class:`~rpm.RPMELBO` evaluation) the check is recorded instead and True returned: the
     implicit prior's range check makes it in its own reduction, or the evaluation makes it
     at its end (:func:`~rpm.priors.energy_range.defer_values`).
 
-    :param views: the J views (N, ...); those that are not floating point are not read.
     :param recognitions: the recognition distributions of the batch.
     """
-    tensors, scales = value_tensors(views, recognitions)
+    tensors, scales = value_tensors(recognitions)
     if defer_values(tensors, scales):
         return True
     return values_valid(tensors, scales)

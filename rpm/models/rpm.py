@@ -169,8 +169,9 @@ class RPM(RPMBase):
     Pyro does not copy a loaded param store back into a module's ``nn.Parameter`` s (see the
     README's section on parameters).
 
-    **Checks.** Under ``pyro.enable_validation`` every batch is checked: the views, the
-    recognition models' outputs (finite, of the prior's dimension) and the prior's
+    **Checks.** Under ``pyro.enable_validation`` every batch is checked: the recognition
+    models' outputs (finite, of the prior's dimension; a non-finite one makes every check run,
+    which names the input rows that hold NaN or infinite entries) and the prior's
     requirements. Without validation the structural checks run on the first batch of each
     shape, dtype and device after the last assignment of a module or attribute (assigning
     ``model.prior`` or a recognition model runs them again; :mod:`rpm.models.checked_batches`).
@@ -425,8 +426,9 @@ class RPM(RPMBase):
         """:meth:`_encode` without a mask.
 
         A batch of a signature that passed the structural checks before is encoded with the
-        recognition models' own checks off; under validation its values (the views, the
-        recognition parameters) are then checked in one reduction
+        recognition models' own checks off; under validation its values (the recognition
+        parameters, through which the objective reads the views) are then checked in one
+        reduction
         (:func:`~rpm.models.checked_batches.check_values`), and a batch that fails it (or a
         distribution's own argument check) is encoded again with every check, which names the
         rows or the encoder."""
@@ -437,7 +439,7 @@ class RPM(RPMBase):
                 with skipped_checks():
                     parts = self._encode_views(names, views, stacked, modules, groups,
                                                views[0].shape[0], sequence, check=False)
-                if not validating or check_values(views, parts[0] or (parts[1],)):
+                if not validating or check_values(parts[0] or (parts[1],)):
                     return parts
             except ValueError:  # e.g. a distribution's own argument check
                 if not validating:

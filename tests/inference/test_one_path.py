@@ -138,25 +138,22 @@ def test_gaussian_recognition_under_the_remembered_path_matches_trace_elbo():
         assert abs(ours - pyros) < 1e-9
 
 
-@pytest.mark.parametrize("case", ["finite", "nan-view", "inf-latent", "zero-scale", "overflow",
-                                  "integer-view"])
+@pytest.mark.parametrize("case", ["finite", "nan-latent", "inf-latent", "nan-scale",
+                                  "zero-scale", "overflow"])
 def test_check_values_agrees_with_entry_by_entry_tests(case):
-    x, x2 = torch.randn(N, IN), torch.randn(N, IN)
     loc, scale = torch.randn(N, D), torch.rand(N, D) + 0.1
-    if case == "nan-view":
-        x2[3, 1] = math.nan
+    if case == "nan-latent":
+        loc[3, 1] = math.nan
     elif case == "inf-latent":
         loc[0, 2] = -math.inf
+    elif case == "nan-scale":
+        scale[1, 1] = math.nan
     elif case == "zero-scale":
         scale[4, 0] = 0.0
     elif case == "overflow":  # finite entries whose sum overflows float32
-        x, x2 = torch.full((N, IN), 3e38, dtype=torch.float32), torch.randn(N, IN).float()
-    elif case == "integer-view":
-        x = torch.randint(0, 255, (N, IN))
+        loc = torch.full((N, D), 3e38, dtype=torch.float32)
     recognitions = [Delta(loc, event_dim=1),
                     Normal(loc.abs(), scale, validate_args=False).to_event(1)]
-    views = [x, x2]
-    expected = (all(bool(torch.isfinite(t).all()) for t in views if t.is_floating_point())
-                and bool(torch.isfinite(loc).all()) and bool((scale > 0).all()))
-    assert check_values(views, recognitions) == expected
-    assert expected == (case in ("finite", "overflow", "integer-view"))
+    expected = bool(torch.isfinite(loc).all()) and bool((scale > 0).all())
+    assert check_values(recognitions) == expected
+    assert expected == (case in ("finite", "overflow"))
