@@ -213,7 +213,8 @@ def prior_log_ratio(prior, latents, recognitions, plate: str, candidates: Candid
     :math:`\log P(z_{i,1:J}) - \sum_j \log Q_j(z_{i,j})` for each instance i.
 
     The prior's own analytic term when it returns one (a pair prior's
-    :meth:`~rpm.priors.base.Prior.log_ratio`, a prior over J views'
+    :meth:`~rpm.priors.base.Prior.log_ratio_sum`, or with ``per_instance`` its
+    :meth:`~rpm.priors.base.Prior.log_ratio`; a prior over J views'
     :meth:`~rpm.priors.base.SequencePrior.sequence_log_ratio`); otherwise the prior run with its
     sites conditioned on the latents (inside ``pyro.plate(plate, N)`` unless it is
     :attr:`~rpm.priors.base.PriorBase.joint_over_batch`), its log-density summed, minus the
@@ -253,9 +254,12 @@ def prior_log_ratio(prior, latents, recognitions, plate: str, candidates: Candid
     else:
         (z, z2), (q, q2) = latents, recognitions
         if isinstance(prior, Prior):
-            ratio = prior.log_ratio(z, z2, q, q2, candidates, block_size)
+            if per_instance:
+                ratio = prior.log_ratio(z, z2, q, q2, candidates, block_size)
+            else:
+                ratio = prior.log_ratio_sum(z, z2, q, q2, candidates, block_size)
             if ratio is not None:
-                return ratio if per_instance else ratio.sum()
+                return ratio
         data, args, sites, num = {"z": z, "z2": z2}, (q, q2), ("z", "z2"), z.shape[0]
     joint_over_batch = hook(prior, "joint_over_batch")
     if per_instance and joint_over_batch:

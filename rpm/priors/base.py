@@ -168,6 +168,7 @@ class Prior(PriorBase):
     :meth:`log_ratio`                   ``None``: no analytic cancellation, the ELBO traces
                                         :meth:`forward` and subtracts the mixture marginals
                                         (:func:`rpm.inference.objective.prior_log_ratio`)
+    :meth:`log_ratio_sum`               the sum of :meth:`log_ratio` (None when it is None)
     :meth:`likelihood_marginals`        each view's own minibatch mixture
     attributes of :class:`PriorBase`    ``accepts_delta_recognition``, ``dim``,
                                         ``joint_over_batch``, ``accepts_queue``
@@ -229,6 +230,29 @@ class Prior(PriorBase):
         :return: shape (N,), or None.
         """
         return None
+
+    def log_ratio_sum(
+        self, z: torch.Tensor, z2: torch.Tensor, q: TorchDistribution, q2: TorchDistribution,
+        candidates: Candidates | None = None, block_size: int | None = None,
+    ) -> torch.Tensor | None:
+        r"""The sum over the N pairs of :meth:`log_ratio`, or None when it is None.
+
+        .. math::
+
+            \sum_{i=1}^N \big[\log P(z_i, z'_i) - \log Q_1(z_i) - \log Q_2(z'_i)\big]
+
+        (Eq. 15 of Aitchison & Ganev): what the ELBO of a batch reads
+        (:func:`rpm.inference.objective.prior_log_ratio`; :meth:`log_ratio` itself serves the
+        per-instance terms). The default sums :meth:`log_ratio`; a prior overrides it only to
+        compute the same sum without the N terms, and a subclass that redefines
+        :meth:`log_ratio` must get the sum of its own terms.
+
+        :param z: as for :meth:`log_ratio`; likewise ``z2``, ``q``, ``q2``, ``candidates`` and
+            ``block_size``.
+        :return: a scalar tensor, or None.
+        """
+        ratio = self.log_ratio(z, z2, q, q2, candidates, block_size)
+        return None if ratio is None else ratio.sum()
 
     def likelihood_marginals(
         self, q: TorchDistribution, q2: TorchDistribution

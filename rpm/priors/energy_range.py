@@ -126,15 +126,15 @@ def _window(dtype: torch.dtype) -> tuple[float, float]:
 
 def check_implicit_log_ratio(
     prior_name: str, energy, latents: list[torch.Tensor], ratio: torch.Tensor,
-    inputs: Sequence[torch.Tensor] = (),
+    inputs: Sequence[torch.Tensor] = (), num_pairs: int | None = None,
 ) -> None:
     r"""Raises ValueError if the implicit prior's per-pair terms ``ratio`` (shape (N,)) or their
     gradients are not finite in the latents' dtype, naming the valid range of latent norms and
     the fix (module docstring). Does nothing without Pyro's validation or while tracing or
     compiling.
 
-    Cost: one fused reduction (the sum of ``ratio``, the largest and smallest row maximum of
-    each latent tensor) and one synchronisation. The energy's
+    Cost: one fused reduction (the sum of ``ratio``, the largest and smallest row norm of
+    the latents) and one synchronisation. The energy's
     :meth:`~rpm.priors.base.Energy.logit_bound`, evaluated at the smallest, the smallest
     positive and the largest row norm, is consulted only when some latent norm leaves
     :math:`[m^{-1/6}, m^{1/6}]` (float32: 3.9e-7 to 2.6e6, m the largest number of the
@@ -145,14 +145,15 @@ def check_implicit_log_ratio(
     :param str prior_name: the prior, for the message.
     :param energy: the energy f.
     :param latents: every latent the energy saw (z, z2, the negatives), each (., D).
-    :param torch.Tensor ratio: the per-pair terms, shape (N,), or minus them (only their
-        finiteness, number and dtype are read).
+    :param torch.Tensor ratio: the per-pair terms, shape (N,), or minus them, or their sum
+        (a scalar, with ``num_pairs``; only its finiteness, number and dtype are read).
+    :param num_pairs: N when ``ratio`` is a sum.
     :param inputs: tensors checked to be finite in the same reduction (the views of a batch
         whose other checks the caller made before); a non-finite one raises ValueError
         without naming rows (the caller evaluates the batch again with every check).
 
     Inside :func:`deferred_value_checks` the checks recorded by :func:`defer_values` are made
-    in the same reduction (a latent among them is covered by the range: its row maxima are
+    in the same reduction (a latent among them is covered by the range: its row norms are
     finite only when its entries are); if one fails, or a latent is not finite while they are
     pending, :class:`DeferredValuesError` is raised (a loss that is not finite for finite
     latents and values is diagnosed as without them).
@@ -170,13 +171,14 @@ def check_implicit_log_ratio(
     pending = _DEFERRED.get()
     deferred = bool(pending)
     finite, positive = _take(pending, unique) if deferred else ((), ())
-    # the reductions read back together: the loss's sum, the smallest and largest row maximum
-    # max_d |z_d| of the latents (NaN where a row holds one; torch's vector_norm with ord=inf
-    # takes ~7x as long on the CPU), the inputs' largest |x|, the deferred tensors' sums and
-    # the deferred scales' minima
+    # the reductions read back together: the loss's sum, the smallest and largest row norm of
+    # the latents in their dtype (NaN where a row holds one; infinite where the squares
+    # overflow, which happens only far outside the window below), the inputs' largest |x|,
+    # the deferred tensors' sums and the deferred scales' minima
     with torch.no_grad():
         rows = unique[0] if len(unique) == 1 else torch.cat(unique)
-        values = [ratio.sum(), *torch.aminmax(rows.abs().amax(-1))]
+        norms = torch.linalg.vector_norm(rows, dim=-1)
+        values = [ratio if ratio.dim() == 0 else ratio.sum(), *torch.aminmax(norms)]
         for value in inputs:
             if value.is_floating_point() and value.numel():
                 values.append(value.abs().amax())
@@ -189,19 +191,19 @@ def check_implicit_log_ratio(
         total, smallest, largest, *read = torch.stack(values).tolist()
     if not all(math.isfinite(m) for m in read[:num_inputs]):
         raise ValueError(f"{prior_name}: the inputs hold NaN or infinite entries")
+    latents_finite = math.isfinite(largest) or all(all_finite(z) for z in unique)
     if deferred:
         sums, smallest_scales = read[num_inputs:num_inputs + len(finite)], read[num_inputs + len(finite):]
         # a loss that is not finite for finite latents is the energy's: diagnosed below
-        if not (math.isfinite(largest) and all(value > 0 for value in smallest_scales)
+        if not (latents_finite and all(value > 0 for value in smallest_scales)
                 and (math.isfinite(sum(sums)) or all(all_finite(t) for t in finite))):
             raise DeferredValuesError(
                 f"{prior_name}: the batch's inputs or latents are not finite, or a scale is not "
                 "positive")
-    num_pairs, dim = ratio.numel(), unique[0].shape[-1]
-    if math.isfinite(total) and math.isfinite(largest):
+    num_pairs = ratio.numel() if num_pairs is None else num_pairs
+    if math.isfinite(total) and latents_finite:
         low, high = _window(dtype)
-        # a row's norm lies between its largest coordinate and sqrt(D) times it
-        if smallest >= low and largest * math.sqrt(dim) <= high:
+        if smallest >= low and largest <= high:
             return
         bound = energy.logit_bound(_norm_extremes(unique)) if isinstance(energy, Energy) else None
         if bound is None or bool(_MARGIN * num_pairs * bound.amax() <= torch.finfo(dtype).max):

@@ -251,6 +251,35 @@ class ImplicitPrior(Prior):
         check_implicit_log_ratio(type(self).__name__, energy, [z, z2, candidates], ratio)
         return ratio
 
+    def log_ratio_sum(
+        self, z: torch.Tensor, z2: torch.Tensor, q=None, q2=None,
+        candidates: Candidates | torch.Tensor | None = None, block_size: int | None = None,
+    ) -> torch.Tensor:
+        r"""The sum over the N pairs of :meth:`log_ratio`. With the batch's own z2 as the
+        candidates and the dense (N, N) matrix :math:`F_{ij} = f(z_i, z'_j)`, it is the trace
+        of the row-wise log-softmax (its diagonal summed),
+
+        .. math::
+
+            \sum_{i=1}^N \Big[F_{ii} - \log \sum_{j=1}^N e^{F_{ij}}\Big] + N \log N
+            = \operatorname{tr}\big(\log\operatorname{softmax}(F)\big) + N \log N,
+
+        read without forming the N terms (the range check reads the sum); otherwise (other
+        candidates, a streamed normaliser, or a subclass that redefines :meth:`log_ratio`) the
+        sum of :meth:`log_ratio`.
+        """
+        energy = self._modules.get("energy")
+        own = candidates is None or (isinstance(candidates, Candidates) and candidates.is_local)
+        if (type(self).log_ratio is not ImplicitPrior.log_ratio or not own
+                or not isinstance(energy, PyroModule)
+                or use_streaming(z.shape[0], z2.shape[0], z.device, block_size)):
+            return super().log_ratio_sum(z, z2, q, q2, candidates, block_size)
+        num_pairs = z.shape[0]
+        log_softmax = torch.log_softmax(energy(z, z2), dim=-1)
+        total = log_softmax.diagonal().sum() + num_pairs * math.log(num_pairs)
+        check_implicit_log_ratio(type(self).__name__, energy, [z, z2], total, num_pairs=num_pairs)
+        return total
+
     def _log_ratio(self, z: torch.Tensor, z2: torch.Tensor, candidates: torch.Tensor,
                    own: bool, block_size: int | None, energy: Energy | None = None
                    ) -> torch.Tensor:

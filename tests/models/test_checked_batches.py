@@ -45,9 +45,9 @@ def counting_value_checks(monkeypatch):
     calls = []
     original = rpm.models.rpm.check_values
 
-    def counted(views, recognitions):
-        calls.append(tuple(tuple(view.shape) for view in views))
-        return original(views, recognitions)
+    def counted(recognitions):
+        calls.append(tuple(tuple(dist.batch_shape) for dist in recognitions))
+        return original(recognitions)
 
     monkeypatch.setattr(rpm.models.rpm, "check_values", counted)
     return calls
@@ -206,33 +206,36 @@ def test_validation_checks_every_batch(elbo, prior):
 
 
 @pytest.mark.parametrize("bad", ["nan", "inf", "zero scale"])
-def test_deferred_value_checks_are_made_in_the_range_check(bad):
+@pytest.mark.parametrize("summed", [False, True])
+def test_deferred_value_checks_are_made_in_the_range_check(bad, summed):
     """Inside deferred_value_checks a batch's value checks are recorded (check_values returns
-    True) and the implicit prior's range check makes them: a NaN or infinite tensor, or a scale
-    that is not positive, raises DeferredValuesError; a clean batch passes and empties them."""
+    True) and the implicit prior's range check makes them, for the per-pair terms and for
+    their sum (log_ratio_sum): a NaN or infinite location, or a scale that is not positive,
+    raises DeferredValuesError; a clean batch passes and empties them."""
     from rpm.priors.energy_range import DeferredValuesError, deferred_value_checks
 
     prior = ImplicitPrior(RBFEnergy())
+    evaluate = prior.log_ratio_sum if summed else prior.log_ratio
     z, z2 = torch.randn(6, DIM), torch.randn(6, DIM)
-    x, scale = torch.randn(6, IN), torch.rand(6, DIM) + 0.1
-    normal = pyro.distributions.Normal(torch.randn(6, DIM), scale).to_event(1)
+    loc, scale = torch.randn(6, DIM), torch.rand(6, DIM) + 0.1
+    normal = pyro.distributions.Normal(loc, scale).to_event(1)
     with deferred_value_checks() as deferred:
-        assert checked_batches.check_values([x, x.clone()], [normal])
+        assert checked_batches.check_values([normal])
         assert len(deferred.pending) == 1
-        prior.log_ratio(z, z2)
+        evaluate(z, z2)
         assert deferred.pending == []
-    bad_x = x.clone()
+    bad_loc = loc.clone()
     if bad == "zero scale":
         scale = scale.clone()
         scale[2, 1] = 0.0
     else:
-        bad_x[1, 3] = math.nan if bad == "nan" else math.inf
-    normal = pyro.distributions.Normal(torch.randn(6, DIM), scale, validate_args=False).to_event(1)
-    assert not checked_batches.check_values([bad_x, x], [normal])      # outside: checked at once
+        bad_loc[1, 2] = math.nan if bad == "nan" else math.inf
+    normal = pyro.distributions.Normal(bad_loc, scale, validate_args=False).to_event(1)
+    assert not checked_batches.check_values([normal])      # outside: checked at once
     with deferred_value_checks():
-        assert checked_batches.check_values([bad_x, x], [normal])      # inside: recorded
+        assert checked_batches.check_values([normal])      # inside: recorded
         with pytest.raises(DeferredValuesError):
-            prior.log_ratio(z, z2)
+            evaluate(z, z2)
 
 
 def test_a_prior_without_a_range_check_has_the_values_checked_after_the_objective(monkeypatch):
@@ -251,11 +254,11 @@ def test_a_prior_without_a_range_check_has_the_values_checked_after_the_objectiv
     walk = rpm.RPM(rpm.GaussianRecognition(GaussianHead(IN, DIM)), GaussianRandomWalkPrior(DIM))
     for _ in range(3):
         loss(walk, x, x2)
-    assert calls == [6, 6]           # the views, and loc and scale of each view's recognition
+    assert calls == [4, 4]           # loc and scale of each view's recognition
     implicit = delta_rpm()
     for _ in range(3):
         loss(implicit, x, x2)
-    assert calls == [6, 6]
+    assert calls == [4, 4]
 
 
 def test_an_energy_overflow_on_a_remembered_batch_is_diagnosed_without_a_second_evaluation(

@@ -234,3 +234,61 @@ def test_rpmelbo_defers_to_trace_elbo_under_handlers_it_does_not_compute():
     with pytest.raises(NotImplementedError, match="global_batch"):
         rpm.RPMELBO(global_batch=True).loss(poutine.scale(model.model, scale=2.0),
                                             poutine.scale(model.guide, scale=2.0), x, x2)
+
+
+def loop_infonce_terms(energy, z, candidates):
+    """f(z_i, z'_i) - log (1/M) sum_j exp f(z_i, c_j) for each i, written out with math."""
+    terms = []
+    for i in range(z.shape[0]):
+        logits = [float(energy(z[i:i + 1], candidates[j:j + 1])) for j in range(candidates.shape[0])]
+        terms.append(logits[i] - math.log(sum(math.exp(v) for v in logits) / len(logits)))
+    return terms
+
+
+@pytest.mark.parametrize("energy", [CosineEnergy(kappa=5.0), RBFEnergy(lengthscale=0.7),
+                                    rpm.priors.BilinearEnergy(D, init_scale=0.5)],
+                         ids=["cosine", "rbf", "bilinear"])
+def test_log_ratio_sum_is_the_sum_of_the_per_pair_terms(energy):
+    """The trace form of the implicit prior's sum (the batch's own candidates, dense) equals the
+    sum of its per-pair terms and the loop, in value and gradient; streamed (block_size) and
+    with a queue (other candidates) it is the sum of log_ratio."""
+    prior = ImplicitPrior(energy)
+    z = torch.randn(N, D, requires_grad=True)
+    z2 = torch.randn(N, D, requires_grad=True)
+    total = prior.log_ratio_sum(z, z2)
+    assert total.dim() == 0
+    assert total.item() == pytest.approx(sum(loop_infonce_terms(energy, z, z2)), rel=1e-12)
+    terms = prior.log_ratio(z, z2)
+    assert total.item() == pytest.approx(terms.sum().item(), rel=1e-13)
+    grads = torch.autograd.grad(total, (z, z2))
+    expected = torch.autograd.grad(terms.sum(), (z, z2))
+    for got, want in zip(grads, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-13)
+    streamed = prior.log_ratio_sum(z, z2, block_size=2)
+    assert streamed.item() == pytest.approx(total.item(), rel=1e-12)
+    queue = torch.randn(3, D)
+    candidates = rpm.inference.Candidates(queue=rpm.inference.LatentQueue(3, D))
+    candidates.queue.push(queue)
+    queued = prior.log_ratio_sum(z, z2, candidates=candidates)
+    loop = loop_infonce_terms(energy, z, torch.cat([z2, queue]))
+    assert queued.item() == pytest.approx(sum(loop), rel=1e-12)
+
+
+def test_a_subclass_that_redefines_log_ratio_gets_the_sum_of_its_own_terms():
+    """ImplicitPrior's trace form of the sum is its own log_ratio's; a subclass that redefines
+    log_ratio only gets its terms summed, by log_ratio_sum and by RPMELBO."""
+
+    class Shifted(ImplicitPrior):
+        def log_ratio(self, z, z2, q=None, q2=None, candidates=None, block_size=None):
+            return super().log_ratio(z, z2, q, q2, candidates, block_size) + 1.0
+
+    z, z2 = torch.randn(N, D), torch.randn(N, D)
+    plain, shifted = ImplicitPrior(RBFEnergy()), Shifted(RBFEnergy())
+    assert shifted.log_ratio_sum(z, z2).item() == pytest.approx(
+        plain.log_ratio_sum(z, z2).item() + N, rel=1e-12)
+    net = torch.nn.Linear(X_DIM, D)
+    x, x2 = torch.randn(N, X_DIM), torch.randn(N, X_DIM)
+    losses = [rpm.RPMELBO().loss(model.model, model.guide, x, x2)
+              for model in (rpm.RPM(rpm.DeltaRecognition(net), prior(RBFEnergy()))
+                            for prior in (ImplicitPrior, Shifted))]
+    assert losses[1] == pytest.approx(losses[0] - N, rel=1e-12)
