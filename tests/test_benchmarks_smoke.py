@@ -5,6 +5,7 @@ benchmarks/README.md."""
 import importlib.util
 from pathlib import Path
 
+import pyro
 import pytest
 import torch
 
@@ -25,12 +26,18 @@ def restore_threads():
     torch.set_num_threads(threads)
 
 
-def test_step_overhead_runs(capsys, restore_threads):
+@pytest.mark.parametrize("flags", [[], ["--no-validation"]])
+def test_step_overhead_runs(capsys, restore_threads, flags):
     bench = load("step_overhead")
-    bench.main(bench.parse_args(["--hidden", "8", "--batch-sizes", "4", "--warmup", "1",
-                                 "--repeats", "1", "--threads", "1", "--clock", "cpu",
-                                 "--svi-floor", "--device", "cpu"]))
+    try:
+        bench.main(bench.parse_args(["--hidden", "8", "--batch-sizes", "4", "--warmup", "1",
+                                     "--repeats", "1", "--threads", "1", "--clock", "cpu",
+                                     "--svi-floor", "--device", "cpu", *flags]))
+        assert pyro.infer.util.is_validation_enabled() == (not flags)
+    finally:
+        pyro.enable_validation(True)
     rows = capsys.readouterr().out.splitlines()
+    assert f"validation={not flags}" in rows[0]
     assert rows[-1].split()[0] == "4" and len(rows[-1].split()) == 1 + 1 + 3 + 3
 
 
