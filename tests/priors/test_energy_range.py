@@ -57,21 +57,25 @@ def latents(norm: float):
     return z.float().requires_grad_(), z2.float().requires_grad_()
 
 
-def loss_and_grads(prior_cls, energy, norm):
+def loss_and_grads(prior_cls, energy, norm, summed=False):
+    """Minus the ELBO's terms summed (``log_ratio``), or their sum as the ELBO reads it
+    (``log_ratio_sum``: the implicit prior's summed log-softmax diagonal), and its gradients."""
     z, z2 = latents(norm)
-    loss = -prior_cls(energy).log_ratio(z, z2).sum()
+    prior = prior_cls(energy)
+    loss = -(prior.log_ratio_sum(z, z2) if summed else prior.log_ratio(z, z2).sum())
     params = [p for p in energy.parameters() if p.requires_grad]
     return loss, torch.autograd.grad(loss, [z, z2, *params])
 
 
+@pytest.mark.parametrize("summed", [False, True], ids=["terms", "sum"])
 @pytest.mark.parametrize("prior", list(PRIORS))
 @pytest.mark.parametrize("name", list(ENERGIES))
-def test_loss_and_gradients_are_finite_or_the_range_is_named(name, prior):
+def test_loss_and_gradients_are_finite_or_the_range_is_named(name, prior, summed):
     reference = None
     raised = []
     for norm in NORMS:
         try:
-            loss, grads = loss_and_grads(PRIORS[prior], ENERGIES[name](), norm)
+            loss, grads = loss_and_grads(PRIORS[prior], ENERGIES[name](), norm, summed)
         except ValueError as error:
             message = str(error)
             if name in OWN_CHECK:
