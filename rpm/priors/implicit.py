@@ -275,8 +275,8 @@ class ImplicitPrior(Prior):
                 or use_streaming(z.shape[0], z2.shape[0], z.device, block_size)):
             return super().log_ratio_sum(z, z2, q, q2, candidates, block_size)
         num_pairs = z.shape[0]
-        log_softmax = torch.log_softmax(energy(z, z2), dim=-1)
-        total = log_softmax.diagonal().sum() + num_pairs * math.log(num_pairs)
+        # the per-pair kernel without its offset, summed; N log N added once to the sum
+        total = diagonal_log_softmax(energy(z, z2)).sum() + num_pairs * math.log(num_pairs)
         check_implicit_log_ratio(type(self).__name__, energy, [z, z2], total, num_pairs=num_pairs)
         return total
 
