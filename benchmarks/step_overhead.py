@@ -8,7 +8,7 @@ Both train the same MLP encoder on the same batch with Adam:
   for an RPM with Delta recognition and the implicit prior with a cosine energy (the same
   objective, Eq. 23-25 of Aitchison & Ganev);
 * **elbo+torch**: ``rpm.RPMELBO().differentiable_loss`` with a plain ``torch.optim.Adam``, the
-  path of :class:`rpm.training.Trainer` (:func:`rpm.inference.objective.elbo` on the model's
+  path of :class:`rpm.training.Trainer` (:func:`rpm._objective.elbo` on the model's
   :meth:`~rpm.models.rpm.RPM.objective_inputs`);
 * **svi-floor** (with ``--svi-floor``): the bare loss as an ``SVI`` loss, a model that only
   registers the encoder (``pyro.module``), with ``pyro.optim.Adam``: what SVI costs whatever

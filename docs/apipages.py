@@ -45,7 +45,7 @@ def _identity(obj: object) -> str | None:
 def homes(modules: list[str]) -> dict[str, str]:
     """``{defining module.qualname: documented full name}`` for the classes and functions that
     ``modules`` export (never at a name that is also a module's: ``rpm.inference.elbo`` is the
-    module, so the function ``elbo`` it also names is documented in ``rpm.inference.objective``)."""
+    module, so the function ``elbo`` it also names is documented in ``rpm._objective``)."""
     exporters: dict[str, list[str]] = {}
     for module_name in modules:
         module = importlib.import_module(module_name)

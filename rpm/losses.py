@@ -43,9 +43,9 @@ import warnings
 
 import torch
 
+from rpm._objective import rpm_elbo
 from rpm._validation import check_bool
 from rpm.distributed import all_gather_with_grad
-from rpm.inference.objective import rpm_elbo
 from rpm.marginals.candidates import Candidates, LatentQueue
 from rpm.priors import ImplicitPrior, PartnerMixturePrior, PooledImplicitPrior, StarImplicitPrior
 from rpm.priors.base import Energy

@@ -23,6 +23,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 import rpm
+from rpm._objective import prior_log_ratio
 from rpm.distributed import (
     all_gather_with_grad,
     all_reduce_gradients,
@@ -31,7 +32,6 @@ from rpm.distributed import (
     is_distributed,
     local_slice,
 )
-from rpm.inference.objective import prior_log_ratio
 from rpm.priors import (
     GaussianRandomWalkPrior,
     ImplicitPrior,

@@ -1,15 +1,15 @@
-"""Inference: the RPM ELBO (:mod:`rpm.inference.objective`, :class:`RPMELBO`), the candidates of
-its normalisers (the batch, the global batch, a queue; :mod:`rpm.marginals.candidates`,
-re-exported here)."""
+"""Inference: :class:`RPMELBO`, Pyro's ELBO for an :class:`~rpm.RPM` (one batch, any number of
+particles), and :func:`rpm_elbo`, the same ELBO of embeddings in a plain PyTorch loop; the
+candidates of its normalisers (the batch, the global batch, a queue) are
+:class:`Candidates` and :class:`LatentQueue`."""
 
+from rpm._objective import rpm_elbo
 from rpm.inference.elbo import RPMELBO
-from rpm.inference.objective import elbo, rpm_elbo
 from rpm.marginals.candidates import Candidates, LatentQueue
 
 __all__ = [
     "RPMELBO",
     "Candidates",
     "LatentQueue",
-    "elbo",
     "rpm_elbo",
 ]

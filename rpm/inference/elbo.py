@@ -37,8 +37,8 @@ import torch
 from pyro.infer import ELBO, Trace_ELBO
 from pyro.poutine.runtime import Message, am_i_wrapped, apply_stack
 
+from rpm._objective import elbo as objective_elbo
 from rpm._validation import check_bool, check_positive_int, check_positive_int_or_none
-from rpm.inference.objective import elbo as objective_elbo
 from rpm.models.base import RPMBase
 from rpm.models.checked_batches import full_checks, values_valid
 from rpm.nn import pyro_method
@@ -160,7 +160,7 @@ def _describe(value) -> str:
 
 @pyro_method
 def _evaluate(module: RPMBase, elbo: RPMELBO, args: tuple, kwargs: dict) -> torch.Tensor:
-    """The ELBO of one batch (:func:`rpm.inference.objective.elbo`), in the model's Pyro context
+    """The ELBO of one batch (``rpm._objective.elbo``), in the model's Pyro context
     (:func:`pyro.nn.pyro_method`, as its model and guide run).
 
     The value checks of a batch whose structure passed before
@@ -205,7 +205,7 @@ class RPMELBO(ELBO):
     encoders and the implicit prior, :math:`\mathcal{L}/N = -\text{InfoNCE} + \log N`.
 
     ``differentiable_loss(m.model, m.guide, *args)`` returns minus
-    :func:`rpm.inference.objective.elbo` of ``m.objective_inputs(*args, ...)`` for any
+    ``rpm._objective.elbo`` of ``m.objective_inputs(*args, ...)`` for any
     :class:`~rpm.models.base.RPMBase` ``m`` (:class:`~rpm.RPM`: pairs and J views), evaluated
     in the model's Pyro context (:func:`pyro.nn.pyro_method`: its parameters, and those of its
     prior and energy, are read through Pyro's param store under the model's name).

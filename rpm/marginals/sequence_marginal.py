@@ -39,10 +39,17 @@ from torch.distributions import constraints
 
 from rpm._validation import check_bool
 from rpm.marginals.candidates import Candidates
-from rpm.marginals.mixture_marginal import Atoms, delta_mixture_log_prob
+from rpm.marginals.mixture_marginal import Atoms, delta_mixture_log_prob, recognition_components
 from rpm.ops import gaussian_mixture_log_prob
 
-__all__ = ["SequenceMixtureMarginal", "sequence_components", "sequence_mask", "view"]
+__all__ = [
+    "SequenceMixtureMarginal",
+    "sequence_components",
+    "sequence_mask",
+    "stack_components",
+    "stack_views",
+    "view",
+]
 
 # Per-view Gaussian mixtures of at most this many (point, component, view, coordinate) terms are
 # evaluated in one broadcast call (small batches: one kernel instead of T); larger ones, or any
@@ -273,3 +280,26 @@ class SequenceMixtureMarginal(TorchDistribution):
                 loc = self.loc[index, views]
                 scale = None if self.scale is None else self.scale[index, views]
             return loc if scale is None else loc + scale * torch.randn_like(loc)
+
+
+def stack_views(dists: list[TorchDistribution]) -> TorchDistribution:
+    """The J views' recognition distributions as one, batch_shape (N, J), event_shape (D,):
+    :func:`stack_components` of their parameters."""
+    return stack_components([recognition_components(dist) for dist in dists])
+
+
+def stack_components(parts: list[tuple]) -> TorchDistribution:
+    """The J views' recognition parameters ``(loc (N, D), scale (N, D) or None)`` as one
+    distribution, batch_shape (N, J), event_shape (D,): ``Delta(loc, event_dim=1)`` or
+    ``Normal(loc, scale).to_event(1)`` of the stacked parameters.
+
+    :raises ValueError: when some views are Delta and others Gaussian.
+    """
+    scales = [scale for _, scale in parts]
+    if any(s is None for s in scales) and not all(s is None for s in scales):
+        raise ValueError("the views' recognition models must all be Delta (deterministic) or all "
+                         "Gaussian; got a mixture of the two")
+    loc = torch.stack([loc for loc, _ in parts], dim=1)                          # (N, J, D)
+    if scales[0] is None:
+        return Delta(loc, event_dim=1)
+    return Normal(loc, torch.stack(scales, dim=1)).to_event(1)

@@ -1,5 +1,7 @@
-"""Models: recognition models Q(z|x) and the RPM itself."""
+"""Models: recognition models Q(z|x), the RPM itself, and the contract through which
+:class:`~rpm.RPMELBO` evaluates a model (:class:`RPMBase`, :class:`ObjectiveInputs`)."""
 
+from rpm._objective import ObjectiveInputs
 from rpm.models.base import RPMBase
 from rpm.models.recognition import DeltaRecognition, GaussianRecognition, ScaleFloorWarning
 from rpm.models.rpm import RPM
@@ -7,6 +9,7 @@ from rpm.models.rpm import RPM
 __all__ = [
     "DeltaRecognition",
     "GaussianRecognition",
+    "ObjectiveInputs",
     "RPM",
     "RPMBase",
     "ScaleFloorWarning",

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from rpm.nn import NamedModule
 
 if TYPE_CHECKING:
-    from rpm.inference.objective import ObjectiveInputs
+    from rpm._objective import ObjectiveInputs
 
 __all__ = ["RPMBase"]
 
@@ -25,7 +25,7 @@ class RPMBase(NamedModule):
       parameters, and those of its plain ``torch.nn.Module`` attributes, are registered in
       Pyro's param store under the model's name);
     * :meth:`objective_inputs`: the recognition distributions, the guide's distributions and
-      the candidates of a batch, from which :mod:`rpm.inference.objective` computes the ELBO
+      the candidates of a batch, from which ``rpm._objective`` computes the ELBO
       (Eq. 15 of Aitchison & Ganev) as a differentiable scalar.
 
     ``RPMELBO().differentiable_loss(m.model, m.guide, *args)`` is then minus that ELBO;

@@ -38,15 +38,15 @@ from pyro.infer.util import is_validation_enabled
 from pyro.nn import PyroModule
 from torch.distributions import Distribution
 
-from rpm._validation import check_bool
-from rpm.inference.objective import (
+from rpm._objective import (
     ObjectiveInputs,
     likelihood_factor,
     likelihood_marginals,
 )
+from rpm._validation import check_bool
 from rpm.marginals.candidates import Candidates, LatentQueue
 from rpm.marginals.mixture_marginal import recognition_components
-from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
+from rpm.marginals.sequence_marginal import SequenceMixtureMarginal, stack_components
 from rpm.models.base import RPMBase
 from rpm.models.checked_batches import (
     check_values,
@@ -62,7 +62,6 @@ from rpm.models.views import (
     call_encoder,
     check_inputs,
     recognise_views,
-    stack_components,
 )
 from rpm.nn import NamedModuleList, pyro_method, structure_version
 from rpm.priors.base import (
@@ -144,7 +143,7 @@ class RPM(RPMBase):
     the implicit priors): then they are whole-batch events ((N, D) per pair site, (N, J, D) for
     the J views' site) in model and guide alike. Pyro's ``Trace_ELBO``, ``TraceGraph_ELBO``,
     ``JitTrace_ELBO`` and ``Predictive`` see honest shapes; :class:`~rpm.RPMELBO` computes the
-    same ELBO with each encoder evaluated once (:mod:`rpm.inference.objective`).
+    same ELBO with each encoder evaluated once (``rpm._objective``).
 
     **Marginals over J views.** By default :math:`Q_j` is the mixture over the j-th views
     of the batch (N components per view): with J = 2 the model *is* the pair model, and it stays
@@ -589,7 +588,7 @@ class RPM(RPMBase):
                 z2 = pyro.sample("z2", q2)
         return z, z2
 
-    # -- what the objective needs (rpm.inference.objective) -------------------------------------
+    # -- what the objective needs (rpm._objective) -------------------------------------
 
     def objective_inputs(self, *args, global_batch: bool = False,
                          block_size: int | None = None,

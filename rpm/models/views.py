@@ -38,8 +38,6 @@ __all__ = [
     "call_encoder",
     "check_inputs",
     "recognise_views",
-    "stack_components",
-    "stack_views",
 ]
 
 #: The values of ``encoder_calls``.
@@ -187,8 +185,8 @@ def recognise_views(names: list[str], views: list[torch.Tensor], modules: list,
     """The recognition distributions of the J views, each with batch_shape (N,) and
     event_shape (D,), by the rule of ``encoder_calls`` (module docstring); with ``components``
     their parameters ``(loc (N, D), scale (N, D) or None for Delta)`` instead (what
-    :func:`stack_components` takes: a group's call is split without building J
-    distributions).
+    :func:`~rpm.marginals.sequence_marginal.stack_components` takes: a group's call is split
+    without building J distributions).
 
     :param names: the views' names for errors (``"x"``, ``"x2"`` or ``"views[j]"``).
     :param views: J tensors (N, ...).
@@ -248,26 +246,3 @@ def recognise_views(names: list[str], views: list[torch.Tensor], modules: list,
             "model must output the same latent dimension D"
         )
     return dists
-
-
-def stack_views(dists: list[TorchDistribution]) -> TorchDistribution:
-    """The J views' recognition distributions as one, batch_shape (N, J), event_shape (D,):
-    :func:`stack_components` of their parameters."""
-    return stack_components([recognition_components(dist) for dist in dists])
-
-
-def stack_components(parts: list[tuple]) -> TorchDistribution:
-    """The J views' recognition parameters ``(loc (N, D), scale (N, D) or None)`` as one
-    distribution, batch_shape (N, J), event_shape (D,): ``Delta(loc, event_dim=1)`` or
-    ``Normal(loc, scale).to_event(1)`` of the stacked parameters.
-
-    :raises ValueError: when some views are Delta and others Gaussian.
-    """
-    scales = [scale for _, scale in parts]
-    if any(s is None for s in scales) and not all(s is None for s in scales):
-        raise ValueError("the views' recognition models must all be Delta (deterministic) or all "
-                         "Gaussian; got a mixture of the two")
-    loc = torch.stack([loc for loc, _ in parts], dim=1)                          # (N, J, D)
-    if scales[0] is None:
-        return Delta(loc, event_dim=1)
-    return Normal(loc, torch.stack(scales, dim=1)).to_event(1)

@@ -87,7 +87,7 @@ def positive_hyperparameter(name: str, value) -> torch.Tensor:
 
 class PriorBase(NamedModule):
     r"""What the two prior protocols share: the attributes that tell :class:`~rpm.RPM` and the
-    objective (:mod:`rpm.inference.objective`) what a prior allows.
+    objective (``rpm._objective``) what a prior allows.
 
     A prior follows one of two protocols, each a subclass of this class:
 
@@ -167,7 +167,7 @@ class Prior(PriorBase):
     :meth:`forward` (required)          declares ``"z"`` and ``"z2"``, returns ``(z, z2)``
     :meth:`log_ratio`                   ``None``: no analytic cancellation, the ELBO traces
                                         :meth:`forward` and subtracts the mixture marginals
-                                        (:func:`rpm.inference.objective.prior_log_ratio`)
+                                        (``rpm._objective.prior_log_ratio``)
     :meth:`log_ratio_sum`               the sum of :meth:`log_ratio` (None when it is None)
     :meth:`likelihood_marginals`        each view's own minibatch mixture
     attributes of :class:`PriorBase`    ``accepts_delta_recognition``, ``dim``,
@@ -215,7 +215,7 @@ class Prior(PriorBase):
         returns :math:`f(z_i, z'_i) - \log \frac1M \sum_j e^{f(z_i, z'_j)}` (Eq. 23-25)
         without evaluating any mixture. Returning None makes the ELBO trace :meth:`forward`
         with its sites conditioned on the samples and subtract the minibatch-mixture marginals
-        (:func:`rpm.inference.objective.prior_log_ratio`); both routes must agree with
+        (``rpm._objective.prior_log_ratio``); both routes must agree with
         ``Trace_ELBO``.
 
         :param torch.Tensor z: first-view latents, shape (N, D).
@@ -242,7 +242,7 @@ class Prior(PriorBase):
             \sum_{i=1}^N \big[\log P(z_i, z'_i) - \log Q_1(z_i) - \log Q_2(z'_i)\big]
 
         (Eq. 15 of Aitchison & Ganev): what the ELBO of a batch reads
-        (:func:`rpm.inference.objective.prior_log_ratio`; :meth:`log_ratio` itself serves the
+        (``rpm._objective.prior_log_ratio``; :meth:`log_ratio` itself serves the
         per-instance terms). The default sums :meth:`log_ratio`; a prior overrides it only to
         compute the same sum without the N terms, and a subclass that redefines
         :meth:`log_ratio` must get the sum of its own terms.
@@ -311,7 +311,7 @@ class SequencePrior(PriorBase):
     :meth:`forward` (required)          declares ``"z"`` (event (J, D)), returns its value
     :meth:`sequence_log_ratio`          ``None``: no analytic cancellation, the ELBO traces
                                         :meth:`forward` and subtracts the marginals
-                                        (:func:`rpm.inference.objective.prior_log_ratio`)
+                                        (``rpm._objective.prior_log_ratio``)
     :meth:`posterior`                   ``None``: no structured guide of the prior's own
     :meth:`posterior_log_ratio`         ``None``: the structured guide's terms are computed from
                                         the prior's and the posterior's log-densities
@@ -363,7 +363,7 @@ class SequencePrior(PriorBase):
         for a prior whose log-density cancels the marginals in closed form (the Markov implicit
         prior: the sum of the InfoNCE terms of consecutive views, Eq. 23-25 per step). None
         makes the ELBO trace :meth:`forward` with ``"z"`` conditioned on the samples and
-        subtract ``marginal.log_prob(z)`` (:func:`rpm.inference.objective.prior_log_ratio`);
+        subtract ``marginal.log_prob(z)`` (``rpm._objective.prior_log_ratio``);
         both routes must agree with ``Trace_ELBO``.
 
         :param torch.Tensor z: latents, shape (N, J, D).
@@ -577,7 +577,7 @@ class Energy(NamedModule):
 
 # ----------------------------------------------------------------------------------------------
 # Running a prior by its protocol: shared by the RPM's Pyro program and the objective
-# (rpm.inference.objective, which holds the likelihood and the ELBO's terms), so that the
+# (rpm._objective, which holds the likelihood and the ELBO's terms), so that the
 # checks and the messages exist once.
 # ----------------------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""RPMELBO has one path: the objective (rpm.inference.objective) on the model's inputs, each
+"""RPMELBO has one path: the objective (rpm._objective) on the model's inputs, each
 module called as the user wrote it. A subclass that overrides a recognition model's or an
 energy's forward gets its own forward (against a float64 loop of the InfoNCE terms); one that
 overrides RPM.model or guide gets Pyro's Trace_ELBO of its own program; the dispatch decided for

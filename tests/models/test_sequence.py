@@ -10,7 +10,7 @@ from pyro import poutine
 from pyro.infer import Trace_ELBO
 
 from rpm import RPM, RPMELBO, DeltaRecognition, GaussianRecognition, MixtureMarginal
-from rpm.inference import elbo
+from rpm._objective import elbo
 from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
 from rpm.priors import (
     AnisotropicEnergy,

@@ -12,7 +12,7 @@ from pyro.infer import Trace_ELBO
 
 import rpm
 import rpm.priors.implicit as implicit
-from rpm.inference.objective import prior_log_ratio
+from rpm._objective import prior_log_ratio
 from rpm.priors import (
     Energy,
     ImplicitPrior,

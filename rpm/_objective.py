@@ -9,8 +9,8 @@ Ganev), the likelihood of view j is (Eq. 10)
 
     P(x_{i,j}|z_{i,j}) = \frac{Q(z_{i,j}|x_{i,j})\, P_\text{true}(x_{i,j})}{Q_j(z_{i,j})},
 
-:math:`P_\text{true}` constant in every parameter and left out (:func:`likelihood_factor`,
-with the marginals of :func:`likelihood_marginals`), and the ELBO (Eq. 12) is
+:math:`P_\text{true}` constant in every parameter and left out (``likelihood_factor``,
+with the marginals of ``likelihood_marginals``), and the ELBO (Eq. 12) is
 
 .. math::
 
@@ -25,18 +25,18 @@ With the recognition models as the guide (Eq. 14) the recognition log-densities 
     \mathcal{L} = \sum_i \mathbb{E}\Big[\log P(z_{i,1:J}) - \sum_j \log Q_j(z_{i,j})\Big]
     \qquad\text{(Eq. 15; J = 2: } \log P(z_i, z'_i) - \log Q(z_i) - \log Q(z'_i)\text{)},
 
-whose terms :func:`prior_log_ratio` evaluates: the prior's own analytic part
+whose terms ``prior_log_ratio`` evaluates: the prior's own analytic part
 (:meth:`Prior.log_ratio <rpm.priors.base.Prior.log_ratio>` of a pair prior, e.g. the implicit
 prior's :math:`f(z_i, z'_i) - \log \frac1M \sum_m e^{f(z_i, z'_m)}`, Eq. 23-25;
 :meth:`SequencePrior.sequence_log_ratio <rpm.priors.base.SequencePrior.sequence_log_ratio>` of a
 prior over J views) or, when it has none, the prior's traced log-density minus the marginals
-(:func:`marginal_log_prob`).
+(``marginal_log_prob``).
 
 Every route to the ELBO computes it here: the Pyro model of :class:`~rpm.RPM` declares its
-likelihood factors with :func:`likelihood_marginals` and :func:`likelihood_factor` (so
-``Trace_ELBO`` on it evaluates the expression above), :class:`~rpm.RPMELBO` calls :func:`elbo`
+likelihood factors with ``likelihood_marginals`` and ``likelihood_factor`` (so
+``Trace_ELBO`` on it evaluates the expression above), :class:`~rpm.RPMELBO` calls ``elbo``
 on the model's :class:`ObjectiveInputs`, and :func:`rpm_elbo` (for embeddings in a plain
-PyTorch loop, used by :mod:`rpm.losses`) calls :func:`prior_log_ratio`.
+PyTorch loop, used by :mod:`rpm.losses`) calls ``prior_log_ratio``.
 
 This module reads the priors and marginals only; :mod:`rpm.models` builds on it.
 """
@@ -56,7 +56,7 @@ from rpm._validation import check_bool, check_positive_int
 from rpm.marginals import MixtureMarginal
 from rpm.marginals.candidates import Candidates
 from rpm.marginals.mixture_marginal import delta_mixture_log_prob
-from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
+from rpm.marginals.sequence_marginal import SequenceMixtureMarginal, stack_views
 from rpm.ops.gaussian_mixture import gaussian_mixture_log_prob
 from rpm.priors.base import (
     Prior,
@@ -80,10 +80,10 @@ __all__ = [
 
 @dataclasses.dataclass
 class ObjectiveInputs:
-    r"""What the RPM ELBO of one batch needs (:func:`elbo`), with each encoder evaluated once.
+    r"""What the RPM ELBO of one batch needs (``elbo``), with each encoder evaluated once.
 
-    :func:`elbo` draws the latents from ``guides`` (with ``rsample``, in this order: the order
-    in which the model's guide samples its sites) and evaluates :func:`prior_log_ratio` on them.
+    ``elbo`` draws the latents from ``guides`` (with ``rsample``, in this order: the order
+    in which the model's guide samples its sites) and evaluates ``prior_log_ratio`` on them.
     """
 
     #: The prior.
@@ -218,7 +218,7 @@ def prior_log_ratio(prior, latents, recognitions, plate: str, candidates: Candid
     :meth:`~rpm.priors.base.SequencePrior.sequence_log_ratio`); otherwise the prior run with its
     sites conditioned on the latents (inside ``pyro.plate(plate, N)`` unless it is
     :attr:`~rpm.priors.base.PriorBase.joint_over_batch`), its log-density summed, minus the
-    marginals (a pair prior: :func:`likelihood_marginals` through :func:`marginal_log_prob`; a
+    marginals (a pair prior: ``likelihood_marginals`` through ``marginal_log_prob``; a
     prior over J views: the model's marginal).
 
     :param prior: a pair prior (:class:`~rpm.priors.base.Prior` or a plain callable) or a prior
@@ -361,13 +361,6 @@ def _delta(latent: torch.Tensor) -> TorchDistribution:
     return Delta(latent, event_dim=1)
 
 
-def _stack_views(dists: list[TorchDistribution]) -> TorchDistribution:
-    """J recognition distributions of batch (N,) as one of batch (N, J)."""
-    from rpm.models.views import stack_views  # the models build on this module
-
-    return stack_views(dists)
-
-
 def rpm_elbo(
     prior, latents: Sequence[torch.Tensor] | torch.Tensor,
     recognitions: Sequence[TorchDistribution] | TorchDistribution | None = None,
@@ -384,7 +377,7 @@ def rpm_elbo(
         loss.backward()
 
     Returns :math:`\sum_i [\log P(z_{i,1:J}) - \sum_j \log Q_j(z_{i,j})]` (Eq. 15 with the
-    recognition models as the guide, :func:`prior_log_ratio`), the number :class:`~rpm.RPMELBO`
+    recognition models as the guide, ``prior_log_ratio``), the number :class:`~rpm.RPMELBO`
     returns (negated) for an :class:`~rpm.RPM` whose encoders produced these latents: with
     Delta recognition (the default here: the latents are the embeddings themselves) and the
     implicit prior, :math:`\mathcal{L}/N = -\text{InfoNCE} + \log N`.
@@ -404,7 +397,7 @@ def rpm_elbo(
     :param bool pooled_marginal: a prior over J views: pool the marginals over the views.
     :param bool per_instance: return the N instances' terms
         :math:`\log P(z_{i,1:J}) - \sum_j \log Q_j(z_{i,j})`, shape (N,), instead of their sum
-        (:func:`prior_log_ratio`): per-example losses, e.g. ``reduction="none"``.
+        (``prior_log_ratio``): per-example losses, e.g. ``reduction="none"``.
     :return: a scalar tensor, the ELBO summed over the N instances, or shape (N,).
     """
     check_bool("pooled_marginal", pooled_marginal)
@@ -422,7 +415,7 @@ def rpm_elbo(
         elif isinstance(recognitions, TorchDistribution):
             q = recognitions
         else:
-            q = _stack_views(list(recognitions))
+            q = stack_views(list(recognitions))
         marginal = SequenceMixtureMarginal(q, pooled=pooled_marginal, block_size=block_size,
                                            candidates=candidates)
         return prior_log_ratio(prior, z, (q, marginal), "instances", candidates, block_size,
