@@ -6,9 +6,9 @@ Aitchison & Ganev) of an (N, N) matrix of logits F, summed and backpropagated:
 * **cross_entropy**: ``-cross_entropy(F, arange(N), reduction="sum") + N log N``, what a bare
   PyTorch step computes (the baseline);
 * **safe_logsumexp**: ``F.diagonal() - rpm.ops.safe_logsumexp(F, -1) + log N``, the path before
-  ``rpm.ops.logsumexp.diagonal_log_softmax`` (a floor against subnormal exponentials, about a dozen
+  ``rpm.ops._logsumexp.diagonal_log_softmax`` (a floor against subnormal exponentials, about a dozen
   autograd nodes);
-* **log_softmax**: ``rpm.ops.logsumexp.diagonal_log_softmax(F, log N)``, torch's fused ``log_softmax``
+* **log_softmax**: ``rpm.ops._logsumexp.diagonal_log_softmax(F, log N)``, torch's fused ``log_softmax``
   at the diagonal (the path now).
 
 Logits uniform in [-spread, spread] (``--spreads``; a sharp energy spreads a row over hundreds
@@ -27,7 +27,7 @@ import time
 import torch
 
 from rpm.ops import safe_logsumexp
-from rpm.ops.logsumexp import diagonal_log_softmax
+from rpm.ops._logsumexp import diagonal_log_softmax
 
 
 def methods(num: int) -> dict:

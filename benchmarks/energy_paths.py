@@ -1,4 +1,4 @@
-"""Time and memory of the implicit prior's InfoNCE term on its three paths (rpm.priors.energy_paths).
+"""Time and memory of the implicit prior's InfoNCE term on its three paths (rpm.priors._energy_paths).
 
 For one batch of N pairs, forward plus backward of ``ImplicitPrior(energy).log_ratio(z, z2).sum()``
 in float32:
@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from marginal import best_time, peak_memory  # noqa: E402
 
-from rpm.ops.logsumexp import diagonal_log_softmax  # noqa: E402
+from rpm.ops._logsumexp import diagonal_log_softmax  # noqa: E402
 from rpm.priors import ImplicitPrior, RBFEnergy  # noqa: E402
 
 

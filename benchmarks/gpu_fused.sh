@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fused Triton kernel of the mixture marginal (rpm.ops.gaussian_mixture.fused_gaussian_mixture_log_prob) on
+# The fused Triton kernel of the mixture marginal (rpm.ops._gaussian_mixture.fused_gaussian_mixture_log_prob) on
 # one CUDA device, float32 (TF32 off for the other paths' products), in at most TOTAL seconds
 # (default 300) of wall time; every step has its own time limit and the script always finishes:
 #
@@ -56,7 +56,7 @@ step 75 python3 - <<'EOF'
 import math, time, traceback
 import torch
 import rpm.ops._triton_mixture as kernels
-from rpm.ops.gaussian_mixture import fused_gaussian_mixture_log_prob
+from rpm.ops._gaussian_mixture import fused_gaussian_mixture_log_prob
 
 torch.manual_seed(0)
 ok = True  # D = 16 and 128 decide whether the benchmarks include the fused kernel
@@ -125,7 +125,7 @@ if [ "$SMOKE" -eq 0 ]; then
     step 45 python3 - <<'EOF'
 import torch
 import rpm.ops._triton_mixture as kernels
-from rpm.ops.gaussian_mixture import fused_gaussian_mixture_log_prob
+from rpm.ops._gaussian_mixture import fused_gaussian_mixture_log_prob
 
 def best(fn, repeats=3):
     fn()

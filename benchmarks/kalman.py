@@ -4,12 +4,12 @@ One measured step (``--task smoother``, the default) is what training does with 
 sequence: the filter's log-likelihood, the RTS smoother and the gradient of both with respect to
 every parameter (A, Q, C, R, m_1, S_1), for N sequences of T frames with D = 4 observed and H = 8
 hidden dimensions (the constant-velocity state of ``StateSpacePrior(4)``), in float64 as
-``rpm.ops.kalman`` computes. ``--task sample`` times the structured guide's step instead: the
+``rpm.ops._kalman`` computes. ``--task sample`` times the structured guide's step instead: the
 filter's log-likelihood, a backward-sampled draw and their gradients; ``--task log_prob`` the
 prior's density alone (``kalman_log_prob``). Each length is timed with every method of
 ``--methods`` alternately in the same run, and the ratio to the sequential recursions printed;
 the target (issue "Sequences 2", item 5) is T = 1000, D = 4 under 1 s on the CPU. The sweep over
-shorter T is what sets ``rpm.ops.kalman.PARALLEL_THRESHOLD`` and ``DENSE_THRESHOLD`` (the dense
+shorter T is what sets ``rpm.ops._kalman.PARALLEL_THRESHOLD`` and ``DENSE_THRESHOLD`` (the dense
 form is timed up to 4 times the latter; "dense" runs the smoother as ``"auto"`` does).
 
 Usage: ``python benchmarks/kalman.py --threads 1 --clock cpu [--task sample] [--dim 2]``.
@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from rpm.ops.kalman import (
+from rpm.ops._kalman import (
     DENSE_THRESHOLD,
     PARALLEL_THRESHOLD,
     backward_sample,

@@ -6,10 +6,10 @@ r"""Benchmark of the two O(N^2) parts of an RPM step, forward + backward, in one
    * ``broadcast``: ``Normal(loc[None], scale[None]).log_prob(z[:, None]).sum(-1)``, then
      ``logsumexp`` (the obvious implementation: an N x N x D difference tensor), where it fits
      the memory budget;
-   * ``dense``: :func:`rpm.ops.gaussian_mixture.dense_gaussian_mixture_log_prob`, the dense
+   * ``dense``: :func:`rpm.ops._gaussian_mixture.dense_gaussian_mixture_log_prob`, the dense
      matrix-product path of :func:`rpm.ops.gaussian_mixture_log_prob` (N x N memory);
-   * ``streaming``: :func:`rpm.ops.streaming.streaming_gaussian_mixture_log_prob` (blocks, O(N D));
-   * ``fused``: :func:`rpm.ops.gaussian_mixture.fused_gaussian_mixture_log_prob`, the Triton
+   * ``streaming``: :func:`rpm.ops._streaming.streaming_gaussian_mixture_log_prob` (blocks, O(N D));
+   * ``fused``: :func:`rpm.ops._gaussian_mixture.fused_gaussian_mixture_log_prob`, the Triton
      kernels (CUDA, or the CPU under ``TRITON_INTERPRET=1``; O(N D));
    * ``3 gemms``: the roofline, three float32 products of the mixture's shape
      (N x 2D) (2D x N), (N x N) (N x 2D), (N x N)^T (N x 2D), with nothing else;
@@ -69,12 +69,12 @@ from torch.distributions import Normal
 from torch.utils.checkpoint import checkpoint
 
 from rpm.ops import streaming_matmul_logsumexp
-from rpm.ops.dispatch import ieee_float32_matmul, triton_available
-from rpm.ops.gaussian_mixture import (
+from rpm.ops._dispatch import ieee_float32_matmul, triton_available
+from rpm.ops._gaussian_mixture import (
     dense_gaussian_mixture_log_prob,
     fused_gaussian_mixture_log_prob,
 )
-from rpm.ops.streaming import streaming_gaussian_mixture_log_prob
+from rpm.ops._streaming import streaming_gaussian_mixture_log_prob
 
 GIB = 1 << 30
 

@@ -8,7 +8,7 @@ Two measurements, each a ratio against a baseline measured in the same run:
   ``--svi``, one ``SVI`` + ``Trace_ELBO`` step) with the recognition guide and with the
   structured guide (target: at most 20 ms each); the baseline is the same step of a pair
   ``rpm.RPM`` with the implicit prior on the same N T frames. ``--kalman-recursions`` also times
-  every sequence step with ``rpm.ops.kalman.DENSE_THRESHOLD = 0``: the scans and square-root
+  every sequence step with ``rpm.ops._kalman.DENSE_THRESHOLD = 0``: the scans and square-root
   recursions that the 10-frame windows took before the dense form (the code before it, in the
   same run).
 * **J views against pairs over the same frames**: ``rpm.RPM`` with ``MarkovImplicitPrior``
@@ -30,7 +30,7 @@ import pyro
 import torch
 
 import rpm
-from rpm.ops import kalman
+from rpm.ops import _kalman as kalman
 from rpm.priors import ImplicitPrior, MarkovImplicitPrior, RBFEnergy, StateSpacePrior
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -59,7 +59,7 @@ def svi_step(model, args: tuple):
 
 
 def with_dense_threshold(step, threshold: int):
-    """``step`` run with ``rpm.ops.kalman.DENSE_THRESHOLD = threshold`` (restored after)."""
+    """``step`` run with ``rpm.ops._kalman.DENSE_THRESHOLD = threshold`` (restored after)."""
     def run():
         saved, kalman.DENSE_THRESHOLD = kalman.DENSE_THRESHOLD, threshold
         try:
@@ -178,7 +178,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also time the sequence toy under SVI + Trace_ELBO")
     parser.add_argument("--kalman-recursions", action="store_true",
                         help="also time each sequence step with the Kalman recursions "
-                             "(rpm.ops.kalman.DENSE_THRESHOLD = 0)")
+                             "(rpm.ops._kalman.DENSE_THRESHOLD = 0)")
     parser.add_argument("--skip-views", action="store_true",
                         help="the sequence toy only (no J-view comparison)")
     parser.add_argument("--skip-sequence-toy", action="store_true",

@@ -36,7 +36,7 @@ from pyro.distributions import Normal, ProjectedNormal, StudentT
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from marginal import best_time, peak_memory  # noqa: E402  (benchmarks/ is not a package)
 
-import rpm.ops.distribution_mixture as generic_path  # noqa: E402
+import rpm.ops._distribution_mixture as generic_path  # noqa: E402
 from rpm.ops import distribution_mixture_log_prob, gaussian_mixture_log_prob  # noqa: E402
 
 

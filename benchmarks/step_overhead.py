@@ -9,7 +9,7 @@ Both train the same MLP encoder on the same batch with Adam:
   objective, Eq. 23-25 of Aitchison & Ganev);
 * **elbo+torch**: ``rpm.RPMELBO().differentiable_loss`` with a plain ``torch.optim.Adam``, the
   path of :class:`rpm.training.Trainer` (:func:`rpm._objective.elbo` on the model's
-  :meth:`~rpm.models.rpm.RPM.objective_inputs`);
+  :meth:`~rpm.models._rpm.RPM.objective_inputs`);
 * **svi-floor** (with ``--svi-floor``): the bare loss as an ``SVI`` loss, a model that only
   registers the encoder (``pyro.module``), with ``pyro.optim.Adam``: what SVI costs whatever
   the model computes.

@@ -4,8 +4,8 @@ every build, so the pages follow the code and are never committed.
 
 Each object is documented once, at its *home*: the outermost package below ``rpm`` whose
 ``__all__`` exports it and which contains the module that defines it (``rpm.priors.RBFEnergy``,
-defined in ``rpm.priors.energies``), else the defining module itself. Its other public names
-(``rpm.priors.energies.RBFEnergy``, ``rpm.RPM``) are resolved to the home by docs/conf.py.
+defined in ``rpm.priors._energies``), else the defining module itself. Its other public names
+(``rpm.priors._energies.RBFEnergy``, ``rpm.RPM``) are resolved to the home by docs/conf.py.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ def _identity(obj: object) -> str | None:
 
 def homes(modules: list[str]) -> dict[str, str]:
     """``{defining module.qualname: documented full name}`` for the classes and functions that
-    ``modules`` export (never at a name that is also a module's: ``rpm.inference.elbo`` is the
-    module, so the function ``elbo`` it also names is documented in ``rpm._objective``)."""
+    ``modules`` export (never at a name that is also a public module's: the module of that name
+    is documented instead)."""
     exporters: dict[str, list[str]] = {}
     for module_name in modules:
         module = importlib.import_module(module_name)

@@ -93,10 +93,13 @@ nitpick_ignore = [
     ("py:class", "path-like"),  # ``:param path-like path:``: Python's glossary term
     # the private base of the random walks, in RandomWalkEnergy's signature: its public
     # subclasses are documented
-    ("py:class", "rpm.priors.explicit._RandomWalkPrior"),
+    ("py:class", "rpm.priors._explicit._RandomWalkPrior"),
 ]
 nitpick_ignore_regex = [
     (r"py:.*", rf"({'|'.join(EXTERNAL if OFFLINE else _WITHOUT_INVENTORY)})(\..*)?"),
+    # a private module's objects (rpm.priors._base.declare_prior ...) are not part of the
+    # reference: a signature or base class that names one is shown as text
+    (r"py:.*", r"rpm(\.\w+)*\._\w+(\..*)?"),
 ]
 if OFFLINE:
     nitpick_ignore_regex.append((r"py:.*", rf"({'|'.join(_BUILTINS)}|None)"))
@@ -167,7 +170,7 @@ def _resolve(app, env, node, contnode):
         return None
     target = node["reftarget"].lstrip(".~")
     # the scopes the name is seen from, innermost first: the documented object's own (autodoc's
-    # source line says "docstring of rpm.ops.kalman.kalman_filter" for a function documented
+    # source line says "docstring of rpm.ops._kalman.kalman_filter" for a function documented
     # as rpm.ops.kalman_filter), then the page's module and class
     scopes = []
     owner = (node.source or "").rpartition("docstring of ")[2] if node.source else ""

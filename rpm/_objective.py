@@ -26,9 +26,9 @@ With the recognition models as the guide (Eq. 14) the recognition log-densities 
     \qquad\text{(Eq. 15; J = 2: } \log P(z_i, z'_i) - \log Q(z_i) - \log Q(z'_i)\text{)},
 
 whose terms ``prior_log_ratio`` evaluates: the prior's own analytic part
-(:meth:`Prior.log_ratio <rpm.priors.base.Prior.log_ratio>` of a pair prior, e.g. the implicit
+(:meth:`Prior.log_ratio <rpm.priors._base.Prior.log_ratio>` of a pair prior, e.g. the implicit
 prior's :math:`f(z_i, z'_i) - \log \frac1M \sum_m e^{f(z_i, z'_m)}`, Eq. 23-25;
-:meth:`SequencePrior.sequence_log_ratio <rpm.priors.base.SequencePrior.sequence_log_ratio>` of a
+:meth:`SequencePrior.sequence_log_ratio <rpm.priors._base.SequencePrior.sequence_log_ratio>` of a
 prior over J views) or, when it has none, the prior's traced log-density minus the marginals
 (``marginal_log_prob``).
 
@@ -54,11 +54,11 @@ from pyro.poutine.util import site_is_subsample
 
 from rpm._validation import check_bool, check_positive_int
 from rpm.marginals import MixtureMarginal
-from rpm.marginals.candidates import Candidates
-from rpm.marginals.mixture_marginal import delta_mixture_log_prob
-from rpm.marginals.sequence_marginal import SequenceMixtureMarginal, stack_views
-from rpm.ops.gaussian_mixture import gaussian_mixture_log_prob
-from rpm.priors.base import (
+from rpm.marginals._candidates import Candidates
+from rpm.marginals._mixture_marginal import delta_mixture_log_prob
+from rpm.marginals._sequence_marginal import SequenceMixtureMarginal, stack_views
+from rpm.ops._gaussian_mixture import gaussian_mixture_log_prob
+from rpm.priors._base import (
     Prior,
     SequencePrior,
     declare_prior,
@@ -97,12 +97,12 @@ class ObjectiveInputs:
     recognitions: tuple
     #: The name of the model's plate over the N instances.
     plate: str
-    #: The step's :class:`~rpm.marginals.candidates.Candidates`.
+    #: The step's :class:`~rpm.marginals._candidates.Candidates`.
     candidates: object
     #: True when the guide is not the recognition models (a structured posterior): the
     #: recognition log-densities then no longer cancel (a prior over J views).
     structured: bool = False
-    #: The prior is a prior over J views (:func:`~rpm.priors.base.is_sequence_prior`); None:
+    #: The prior is a prior over J views (``rpm.priors._base.is_sequence_prior``); None:
     #: decided here from the prior.
     sequence: bool | None = None
 
@@ -120,11 +120,11 @@ def likelihood_marginals(
     prior, q: TorchDistribution, q2: TorchDistribution
 ) -> tuple[MixtureMarginal, MixtureMarginal]:
     r"""The recognition marginals :math:`(Q_1, Q_2)` that a pair prior's likelihood factors
-    divide by (Eq. 10): the prior's :meth:`~rpm.priors.base.Prior.likelihood_marginals`
+    divide by (Eq. 10): the prior's :meth:`~rpm.priors._base.Prior.likelihood_marginals`
     (each view's own minibatch mixture :math:`Q_v = \frac1N \sum_n Q(z|x_{n,v})`, Eq. 11, for
     a plain callable), checked.
 
-    :param prior: a pair prior (:class:`~rpm.priors.base.Prior`) or plain callable.
+    :param prior: a pair prior (:class:`~rpm.priors._base.Prior`) or plain callable.
     :param q: first-view recognition distributions, batch_shape (N,), event_shape (D,).
     :param q2: second-view recognition distributions, likewise.
     :raises TypeError: when the hook returns anything but two :class:`~rpm.MixtureMarginal`.
@@ -213,30 +213,30 @@ def prior_log_ratio(prior, latents, recognitions, plate: str, candidates: Candid
     :math:`\log P(z_{i,1:J}) - \sum_j \log Q_j(z_{i,j})` for each instance i.
 
     The prior's own analytic term when it returns one (a pair prior's
-    :meth:`~rpm.priors.base.Prior.log_ratio_sum`, or with ``per_instance`` its
-    :meth:`~rpm.priors.base.Prior.log_ratio`; a prior over J views'
-    :meth:`~rpm.priors.base.SequencePrior.sequence_log_ratio`); otherwise the prior run with its
+    :meth:`~rpm.priors._base.Prior.log_ratio_sum`, or with ``per_instance`` its
+    :meth:`~rpm.priors._base.Prior.log_ratio`; a prior over J views'
+    :meth:`~rpm.priors._base.SequencePrior.sequence_log_ratio`); otherwise the prior run with its
     sites conditioned on the latents (inside ``pyro.plate(plate, N)`` unless it is
-    :attr:`~rpm.priors.base.PriorBase.joint_over_batch`), its log-density summed, minus the
+    :attr:`~rpm.priors._base.PriorBase.joint_over_batch`), its log-density summed, minus the
     marginals (a pair prior: ``likelihood_marginals`` through ``marginal_log_prob``; a
     prior over J views: the model's marginal).
 
-    :param prior: a pair prior (:class:`~rpm.priors.base.Prior` or a plain callable) or a prior
-        over J views (:class:`~rpm.priors.base.SequencePrior`).
+    :param prior: a pair prior (:class:`~rpm.priors._base.Prior` or a plain callable) or a prior
+        over J views (:class:`~rpm.priors._base.SequencePrior`).
     :param latents: a pair prior's ``(z, z2)``, each (N, D); a prior over J views' z,
         (N, J, D).
     :param recognitions: a pair prior's ``(q, q2)``, each batch_shape (N,); a prior over J
         views' ``(q, marginal)``, q of batch_shape (N, J), marginal the model's
         :class:`~rpm.marginals.SequenceMixtureMarginal`.
     :param str plate: the name of the model's plate over the N instances.
-    :param candidates: the step's :class:`~rpm.marginals.candidates.Candidates`; None: the
+    :param candidates: the step's :class:`~rpm.marginals._candidates.Candidates`; None: the
         batch.
     :param block_size: stream the O(N^2) parts in blocks of this size (``None``: by size).
     :param sequence: whether the prior is a prior over J views
-        (:func:`~rpm.priors.base.is_sequence_prior`; None: decided here).
+        (``rpm.priors._base.is_sequence_prior``; None: decided here).
     :param bool per_instance: return the terms of each instance, shape (N,), not their sum;
         a prior without an analytic log-ratio whose log-density does not split over the
-        instances (:attr:`~rpm.priors.base.PriorBase.joint_over_batch`) has no such terms
+        instances (:attr:`~rpm.priors._base.PriorBase.joint_over_batch`) has no such terms
         (ValueError).
     :return: a scalar, or shape (N,) with ``per_instance``.
     """
@@ -315,7 +315,7 @@ def elbo(inputs: ObjectiveInputs, num_particles: int = 1,
     draws them, so with the same random numbers this equals ``-Trace_ELBO`` on the model.
 
     :param ObjectiveInputs inputs: a batch's inputs
-        (:meth:`rpm.RPM.objective_inputs <rpm.models.rpm.RPM.objective_inputs>`).
+        (:meth:`rpm.RPM.objective_inputs <rpm.models._rpm.RPM.objective_inputs>`).
     :param int num_particles: S.
     :param block_size: block edge for the O(N^2) kernels; None decides by size.
     :return: a scalar tensor.
@@ -382,8 +382,8 @@ def rpm_elbo(
     Delta recognition (the default here: the latents are the embeddings themselves) and the
     implicit prior, :math:`\mathcal{L}/N = -\text{InfoNCE} + \log N`.
 
-    :param prior: a pair prior (:class:`~rpm.priors.base.Prior` or a plain callable,
-        ``latents = [z, z2]``) or a prior over J views (:class:`~rpm.priors.base.SequencePrior`,
+    :param prior: a pair prior (:class:`~rpm.priors._base.Prior` or a plain callable,
+        ``latents = [z, z2]``) or a prior over J views (:class:`~rpm.priors._base.SequencePrior`,
         ``latents`` a list of J tensors (N, D) or one tensor (N, J, D)); its parameters (e.g.
         a learned temperature) train with the encoder's.
     :param latents: the latents (samples of the recognition distributions), each (N, D).
@@ -391,7 +391,7 @@ def rpm_elbo(
         pair prior ``[q, q2]`` (batch_shape (N,)), for a prior over J views a list of J or one
         distribution of batch_shape (N, J); default ``Delta`` at the latents (deterministic
         encoders).
-    :param candidates: a :class:`~rpm.marginals.candidates.Candidates` (a global batch, a
+    :param candidates: a :class:`~rpm.marginals._candidates.Candidates` (a global batch, a
         queue); default the batch.
     :param block_size: block edge for the O(N^2) kernels; None decides by size.
     :param bool pooled_marginal: a prior over J views: pool the marginals over the views.

@@ -46,11 +46,11 @@ import torch
 from rpm._objective import rpm_elbo
 from rpm._validation import check_bool
 from rpm.distributed import all_gather_with_grad
-from rpm.marginals.candidates import Candidates, LatentQueue
+from rpm.marginals._candidates import Candidates, LatentQueue
 from rpm.priors import ImplicitPrior, PartnerMixturePrior, PooledImplicitPrior, StarImplicitPrior
-from rpm.priors.base import Energy
-from rpm.priors.energies import CosineEnergy, unit_vectors
-from rpm.priors.multiview import MultiViewImplicitPrior
+from rpm.priors._base import Energy
+from rpm.priors._energies import CosineEnergy, unit_vectors
+from rpm.priors._multiview import MultiViewImplicitPrior
 
 __all__ = ["InfoNCELoss", "NTXentLoss", "ScaledCosineEnergy", "info_nce"]
 
@@ -69,7 +69,7 @@ class ScaledCosineEnergy(CosineEnergy):
     :math:`f(u, v) = \kappa\, \hat u^\top \hat v` whose concentration is the logit scale
     :math:`\kappa = s = 1/\tau`, fixed or learned as CLIP learns it. Everything but the
     parametrisation of :math:`\kappa` is :class:`~rpm.priors.CosineEnergy`'s: the same
-    normalisation (``rpm.priors.energies.unit_vectors``), the same matrix, factors and bound.
+    normalisation (``rpm.priors._energies.unit_vectors``), the same matrix, factors and bound.
 
     **Learned** (``learn=True``), as CLIP (Radford et al. 2021, section 2.5): the scale is
     parametrised by its logarithm, :math:`s = \exp(\min(\theta, \log 100))`, :math:`\theta`
@@ -262,7 +262,7 @@ class NTXentLoss(torch.nn.Module):
     * it takes a batch after the loss is computed, and only when ``out0`` requires a gradient:
       under ``torch.no_grad()`` (a validation pass) it stays as it is, in train or eval mode;
       evaluating the prior never pushes (it is held in eval mode, outside the submodules);
-    * it is a :class:`~rpm.marginals.candidates.LatentQueue` of non-persistent buffers:
+    * it is a :class:`~rpm.marginals._candidates.LatentQueue` of non-persistent buffers:
       ``state_dict()`` and checkpoints do not carry it (a model restored from a checkpoint
       starts a new random bank), while ``.to()`` and ``.double()`` move it;
     * an int K (no dimension) gives lightly's ``UserWarning`` and the bank is made at the first
@@ -420,7 +420,7 @@ class NTXentLoss(torch.nn.Module):
         r"""The constant c and the weight w of the J-view loss
         :math:`L = c - \frac{1}{w} \sum_k r_k = c - \frac{J}{w} \mathcal{L}` over this
         process's N J anchors (the prior's ELBO :math:`\mathcal{L}` is the mean over the J
-        centres of the anchors' terms :math:`r_k`, ``rpm.priors.multiview_terms``), from the
+        centres of the anchors' terms :math:`r_k`, ``rpm.priors._multiview_terms``), from the
         anchors' numbers of positives :math:`|P(k)|` and of candidates :math:`D_k`, M
         instances in the (global) batch:
 

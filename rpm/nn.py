@@ -17,7 +17,7 @@ reads ``pyro.param(name)``) or :class:`~rpm.RPMELBO`; a ``torch.optim`` loop ove
 ``model.parameters()``; ``pyro.get_param_store().save()`` and ``pyro.param(name)``.
 
 :class:`NamedModule` gives each module of this package a name that is unique in the process
-unless one is given (:func:`unique_name`: ``"rpm"``, ``"rpm_1"``, ...), so that a model, and
+unless one is given (``_unique_name``: ``"rpm"``, ``"rpm_1"``, ...), so that a model, and
 also a prior or energy called on its own, never picks up an entry another module left in the
 store under the same name (Pyro's :class:`~pyro.nn.PyroModule` adopts a
 :class:`~pyro.nn.PyroParam` it finds in the store under its own name). A module assigned into
@@ -26,7 +26,7 @@ copy a name of its own (``"a_1"`` for ``"a"``), since it holds tensors of its ow
 
 **Assignments.** Every assignment of an attribute of a :class:`NamedModule` (a prior, an
 energy, a recognition model, ``noise_scale``) or an item of a :class:`NamedModuleList` gives a
-new :func:`structure_version`: a model decides its checks and its dispatch under one version
+new ``_structure_version``: a model decides its checks and its dispatch under one version
 and decides them again under the next, so what was decided for the modules it held before is
 never reused for the modules it holds now.
 
@@ -49,8 +49,7 @@ from pyro.nn import PyroModule, PyroModuleList
 from rpm._pyro_compat import MODULE_NAMESPACE_DIVIDER as _MODULE_NAMESPACE_DIVIDER
 from rpm._pyro_compat import pyro_name, set_pyro_name
 
-__all__ = ["NamedModule", "NamedModuleList", "check_name", "pyro_method", "registration_scope",
-           "structure_version", "unique_name"]
+__all__ = ["NamedModule", "NamedModuleList", "pyro_method"]
 
 _TAKEN: set[str] = set()  # every name handed out or given in this process
 _LOCK = threading.Lock()
@@ -62,7 +61,7 @@ _REGISTERED: contextvars.ContextVar[list | None] = contextvars.ContextVar(
     "rpm_registered_networks", default=None)
 
 
-def structure_version() -> int:
+def _structure_version() -> int:
     """A number that changes whenever an attribute of a :class:`NamedModule` or a
     :class:`NamedModuleList` is assigned or deleted (a prior, an energy, a recognition model,
     a network, ``noise_scale``, ...; attributes whose names begin with ``_`` only when the
@@ -84,7 +83,7 @@ def pyro_method(fn):
     """:func:`pyro.nn.pyro_method` (the method runs in the module's Pyro context), and the
     outermost such call of the package's modules opens a registration scope: a recognition
     network is registered with Pyro (``pyro.module``) once per outermost call, however many
-    views it encodes (:func:`registration_scope`)."""
+    views it encodes (``_registration_scope``)."""
     inner = pyro.nn.pyro_method(fn)
 
     @functools.wraps(fn)
@@ -100,13 +99,13 @@ def pyro_method(fn):
     return method
 
 
-def registration_scope() -> list | None:
+def _registration_scope() -> list | None:
     """The list of the modules whose networks the current outermost :func:`pyro_method` call
     registered with Pyro (to be appended to), or None outside such a call."""
     return _REGISTERED.get()
 
 
-def check_name(name: str) -> str:
+def _check_name(name: str) -> str:
     """Returns ``name`` if it can prefix Pyro parameter names.
 
     :raises TypeError: if it is not a string.
@@ -121,11 +120,11 @@ def check_name(name: str) -> str:
     return name
 
 
-def unique_name(prefix: str) -> str:
+def _unique_name(prefix: str) -> str:
     """The first of ``prefix``, ``prefix_1``, ``prefix_2``, ... not handed out or given before in
     this process (thread-safe). A name is never handed out twice, also after its module is
     gone: Pyro's store may still hold that module's tensors under it."""
-    check_name(prefix)
+    _check_name(prefix)
     with _LOCK:
         name, count = prefix, 0
         while name in _TAKEN:
@@ -141,7 +140,7 @@ class NamedModule(PyroModule):
 
     :param name: the prefix of its parameters' names in Pyro's param store when it is the root
         of its tree (a module assigned into a model takes the model's prefix, as in Pyro). By
-        default :func:`unique_name` of :attr:`default_name` (the class name when None). A name
+        default ``_unique_name`` of :attr:`default_name` (the class name when None). A name
         given explicitly is used as it is: two live modules given the same name share Pyro's
         store entries, as two PyroModules do.
     """
@@ -152,9 +151,9 @@ class NamedModule(PyroModule):
     def __init__(self, name: str | None = None):
         if name is None:
             base = self.default_name or type(self).__name__
-            name = unique_name(base)
+            name = _unique_name(base)
         else:
-            base = check_name(name)
+            base = _check_name(name)
             with _LOCK:
                 _TAKEN.add(name)
         super().__init__(name)
@@ -164,7 +163,7 @@ class NamedModule(PyroModule):
     def name(self) -> str:
         """The prefix of this module's parameters in Pyro's param store (read-only, set at
         construction): for the root of a tree the name given or the default
-        (:func:`unique_name`: ``"rpm"``, ``"rpm_1"``, ...); for a module inside a model, the
+        (``_unique_name``: ``"rpm"``, ``"rpm_1"``, ...); for a module inside a model, the
         model's name and the attribute path (``"a.prior"``, ``"a.prior.energy"``). Every store
         entry of the module begins with ``name + "."``: ``"a.prior.energy.lengthscale"`` for a
         :class:`~pyro.nn.PyroParam`, ``"a.recognition.net$$$0.weight"`` for the weights of a
@@ -173,19 +172,19 @@ class NamedModule(PyroModule):
 
     def __setattr__(self, name: str, value) -> None:
         """:meth:`PyroModule.__setattr__ <pyro.nn.PyroModule.__setattr__>`, and a new
-        :func:`structure_version` (the checks and dispatch of every model are decided again)."""
+        ``_structure_version`` (the checks and dispatch of every model are decided again)."""
         super().__setattr__(name, value)
         if _changes_structure(name, value):
             _structure_changed()
 
     def __delattr__(self, name: str) -> None:
-        """:meth:`PyroModule.__delattr__`, and a new :func:`structure_version`."""
+        """:meth:`PyroModule.__delattr__`, and a new ``_structure_version``."""
         super().__delattr__(name)
         _structure_changed()
 
     def __deepcopy__(self, memo: dict) -> NamedModule:
         """A copy with its own tensors and, when this module is the root of its tree, its own
-        name (:func:`unique_name` of the name it was built from: ``"a"`` gives ``"a_1"``),
+        name (``_unique_name`` of the name it was built from: ``"a"`` gives ``"a_1"``),
         the names of the modules under it re-prefixed alike: a copy must not share store
         entries with the original, whose tensors it no longer shares. A module inside a model
         (its name holds a ``"."``) keeps its name; the copy of the model renames it."""
@@ -194,7 +193,7 @@ class NamedModule(PyroModule):
         new.__setstate__(copy.deepcopy(self.__getstate__(), memo))  # as pickling does
         old = pyro_name(self)
         if "." not in old:
-            name = unique_name(self.__dict__.get("_name_base", old))
+            name = _unique_name(self.__dict__.get("_name_base", old))
             for module in new.modules():
                 if isinstance(module, PyroModule) and (pyro_name(module) == old or
                                                        pyro_name(module).startswith(old + ".")):
@@ -204,7 +203,7 @@ class NamedModule(PyroModule):
 
 class NamedModuleList(PyroModuleList):
     """A :class:`~pyro.nn.PyroModuleList` whose item assignments (``models[0] = module``) give
-    a new :func:`structure_version`, as a :class:`NamedModule`'s attribute assignments do."""
+    a new ``_structure_version``, as a :class:`NamedModule`'s attribute assignments do."""
 
     def __setattr__(self, name: str, value) -> None:
         super().__setattr__(name, value)

@@ -14,9 +14,9 @@ from torch.distributions import Normal
 import rpm
 from rpm.cli import main
 from rpm.ops import gaussian_mixture_log_prob, streaming_matmul_logsumexp
-from rpm.ops.dispatch import ieee_float32_matmul
-from rpm.ops.gaussian_mixture import dense_gaussian_mixture_log_prob
-from rpm.ops.streaming import streaming_gaussian_mixture_log_prob
+from rpm.ops._dispatch import ieee_float32_matmul
+from rpm.ops._gaussian_mixture import dense_gaussian_mixture_log_prob
+from rpm.ops._streaming import streaming_gaussian_mixture_log_prob
 from rpm.priors import CosineEnergy, ImplicitPrior, LpEnergy, RBFEnergy
 
 pytestmark = pytest.mark.cuda

@@ -13,7 +13,7 @@ import torch
 from pyro.nn import PyroParam
 from torch.distributions import constraints
 
-from rpm.nn import NamedModule, check_name, unique_name
+from rpm.nn import NamedModule, _check_name, _unique_name
 
 
 class Regression(NamedModule):
@@ -52,7 +52,7 @@ def _data():
 
 
 def test_default_names_are_unique_and_never_handed_out_twice():
-    first, second = unique_name("thing"), unique_name("thing")
+    first, second = _unique_name("thing"), _unique_name("thing")
     assert first != second and second.startswith("thing")
     given = Regression(seed=0, name="thing_given")
     assert given._pyro_name == "thing_given"
@@ -60,7 +60,7 @@ def test_default_names_are_unique_and_never_handed_out_twice():
     assert len(set(names)) == 3 and all(name.startswith("Regression") for name in names)
     # from several threads at once
     found = []
-    threads = [threading.Thread(target=lambda: found.extend(unique_name("threaded")
+    threads = [threading.Thread(target=lambda: found.extend(_unique_name("threaded")
                                                             for _ in range(50)))
                for _ in range(4)]
     for thread in threads:
@@ -72,7 +72,7 @@ def test_default_names_are_unique_and_never_handed_out_twice():
 
 def test_bad_names_are_refused():
     with pytest.raises(TypeError, match="name must be a string"):
-        check_name(3)
+        _check_name(3)
     with pytest.raises(ValueError, match="non-empty"):
         Regression(seed=0, name="")
     with pytest.raises(ValueError, match=r"\$\$\$"):

@@ -15,7 +15,7 @@ r"""Proper distributions that rpm's priors declare at Pyro sample sites and that
 The minibatch-mixture marginals :math:`Q(z)` are in :mod:`rpm.marginals`.
 """
 
-from rpm.distributions.generalized_normal import GeneralizedNormal
-from rpm.distributions.state_space import GaussianStateSpace, StateSpacePosterior
+from rpm.distributions._generalized_normal import GeneralizedNormal
+from rpm.distributions._state_space import GaussianStateSpace, StateSpacePosterior
 
 __all__ = ["GaussianStateSpace", "GeneralizedNormal", "StateSpacePosterior"]

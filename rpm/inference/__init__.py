@@ -4,8 +4,8 @@ candidates of its normalisers (the batch, the global batch, a queue) are
 :class:`Candidates` and :class:`LatentQueue`."""
 
 from rpm._objective import rpm_elbo
-from rpm.inference.elbo import RPMELBO
-from rpm.marginals.candidates import Candidates, LatentQueue
+from rpm.inference._elbo import RPMELBO
+from rpm.marginals._candidates import Candidates, LatentQueue
 
 __all__ = [
     "RPMELBO",

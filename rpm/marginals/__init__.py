@@ -1,18 +1,23 @@
 r"""Minibatch-mixture estimates of the recognition marginal Q(z) (Eq. 11 of Aitchison & Ganev).
 
 The kernels that evaluate them live in :mod:`rpm.ops` (:func:`~rpm.ops.gaussian_mixture_log_prob`,
-:func:`~rpm.ops.distribution_mixture_log_prob`)."""
+:func:`~rpm.ops.distribution_mixture_log_prob`). The candidates of the normalisers (the batch, the
+global batch over processes, a queue of earlier batches) are :class:`Candidates` and
+:class:`LatentQueue`."""
 
-from rpm.marginals.concatenated import ConcatenatedBatch
-from rpm.marginals.mixture_marginal import (
+from rpm.marginals._candidates import Candidates, LatentQueue
+from rpm.marginals._concatenated import ConcatenatedBatch
+from rpm.marginals._mixture_marginal import (
     MixtureMarginal,
     delta_mixture_log_prob,
     recognition_components,
 )
-from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
+from rpm.marginals._sequence_marginal import SequenceMixtureMarginal
 
 __all__ = [
+    "Candidates",
     "ConcatenatedBatch",
+    "LatentQueue",
     "MixtureMarginal",
     "SequenceMixtureMarginal",
     "delta_mixture_log_prob",

@@ -1,9 +1,9 @@
 r"""Mutual-information estimation: the variational bounds of Poole et al. (2019) as functions of
-a critic-score matrix (:mod:`rpm.mi.bounds`), the critics that make the scores
-(:mod:`rpm.mi.critics`), the correlated Gaussian benchmark (:mod:`rpm.mi.gaussian`), and the
-RPM ELBO as an estimator (:mod:`rpm.mi.rpm_estimator`)."""
+a critic-score matrix (``rpm.mi._bounds``), the critics that make the scores
+(``rpm.mi._critics``), the correlated Gaussian benchmark (``rpm.mi._gaussian``), and the
+RPM ELBO as an estimator (``rpm.mi._rpm_estimator``)."""
 
-from rpm.mi.bounds import (
+from rpm.mi._bounds import (
     MINE,
     barber_agakov,
     dv,
@@ -14,9 +14,9 @@ from rpm.mi.bounds import (
     smile,
     tuba,
 )
-from rpm.mi.critics import BilinearCritic, JointCritic, SeparableCritic
-from rpm.mi.gaussian import CorrelatedGaussian, rho_for_mi
-from rpm.mi.rpm_estimator import GaussianPairPrior, RPMEstimator, gaussian_entropy
+from rpm.mi._critics import BilinearCritic, JointCritic, SeparableCritic
+from rpm.mi._gaussian import CorrelatedGaussian, rho_for_mi
+from rpm.mi._rpm_estimator import GaussianPairPrior, RPMEstimator, gaussian_entropy
 
 __all__ = [
     "BilinearCritic",

@@ -2,9 +2,9 @@
 :class:`~rpm.RPMELBO` evaluates a model (:class:`RPMBase`, :class:`ObjectiveInputs`)."""
 
 from rpm._objective import ObjectiveInputs
-from rpm.models.base import RPMBase
-from rpm.models.recognition import DeltaRecognition, GaussianRecognition, ScaleFloorWarning
-from rpm.models.rpm import RPM
+from rpm.models._base import RPMBase
+from rpm.models._recognition import DeltaRecognition, GaussianRecognition, ScaleFloorWarning
+from rpm.models._rpm import RPM
 
 __all__ = [
     "DeltaRecognition",

@@ -5,30 +5,36 @@ row blocks over its ``log_prob``),
 the underflow-safe log-sum-exp and the streamed log-sum-exp of a matrix product, weighted
 squared and Lp distances, and the Kalman filter, smoother, forecast and backward sampler of
 linear-Gaussian state-space models with masks over frames (square-root recursions, associative
-scans over time for long sequences: :mod:`rpm.ops.kalman_scan`, or the window's dense joint
-Gaussian for short ones: :mod:`rpm.ops.kalman_dense`), and the stationary covariance of a
+scans over time for long sequences: ``rpm.ops._kalman_scan``, or the window's dense joint
+Gaussian for short ones: ``rpm.ops._kalman_dense``), and the stationary covariance of a
 linear recursion.
 
 The package exports the kernels a user writing a prior, an energy or a marginal calls; the
 dispatch policies, block sizes, rounding bounds and dense variants the core uses stay in their
-modules (:mod:`rpm.ops.dispatch`, :mod:`rpm.ops.distances`, :mod:`rpm.ops.gaussian_mixture`,
-:mod:`rpm.ops.logsumexp`, :mod:`rpm.ops.streaming` ...)."""
+modules (``rpm.ops._dispatch``, ``rpm.ops._distances``, ``rpm.ops._gaussian_mixture``,
+``rpm.ops._logsumexp``, ``rpm.ops._streaming`` ...)."""
 
-from rpm.ops.distances import squared_distances
-from rpm.ops.distribution_mixture import distribution_mixture_log_prob
-from rpm.ops.gaussian_mixture import gaussian_mixture_log_prob
-from rpm.ops.kalman import (
+from rpm.ops._distances import squared_distances
+from rpm.ops._distribution_mixture import distribution_mixture_log_prob
+from rpm.ops._gaussian_mixture import gaussian_mixture_log_prob
+from rpm.ops._kalman import (
+    KalmanFilterResult,
+    KalmanForecast,
+    KalmanSmootherResult,
     backward_sample,
     kalman_filter,
     kalman_forecast,
     kalman_log_prob,
     rts_smoother,
 )
-from rpm.ops.logsumexp import safe_logsumexp, streaming_matmul_logsumexp
-from rpm.ops.lp_distances import lp_distances
-from rpm.ops.lyapunov import stationary_covariance
+from rpm.ops._logsumexp import safe_logsumexp, streaming_matmul_logsumexp
+from rpm.ops._lp_distances import lp_distances
+from rpm.ops._lyapunov import stationary_covariance
 
 __all__ = [
+    "KalmanFilterResult",
+    "KalmanForecast",
+    "KalmanSmootherResult",
     "backward_sample",
     "distribution_mixture_log_prob",
     "gaussian_mixture_log_prob",

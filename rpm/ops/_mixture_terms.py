@@ -1,6 +1,6 @@
 r"""The log-component matrix of a diagonal Gaussian mixture, block by block, shared by the dense
 (:func:`~rpm.ops.gaussian_mixture_log_prob`) and streamed
-(:func:`~rpm.ops.streaming.streaming_gaussian_mixture_log_prob`) kernels.
+(``rpm.ops._streaming.streaming_gaussian_mixture_log_prob``) kernels.
 
 For points :math:`z_m` and components :math:`(\mu_n, \sigma_n)`,
 
@@ -22,7 +22,7 @@ For points :math:`z_m` and components :math:`(\mu_n, \sigma_n)`,
     + \underbrace{\textstyle\sum_d \tilde\mu_{nd}^2 w_{nd}}_{r_n},
 
 two matrix products with D columns per group of components sharing an anchor. The expansion
-rounds to at most :func:`~rpm.ops.distances.expansion_rounding_bound` of its *magnitude*
+rounds to at most :func:`~rpm.ops._distances.expansion_rounding_bound` of its *magnitude*
 :math:`p_{mn} + r_n` (the first product is kept, so the magnitude is known exactly for every
 pair), where the direct difference form rounds to the same bound of :math:`q_{mn}` itself.
 
@@ -55,7 +55,7 @@ import math
 
 import torch
 
-from rpm.ops.distances import expansion_rounding_bound
+from rpm.ops._distances import expansion_rounding_bound
 
 # Pairs further than this below the row maximum (in nats) have relative weight < e^-30.
 REFINE_MARGIN = 30.0

@@ -30,7 +30,7 @@ that small batches still fill the device; the partial results (log-sum-exps, sum
 combined afterwards, so no two programs write the same memory. Memory: O((M + N) D) and the
 partial sums, whatever M and N.
 
-This module imports Triton; :mod:`rpm.ops.gaussian_mixture` imports it only when it is used.
+This module imports Triton; ``rpm.ops._gaussian_mixture`` imports it only when it is used.
 """
 
 from __future__ import annotations

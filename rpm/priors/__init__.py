@@ -15,11 +15,11 @@ Their common attributes (whether Delta encoders are allowed, the latent dimensio
 prior couples the instances of a batch, whether its normaliser takes a queue) are
 :class:`PriorBase`'s; the hooks of each protocol (the analytic log-ratio and the candidates of
 its normaliser, the marginals the likelihood divides by, a structured posterior) and those of an
-:class:`Energy` are documented in :mod:`rpm.priors.base`.
+:class:`Energy` are documented in ``rpm.priors._base``.
 """
 
-from rpm.priors.base import Energy, Prior, PriorBase, SequencePrior
-from rpm.priors.energies import (
+from rpm.priors._base import Energy, Prior, PriorBase, SequencePrior
+from rpm.priors._energies import (
     AnisotropicEnergy,
     BilinearEnergy,
     CosineEnergy,
@@ -27,19 +27,19 @@ from rpm.priors.energies import (
     NeuralEnergy,
     RBFEnergy,
 )
-from rpm.priors.explicit import (
+from rpm.priors._explicit import (
     GaussianRandomWalkPrior,
     GeneralizedNormalRandomWalkPrior,
     LaplaceRandomWalkPrior,
     LinearDynamicsPrior,
     RandomWalkEnergy,
 )
-from rpm.priors.implicit import ImplicitPrior
-from rpm.priors.multiview import MultiViewImplicitPrior, PartnerMixturePrior, StarImplicitPrior
-from rpm.priors.pooled import PooledImplicitPrior
-from rpm.priors.sequence import MarkovChain, MarkovImplicitPrior, MarkovPrior
-from rpm.priors.state_space import LinearGaussianPrior, StateSpacePrior
-from rpm.priors.stationary import StationaryStateSpacePrior
+from rpm.priors._implicit import ImplicitPrior
+from rpm.priors._multiview import MultiViewImplicitPrior, PartnerMixturePrior, StarImplicitPrior
+from rpm.priors._pooled import PooledImplicitPrior
+from rpm.priors._sequence import MarkovChain, MarkovImplicitPrior, MarkovPrior
+from rpm.priors._state_space import LinearGaussianPrior, StateSpacePrior
+from rpm.priors._stationary import StationaryStateSpacePrior
 
 __all__ = [
     "AnisotropicEnergy",

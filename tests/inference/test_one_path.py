@@ -14,7 +14,7 @@ from pyro.distributions import Delta, Normal
 from pyro.infer import Trace_ELBO
 
 import rpm
-from rpm.models.checked_batches import check_values
+from rpm.models._checked_batches import check_values
 from rpm.priors import GaussianRandomWalkPrior, ImplicitPrior, RBFEnergy
 from tests.helpers import GaussianHead
 

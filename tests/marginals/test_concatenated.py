@@ -7,8 +7,8 @@ import torch
 from pyro.distributions import Normal, ProjectedNormal, StudentT
 
 from rpm.marginals import MixtureMarginal
-from rpm.marginals.concatenated import ConcatenatedBatch
-from rpm.priors.pooled import pooled_marginal
+from rpm.marginals._concatenated import ConcatenatedBatch
+from rpm.priors._pooled import pooled_marginal
 
 
 def test_rows_are_evaluated_under_their_own_components_and_broadcast_against_all():

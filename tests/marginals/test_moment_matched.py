@@ -12,7 +12,7 @@ from pyro.infer import Trace_ELBO
 
 import rpm
 from rpm.experiments.lds.model import GaussianMLPEncoder, MomentMatchedSequenceRPM, build_sequence_model
-from rpm.marginals.moment_matched import MomentMatchedMarginal
+from rpm.marginals._moment_matched import MomentMatchedMarginal
 from rpm.ops import gaussian_mixture_log_prob
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rpm.mi import CorrelatedGaussian
-from rpm.mi.rpm_estimator import RPMEstimator, gaussian_entropy
+from rpm.mi._rpm_estimator import RPMEstimator, gaussian_entropy
 
 DIM = 3
 

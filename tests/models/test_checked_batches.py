@@ -1,4 +1,4 @@
-"""Which batches a model checks (rpm.models.checked_batches): under pyro.enable_validation
+"""Which batches a model checks (rpm.models._checked_batches): under pyro.enable_validation
 every batch; without it, the structural checks on the first batch of each shape, dtype and
 device after the last assignment of a module or attribute. Bad input is named on any batch,
 and no sequence of assignments skips the checks of the modules assigned last."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import rpm
-from rpm.models import checked_batches
+from rpm.models import _checked_batches as checked_batches
 from rpm.priors import CosineEnergy, GaussianRandomWalkPrior, ImplicitPrior, RBFEnergy
 from tests.helpers import GaussianHead
 
@@ -27,29 +27,29 @@ def loss(model, *views):
 
 
 def counting_checks(monkeypatch):
-    """Counts the calls of the input check of each batch (rpm.models.views.check_inputs)."""
+    """Counts the calls of the input check of each batch (rpm.models._views.check_inputs)."""
     calls = []
-    original = rpm.models.rpm.check_inputs
+    original = rpm.models._rpm.check_inputs
 
     def counted(names, views):
         calls.append(tuple(tuple(view.shape) for view in views))
         return original(names, views)
 
-    monkeypatch.setattr(rpm.models.rpm, "check_inputs", counted)
+    monkeypatch.setattr(rpm.models._rpm, "check_inputs", counted)
     return calls
 
 
 def counting_value_checks(monkeypatch):
-    """The batches whose values the model checked in one reduction (rpm.models.checked_batches
+    """The batches whose values the model checked in one reduction (rpm.models._checked_batches
     .check_values: a batch whose structure passed before, under validation)."""
     calls = []
-    original = rpm.models.rpm.check_values
+    original = rpm.models._rpm.check_values
 
     def counted(recognitions):
         calls.append(tuple(tuple(dist.batch_shape) for dist in recognitions))
         return original(recognitions)
 
-    monkeypatch.setattr(rpm.models.rpm, "check_values", counted)
+    monkeypatch.setattr(rpm.models._rpm, "check_values", counted)
     return calls
 
 
@@ -212,7 +212,7 @@ def test_deferred_value_checks_are_made_in_the_range_check(bad, summed):
     True) and the implicit prior's range check makes them, for the per-pair terms and for
     their sum (log_ratio_sum): a NaN or infinite location, or a scale that is not positive,
     raises DeferredValuesError; a clean batch passes and empties them."""
-    from rpm.priors.energy_range import DeferredValuesError, deferred_value_checks
+    from rpm.priors._energy_range import DeferredValuesError, deferred_value_checks
 
     prior = ImplicitPrior(RBFEnergy())
     evaluate = prior.log_ratio_sum if summed else prior.log_ratio
@@ -241,7 +241,7 @@ def test_deferred_value_checks_are_made_in_the_range_check(bad, summed):
 def test_a_prior_without_a_range_check_has_the_values_checked_after_the_objective(monkeypatch):
     """For a prior that makes no range check the RPMELBO evaluation checks the deferred values
     itself, once per batch (values_valid); under the implicit prior the range check does."""
-    module = sys.modules["rpm.inference.elbo"]   # rpm.inference.elbo is also a function's name
+    module = sys.modules["rpm.inference._elbo"]   # rpm.inference._elbo is also a function's name
     calls = []
     original = module.values_valid
 
@@ -265,7 +265,7 @@ def test_an_energy_overflow_on_a_remembered_batch_is_diagnosed_without_a_second_
         monkeypatch):
     """Finite views and latents whose energy overflows float32: the range check names the
     energy at once (the deferred value checks passed), the batch is not evaluated again."""
-    module = sys.modules["rpm.inference.elbo"]
+    module = sys.modules["rpm.inference._elbo"]
     evaluations = []
     original = module._objective
 

@@ -138,7 +138,7 @@ def test_scale_floor_warning_is_silent_away_from_the_floor_and_outside_training(
 
 
 def test_scale_floor_check_counts_half_of_the_entries():
-    from rpm.models.recognition import _scale_at_floor
+    from rpm.models._recognition import _scale_at_floor
 
     scale = torch.full((4, 2), 1.0)
     scale[:2] = 1.1e-3  # half of the entries at the floor (within 10%)

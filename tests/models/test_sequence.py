@@ -11,7 +11,7 @@ from pyro.infer import Trace_ELBO
 
 from rpm import RPM, RPMELBO, DeltaRecognition, GaussianRecognition, MixtureMarginal
 from rpm._objective import elbo
-from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
+from rpm.marginals._sequence_marginal import SequenceMixtureMarginal
 from rpm.priors import (
     AnisotropicEnergy,
     BilinearEnergy,
@@ -24,7 +24,7 @@ from rpm.priors import (
     RBFEnergy,
     StateSpacePrior,
 )
-from rpm.priors.sequence import MarkovChain, MarkovImplicitPrior, MarkovPrior
+from rpm.priors._sequence import MarkovChain, MarkovImplicitPrior, MarkovPrior
 from tests.helpers import GaussianHead
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -12,7 +12,7 @@ from pyro.distributions import MultivariateNormal, Normal
 from pyro.infer import Trace_ELBO
 
 from rpm import RPM, RPMELBO, GaussianRecognition
-from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
+from rpm.marginals._sequence_marginal import SequenceMixtureMarginal
 from rpm.priors import MarkovImplicitPrior, RBFEnergy, StateSpacePrior
 from tests.helpers import GaussianHead
 from tests.ops.test_kalman import dense_joint

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rpm.ops.associative_scan import associative_scan
+from rpm.ops._associative_scan import associative_scan
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

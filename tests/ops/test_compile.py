@@ -6,7 +6,7 @@ import torch
 
 from rpm.ops import streaming_matmul_logsumexp
 from rpm.ops._mixture_terms import MixtureTerms
-from rpm.ops.streaming import streaming_gaussian_mixture_log_prob
+from rpm.ops._streaming import streaming_gaussian_mixture_log_prob
 from tests.ops.test_mixture_terms import mixture_loop, regime
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]

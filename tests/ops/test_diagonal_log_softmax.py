@@ -1,4 +1,4 @@
-"""``rpm.ops.logsumexp.diagonal_log_softmax``, the per-pair InfoNCE terms of the dense implicit prior
+"""``rpm.ops._logsumexp.diagonal_log_softmax``, the per-pair InfoNCE terms of the dense implicit prior
 (Eq. 23-25 of Aitchison & Ganev), against a float64 loop written from the equation, autograd's
 gradient of that loop, ``gradcheck`` and the float64 value of float32 logits spread over up to
 1e4 nats."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rpm.ops import safe_logsumexp
-from rpm.ops.logsumexp import diagonal_log_softmax
+from rpm.ops._logsumexp import diagonal_log_softmax
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

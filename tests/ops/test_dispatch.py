@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-import rpm.ops.dispatch as dispatch
-import rpm.ops.logsumexp as logsumexp
+import rpm.ops._dispatch as dispatch
+import rpm.ops._logsumexp as logsumexp
 from rpm.ops import gaussian_mixture_log_prob
-from rpm.ops.dispatch import ieee_float32_matmul, use_streaming
+from rpm.ops._dispatch import ieee_float32_matmul, use_streaming
 from rpm.priors import CosineEnergy, ImplicitPrior
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rpm.ops import squared_distances
-from rpm.ops.distances import expansion_rounding_bound, squared_distance_factors
+from rpm.ops._distances import expansion_rounding_bound, squared_distance_factors
 
 
 def loop_distances(a, b, weight):

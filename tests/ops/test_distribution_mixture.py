@@ -8,8 +8,8 @@ import torch
 from pyro.distributions import Normal, ProjectedNormal, StudentT
 
 from rpm.ops import distribution_mixture_log_prob
-from rpm.ops.distribution_mixture import distribution_mixture_block_rows
-from rpm.ops.gaussian_mixture import gaussian_mixture_log_prob
+from rpm.ops._distribution_mixture import distribution_mixture_block_rows
+from rpm.ops._gaussian_mixture import gaussian_mixture_log_prob
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

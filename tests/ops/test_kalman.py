@@ -5,7 +5,7 @@ import pytest
 import torch
 from pyro.distributions import GaussianHMM, MultivariateNormal
 
-from rpm.ops.kalman import (
+from rpm.ops._kalman import (
     backward_sample,
     kalman_filter,
     kalman_forecast,

@@ -6,9 +6,9 @@ import pytest
 import torch
 from pyro.distributions import MultivariateNormal
 
-from rpm.ops import kalman
-from rpm.ops.kalman import backward_sample, kalman_filter, kalman_log_prob, use_dense
-from rpm.ops.kalman_scan import NotPositiveDefiniteError
+from rpm.ops import _kalman as kalman
+from rpm.ops._kalman import backward_sample, kalman_filter, kalman_log_prob, use_dense
+from rpm.ops._kalman_scan import NotPositiveDefiniteError
 from tests.ops.test_kalman import dense_joint, random_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

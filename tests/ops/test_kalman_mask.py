@@ -5,7 +5,7 @@ import pytest
 import torch
 from pyro.distributions import MultivariateNormal
 
-from rpm.ops.kalman import backward_sample, kalman_filter, rts_smoother
+from rpm.ops._kalman import backward_sample, kalman_filter, rts_smoother
 from tests.ops.test_kalman import block_diagonal, condition, dense_joint, random_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -4,8 +4,8 @@ sequential square-root recursions in float64: values and gradients to 1e-8."""
 import pytest
 import torch
 
-from rpm.ops import kalman
-from rpm.ops.kalman import backward_sample, kalman_filter, rts_smoother, use_parallel
+from rpm.ops import _kalman as kalman
+from rpm.ops._kalman import backward_sample, kalman_filter, rts_smoother, use_parallel
 from tests.ops.test_kalman import random_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -84,7 +84,7 @@ def test_long_chain_agrees_and_auto_takes_the_scan(monkeypatch):
 
 
 def kalman_scan_filter(*args):
-    from rpm.ops.kalman_scan import parallel_filter
+    from rpm.ops._kalman_scan import parallel_filter
     return parallel_filter(*args)
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rpm.ops import streaming_matmul_logsumexp
-from rpm.ops.logsumexp import diagonal_log_softmax
+from rpm.ops._logsumexp import diagonal_log_softmax
 from rpm.priors import (
     AnisotropicEnergy,
     BilinearEnergy,
@@ -17,12 +17,12 @@ from rpm.priors import (
     NeuralEnergy,
     RBFEnergy,
 )
-from rpm.priors.implicit import energy_log_normalizer, energy_logit_factors
+from rpm.priors._implicit import energy_log_normalizer, energy_logit_factors
 
 
 def dense_log_ratio(logits):
     """The implicit prior's per-pair log-ratio from its (N, N) logits, as its dense path
-    computes it (rpm.ops.logsumexp.diagonal_log_softmax): F_ii - logsumexp_j F_ij + log N."""
+    computes it (rpm.ops._logsumexp.diagonal_log_softmax): F_ii - logsumexp_j F_ij + log N."""
     return diagonal_log_softmax(logits, math.log(logits.shape[-1]))
 
 cuda = pytest.mark.cuda
@@ -143,7 +143,7 @@ def test_log_ratio_with_negatives_and_blocks():
 def test_cpu_streams_by_default_above_its_threshold(monkeypatch):
     """On the CPU, log_ratio streams the normaliser from 2**18 pairs on (the faster path there)
     and the result equals the dense InfoNCE term; below the threshold it stays dense."""
-    import rpm.priors.implicit as implicit
+    import rpm.priors._implicit as implicit
 
     calls = []
 
@@ -166,7 +166,7 @@ def test_large_dense_log_ratio_builds_its_matrix_once():
     """Above the streaming threshold, a user's energy without a matrix-product form (and without
     its own ``paired``) stays dense: one N x N matrix serves the positives and the normaliser,
     and the result is the InfoNCE term."""
-    from rpm.priors.energies import Energy
+    from rpm.priors._energies import Energy
 
     class CountingL1(Energy):
         calls = 0

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rpm.ops import lp_distances
-from rpm.ops.lp_distances import lp_paired_distances
+from rpm.ops._lp_distances import lp_paired_distances
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -163,7 +163,7 @@ def test_scale_applies_to_the_difference():
 def test_blocks_are_cache_sized_on_the_cpu_and_whole_batches_on_an_accelerator():
     """Rows per block: 2^17 elements per (D, rows, M) block on the CPU, 2^26 elsewhere (a
     4096 x 4096 batch in 10 dimensions: 3 rows against 1638), a given block size as it is."""
-    from rpm.ops.lp_distances import _rows_per_block
+    from rpm.ops._lp_distances import _rows_per_block
 
     assert _rows_per_block(4096, 10, None, "cpu") == (1 << 17) // 40960 == 3
     assert _rows_per_block(4096, 10, None, "cuda") == (1 << 26) // 40960 == 1638

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.distributions import Normal
 
+from rpm.ops._gaussian_mixture import dense_gaussian_mixture_log_prob
 from rpm.ops._mixture_terms import MixtureTerms, choose_anchors
-from rpm.ops.gaussian_mixture import dense_gaussian_mixture_log_prob
-from rpm.ops.streaming import streaming_gaussian_mixture_log_prob
+from rpm.ops._streaming import streaming_gaussian_mixture_log_prob
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch.distributions import Normal
 
-import rpm.ops.dispatch as dispatch
+import rpm.ops._dispatch as dispatch
 from rpm.ops import gaussian_mixture_log_prob
-from rpm.ops.streaming import streaming_gaussian_mixture_log_prob
+from rpm.ops._streaming import streaming_gaussian_mixture_log_prob
 
 cuda = pytest.mark.cuda
 

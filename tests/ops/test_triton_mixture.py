@@ -19,15 +19,15 @@ import pytest
 import torch
 
 from rpm.ops import gaussian_mixture_log_prob
-from rpm.ops.dispatch import (
+from rpm.ops._dispatch import (
     FUSED_MAX_DIM,
     fused_mixture_kernel,
     ieee_float32_matmul,
     triton_available,
     use_fused_mixture,
 )
-from rpm.ops.gaussian_mixture import fused_gaussian_mixture_log_prob
-from rpm.ops.streaming import streaming_gaussian_mixture_log_prob
+from rpm.ops._gaussian_mixture import fused_gaussian_mixture_log_prob
+from rpm.ops._streaming import streaming_gaussian_mixture_log_prob
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 

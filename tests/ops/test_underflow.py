@@ -1,5 +1,5 @@
 """The package's log-sum-exps never exponentiate below the underflow threshold of their dtype
-(rpm.ops.logsumexp), and with logits spread up to 1e4 nats they still equal float64 in value
+(rpm.ops._logsumexp), and with logits spread up to 1e4 nats they still equal float64 in value
 and gradient: the dense one, the streamed matrix-product one, the implicit priors' normalisers
 and the mixture marginal."""
 
@@ -10,10 +10,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from rpm.ops import gaussian_mixture_log_prob, safe_logsumexp, streaming_matmul_logsumexp
-from rpm.ops.logsumexp import exp_floor
-from rpm.ops.streaming import streaming_gaussian_mixture_log_prob
+from rpm.ops._logsumexp import exp_floor
+from rpm.ops._streaming import streaming_gaussian_mixture_log_prob
 from rpm.priors import CosineEnergy, ImplicitPrior, NeuralEnergy, PooledImplicitPrior, RBFEnergy
-from rpm.priors.implicit import energy_log_normalizer
+from rpm.priors._implicit import energy_log_normalizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -158,10 +158,10 @@ def test_fixed_hyperparameters_are_exact_after_double():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_unit_vectors_at_every_norm(dtype):
-    """The cosine energy's unit vectors z / |z| (rpm.priors.energies.unit_vectors) against float64
+    """The cosine energy's unit vectors z / |z| (rpm.priors._energies.unit_vectors) against float64
     for rows of norm 1e-30 ... 1e30 (float32 and bfloat16: norms accumulated in float64;
     float64: rows divided by their largest coordinate), values and gradients."""
-    from rpm.priors.energies import unit_vectors
+    from rpm.priors._energies import unit_vectors
 
     exponents = [-30, -20, -5, 0, 5, 20, 30] if dtype != torch.float64 else [-300, -30, 0, 30, 300]
     directions = torch.randn(len(exponents), 6, dtype=torch.float64)
@@ -184,7 +184,7 @@ def test_unit_vectors_at_every_norm(dtype):
 
 def test_unit_vectors_of_zero_rows_follow_normalize():
     """Zero rows stay zero with F.normalize's gradient (the incoming gradient / 1e-12)."""
-    from rpm.priors.energies import unit_vectors
+    from rpm.priors._energies import unit_vectors
 
     for dtype in (torch.float32, torch.float64):
         z = torch.zeros(2, 3, dtype=dtype, requires_grad=True)

@@ -1,5 +1,5 @@
 """The fast paths of the implicit priors compute what the energy's ``forward`` computes
-(rpm.priors.energy_paths): subclasses that override ``forward`` only, the factorisation only,
+(rpm.priors._energy_paths): subclasses that override ``forward`` only, the factorisation only,
 or both, at N = 2 (dense), 513 (streamed by size), 4096 (streamed) and with a block size, under
 ImplicitPrior, PooledImplicitPrior and MarkovImplicitPrior, each against a float64 loop over
 ``forward`` written from Eq. 23-25 of Aitchison & Ganev (and NT-Xent for the pooled prior),
@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import rpm
-import rpm.ops.logsumexp as logsumexp
-from rpm.marginals.sequence_marginal import SequenceMixtureMarginal
+import rpm.ops._logsumexp as logsumexp
+from rpm.marginals._sequence_marginal import SequenceMixtureMarginal
 from rpm.priors import ImplicitPrior, MarkovImplicitPrior, PooledImplicitPrior, RBFEnergy
-from rpm.priors.base import Energy
-from rpm.priors.energy_paths import energy_hook_policy
+from rpm.priors._base import Energy
+from rpm.priors._energy_paths import energy_hook_policy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -1,6 +1,6 @@
 """Every energy's InfoNCE loss and gradients in float32 over latents of norm 1e-20 ... 1e20,
 under ImplicitPrior and PooledImplicitPrior: finite, or a ValueError that names the valid range
-and the fix (rpm.priors.energy_range; LpEnergy's own check of its matrix, p in [0.5, 100])."""
+and the fix (rpm.priors._energy_range; LpEnergy's own check of its matrix, p in [0.5, 100])."""
 
 import math
 
@@ -19,8 +19,8 @@ from rpm.priors import (
     PooledImplicitPrior,
     RBFEnergy,
 )
-from rpm.priors.base import Energy
-from rpm.priors.energy_range import valid_norms
+from rpm.priors._base import Energy
+from rpm.priors._energy_range import valid_norms
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -14,7 +14,7 @@ from pyro.infer import Predictive, Trace_ELBO
 
 import rpm
 from rpm.priors import CosineEnergy, ImplicitPrior, RBFEnergy
-from rpm.priors.implicit import tilt_factor
+from rpm.priors._implicit import tilt_factor
 from tests.helpers import GaussianHead
 
 N, X_DIM, D = 6, 4, 2
@@ -184,7 +184,7 @@ def test_predictive_in_parallel():
                              return_sites=["z", "z2"])(x, x2)
     atoms = model.encode(x2).detach()
     assert prior_draws["z2"].shape == (2, 1, N, D)
-    assert rpm.marginals.mixture_marginal.Atoms(atoms, 2).check(prior_draws["z2"]).all()
+    assert rpm.marginals._mixture_marginal.Atoms(atoms, 2).check(prior_draws["z2"]).all()
 
 
 @pytest.mark.parametrize("build", [delta_rpm, gaussian_rpm], ids=["delta", "gaussian"])

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-import rpm.ops.logsumexp as logsumexp
-from rpm.ops.distances import expansion_rounding_bound, squared_distance_factors
+import rpm.ops._logsumexp as logsumexp
+from rpm.ops._distances import expansion_rounding_bound, squared_distance_factors
 from rpm.priors import ImplicitPrior, RBFEnergy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

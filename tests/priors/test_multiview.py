@@ -26,7 +26,7 @@ from rpm.priors import (
     RBFEnergy,
     StarImplicitPrior,
 )
-from rpm.priors.multiview_terms import (
+from rpm.priors._multiview_terms import (
     multiview_anchor_terms,
     multiview_masks,
     positive_index,

@@ -45,7 +45,7 @@ from rpm.priors import (
     StateSpacePrior,
     StationaryStateSpacePrior,
 )
-from rpm.priors.sequence import MarkovChain
+from rpm.priors._sequence import MarkovChain
 from tests.helpers import GaussianHead
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

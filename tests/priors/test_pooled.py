@@ -15,7 +15,7 @@ from pyro.infer import Predictive, Trace_ELBO
 
 import rpm
 from rpm.marginals import MixtureMarginal
-from rpm.marginals.mixture_marginal import Atoms
+from rpm.marginals._mixture_marginal import Atoms
 from rpm.priors import (
     AnisotropicEnergy,
     BilinearEnergy,
@@ -27,7 +27,7 @@ from rpm.priors import (
     PooledImplicitPrior,
     RBFEnergy,
 )
-from rpm.priors.pooled import pooled_log_normalizer, pooled_marginal
+from rpm.priors._pooled import pooled_log_normalizer, pooled_marginal
 from tests.helpers import GaussianHead
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -11,7 +11,7 @@ import torch
 from pyro.infer import Trace_ELBO
 
 import rpm
-import rpm.priors.implicit as implicit
+import rpm.priors._implicit as implicit
 from rpm._objective import prior_log_ratio
 from rpm.priors import (
     Energy,
@@ -22,7 +22,7 @@ from rpm.priors import (
     RBFEnergy,
     SequencePrior,
 )
-from rpm.priors.base import is_sequence_prior
+from rpm.priors._base import is_sequence_prior
 
 N, D = 9, 3
 

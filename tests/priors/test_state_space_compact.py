@@ -4,7 +4,7 @@ frame (a fixed DeltaRecognition noise), with the same values as per-frame recurs
 import pytest
 import torch
 
-from rpm.distributions.state_space import StateSpacePosterior
+from rpm.distributions._state_space import StateSpacePosterior
 from rpm.priors import StateSpacePrior
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -67,7 +67,7 @@ def test_the_dense_kalman_forms_leave_the_sequence_toys_step_unchanged(monkeypat
     import pyro
 
     import rpm
-    from rpm.ops import kalman
+    from rpm.ops import _kalman as kalman
 
     torch.set_default_dtype(torch.float64)
     x = torch.randn(16, 10, 4)

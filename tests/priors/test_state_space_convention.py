@@ -1,6 +1,6 @@
 """The state-space likelihood against Pyro's GaussianHMM under rpm's initial-state convention.
 
-rpm (rpm.ops.kalman, GaussianStateSpace, StateSpacePrior) puts the initial distribution on the
+rpm (rpm.ops._kalman, GaussianStateSpace, StateSpacePrior) puts the initial distribution on the
 state of the first observation, s_1 ~ N(m_1, S_1). Pyro's GaussianHMM puts it one transition
 earlier: s_0 ~ initial_dist, s_1 = s_0 A_1 + w_1 (right-multiplied matrices). The two coincide,
 for any m_1 and S_1, when GaussianHMM's transitions are time-varying with a first transition
@@ -12,7 +12,7 @@ import torch
 from pyro.distributions import GaussianHMM, MultivariateNormal
 
 from rpm.ops import kalman_filter
-from rpm.priors.state_space import StateSpacePrior
+from rpm.priors._state_space import StateSpacePrior
 from tests.ops.test_kalman import random_model
 from tests.priors.test_state_space import as_dict, set_params
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def gaussian_hmm_with_rpm_convention(p: dict, duration: int) -> GaussianHMM:
-    """GaussianHMM of rpm's model ``p`` (the names of rpm.ops.kalman.kalman_filter), batch
+    """GaussianHMM of rpm's model ``p`` (the names of rpm.ops._kalman.kalman_filter), batch
     shape that of ``p``: a first transition A_1 = 0, w_1 ~ N(m_1, S_1), then A^T, N(0, Q)."""
     init_loc, init_tril = p["init_loc"], p["init_scale_tril"]
     batch, hidden = init_loc.shape[:-1], init_loc.shape[-1]

@@ -11,10 +11,10 @@ from pyro.infer import Trace_ELBO
 
 from rpm import RPMELBO, GaussianRecognition
 from rpm.distributions import GaussianStateSpace
-from rpm.models.rpm import RPM
-from rpm.ops.lyapunov import stationary_covariance
+from rpm.models._rpm import RPM
+from rpm.ops._lyapunov import stationary_covariance
 from rpm.priors import StationaryStateSpacePrior
-from rpm.priors.stationary import contraction_weight
+from rpm.priors._stationary import contraction_weight
 from tests.helpers import GaussianHead
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

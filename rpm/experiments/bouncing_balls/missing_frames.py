@@ -30,7 +30,7 @@ import torch
 import rpm
 from rpm.data.missing import drop_frames
 from rpm.experiments.bouncing_balls.evaluate import encode, fit_linear_decoder
-from rpm.ops.kalman import rts_smoother
+from rpm.ops._kalman import rts_smoother
 
 __all__ = ["MissingFramesEvaluation", "evaluate_missing_frames"]
 

@@ -36,10 +36,10 @@ import math
 import torch
 from pyro.distributions import MultivariateNormal, TorchDistribution
 
-from rpm.distributions.state_space import StateSpacePosterior
-from rpm.marginals.sequence_marginal import sequence_components
-from rpm.ops.logsumexp import safe_logsumexp
-from rpm.priors.stationary import StationaryStateSpacePrior
+from rpm.distributions._state_space import StateSpacePosterior
+from rpm.marginals._sequence_marginal import sequence_components
+from rpm.ops._logsumexp import safe_logsumexp
+from rpm.priors._stationary import StationaryStateSpacePrior
 
 __all__ = ["folded_recognition", "rp_gssm_elbo"]
 

@@ -96,7 +96,7 @@ import rpm
 from rpm.experiments.bouncing_balls.encoders import GaussianBallEncoder
 from rpm.experiments.bouncing_balls.evaluate import encode, fit_linear_decoder
 from rpm.metrics import r2_per_dimension
-from rpm.ops.kalman import rts_smoother
+from rpm.ops._kalman import rts_smoother
 from rpm.priors import StateSpacePrior, StationaryStateSpacePrior
 
 __all__ = ["DynamicsEvaluation", "build_state_space_model", "damped_velocity_dynamics",

@@ -42,7 +42,7 @@ multicrop       2 global views (8 x 8) and 4 local crops (4 x 4, a fifth to a ha
                 local crop's positives and candidates are the global views only; SwAV, DINO)
 queue           MoCo as an RPM: the star prior over J = 2 views with centre the first view,
                 its positive the second, and the normaliser over the positive and a queue of
-                the K = 1024 latest second views (:class:`~rpm.marginals.candidates.LatentQueue`,
+                the K = 1024 latest second views (:class:`~rpm.marginals._candidates.LatentQueue`,
                 pushed by the prior in training): :math:`\mathcal{L}/N = -L_\text{MoCo} +
                 \log(K + 1)`, no momentum encoder
 ==============  ==========================================================================
@@ -64,7 +64,7 @@ from torch import nn
 
 import rpm
 from rpm._validation import check_positive, check_positive_int
-from rpm.marginals.candidates import LatentQueue
+from rpm.marginals._candidates import LatentQueue
 from rpm.priors import (
     CosineEnergy,
     ImplicitPrior,

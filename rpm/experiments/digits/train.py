@@ -5,7 +5,7 @@ images, the method's loss on the augmented views of each image (two, or the J vi
 :data:`~rpm.experiments.digits.model.VIEWS`): the negative RPM ELBO per image (Eq. 15 of
 Aitchison & Ganev; for the implicit pair priors InfoNCE minus :math:`\log N`, Eq. 23-25, and
 NT-Xent minus :math:`\log(2N - 1)`; for the priors over J views the identities of
-:mod:`rpm.priors.multiview`) or, for ``torch_ntxent``, the plain-torch NT-Xent of
+``rpm.priors._multiview``) or, for ``torch_ntxent``, the plain-torch NT-Xent of
 :func:`~rpm.experiments.digits.model.torch_ntxent_loss` on the same scale. Adam with a linear
 warm-up and a cosine decay, through :class:`~rpm.training.trainer.Trainer` (checkpoints, exact
 resumption, the queue's latents included, the progress bar).

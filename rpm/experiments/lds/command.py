@@ -17,7 +17,7 @@ an affine encoder; :math:`\sigma` = ``--recognition-noise``), a learned linear-G
 state-space prior over the frames of a window (H = D, A started at 0.9 I) with the structured
 guide, and the marginals :math:`Q_t` estimated by the Gaussian with the mean and covariance of
 the batch's frames' recognition mixture (``--marginal gaussian``,
-:class:`~rpm.marginals.moment_matched.MomentMatchedMarginal`: exact in population for an affine
+``rpm.marginals._moment_matched.MomentMatchedMarginal``: exact in population for an affine
 encoder of these linear-Gaussian data; the pooled mixture of ``--marginal pooled`` caps the
 information it rewards at about log M nats a frame, and at latent 5 and 10 the encoder's means
 lose the state under it). Training

@@ -36,7 +36,7 @@ from scipy.optimize import linear_sum_assignment
 
 from rpm.distributions import StateSpacePosterior
 from rpm.metrics import r2_per_dimension
-from rpm.ops.kalman import KalmanFilterResult, rts_smoother
+from rpm.ops._kalman import KalmanFilterResult, rts_smoother
 
 __all__ = ["Inference", "affine_apply", "affine_fit", "decoded_states", "eigenvalue_error",
            "forecast_errors", "heldout_r2", "infer_states"]

@@ -34,7 +34,7 @@ from torch import nn
 
 import rpm
 from rpm._validation import check_choice, check_int, check_positive, check_positive_int
-from rpm.marginals.moment_matched import MomentMatchedMarginal
+from rpm.marginals._moment_matched import MomentMatchedMarginal
 from rpm.priors import StateSpacePrior, StationaryStateSpacePrior
 
 __all__ = ["MARGINALS", "PRIORS", "GaussianMLPEncoder", "MomentMatchedSequenceRPM",
@@ -82,7 +82,7 @@ class GaussianMLPEncoder(nn.Module):
 
 class MomentMatchedSequenceRPM(rpm.RPM):
     r"""A :class:`~rpm.RPM` whose marginals :math:`Q_t` are the moment-matched Gaussian
-    of the pooled minibatch mixture (:class:`~rpm.marginals.moment_matched.MomentMatchedMarginal`)
+    of the pooled minibatch mixture (``rpm.marginals._moment_matched.MomentMatchedMarginal``)
     in the likelihood factor :math:`\sum_t [\log Q(z_t|x_t) - \log Q_t(z_t)]` (Eq. 10 per
     view) and in :class:`~rpm.RPMELBO`; everything else is :class:`~rpm.RPM`'s.
     Gaussian recognition only; no global batch or queue (the moments are this batch's)."""

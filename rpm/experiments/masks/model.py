@@ -9,7 +9,7 @@ Ganev)
     P(z) = Q(z), \qquad P(z'|z) = \frac{Q(z')\, p(z' - z)}{Z(z)}, \qquad
     p(z' - z) = \prod_d p(z'_d - z_d),
 
-:class:`~rpm.priors.RandomWalkEnergy` of the walks of :mod:`rpm.priors.explicit`: its negative
+:class:`~rpm.priors.RandomWalkEnergy` of the walks of ``rpm.priors._explicit``: its negative
 ELBO per pair is InfoNCE with the critic :math:`\log p(z' - z)` minus :math:`\log N` (Eq. 23-25),
 Zimmermann et al.'s loss with a normal, a Laplace or a generalized-normal conditional.
 

@@ -158,7 +158,7 @@ def test_marginal_flag_builds_its_estimate():
     from rpm.cli import build_parser
     from rpm.experiments.lds.model import MomentMatchedSequenceRPM
     from rpm.marginals import SequenceMixtureMarginal
-    from rpm.marginals.moment_matched import MomentMatchedMarginal
+    from rpm.marginals._moment_matched import MomentMatchedMarginal
 
     parser = build_parser()
     assert parser.parse_args(["lds"]).marginal == "gaussian"

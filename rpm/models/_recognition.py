@@ -1,0 +1,289 @@
+r"""Recognition models Q(z|x): user networks wrapped as batches of Pyro distributions.
+
+Calling a recognition model on a batch x of N observations returns a distribution with
+batch_shape (N,) and event_shape (D,):
+
+* :class:`GaussianRecognition`: :math:`Q(z|x) = \mathcal{N}(\mu(x), \operatorname{diag}\sigma(x)^2)`,
+  reparameterised (``rsample``), the stochastic encoder (Eq. 3 of Aitchison & Ganev).
+* :class:`DeltaRecognition`: :math:`Q(z|x) = \delta(z - \mu(x))`, the usual deterministic SSL
+  encoder; with ``noise_scale`` :math:`\epsilon > 0` it is :math:`\mathcal{N}(\mu(x), \epsilon^2 I)`,
+  the smoothing that makes Q(z) absolutely continuous (Appendix B of Aitchison & Ganev).
+
+The wrapped network is held as it is, never converted or otherwise changed: a plain
+``torch.nn.Module`` is registered with Pyro (``pyro.module``, under the model's name) in each
+call of an RPM's ``model``, ``guide`` or ``elbo`` under a Pyro handler, so ``pyro.infer.SVI``
+sees and optimises its parameters, and a
+``torch.optim`` loop finds them in ``rpm.parameters()``. One recognition model may serve
+several RPMs (its network is then registered under the name of the model that adopted the
+recognition model last).
+
+A Gaussian encoder trained under an implicit prior has no reason to keep any noise: the
+recognition entropy cancels from the ELBO and the information the latents share can only fall
+as the noise grows (``docs/theory.md#stochastic-encoders``), so a learned scale falls to the
+smallest value the network can output. Given that floor (``min_scale``),
+:class:`GaussianRecognition` says so with a :class:`ScaleFloorWarning`, once per model.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pyro
+import torch
+from pyro.distributions import Delta, Normal, TorchDistribution
+from pyro.infer.util import is_validation_enabled
+from pyro.params.param_store import param_with_module_name
+from pyro.poutine.runtime import am_i_wrapped
+
+from rpm._pyro_compat import pyro_name
+from rpm.models._checked_batches import checks_skipped
+from rpm.nn import NamedModule, _registration_scope
+from rpm.ops._finite import all_finite
+
+__all__ = ["DeltaRecognition", "GaussianRecognition", "ScaleFloorWarning"]
+
+
+def _network(module: NamedModule) -> torch.nn.Module:
+    """The wrapped network, registered with Pyro (``pyro.module``, through
+    :class:`~pyro.nn.PyroModule`'s attribute access) when the registration can matter.
+
+    The registration records a param site per tensor for Pyro's handlers (``SVI``'s parameter
+    capture, ``poutine.trace``) and puts the tensors in the param store under the model's
+    names, where a name already present keeps its tensor. So it is skipped
+
+    * on a second evaluation within one outermost call of a model's method (an RPM's
+      ``model``, ``guide`` or ``elbo`` evaluates the recognition model once per view): the
+      param sites of that call are recorded already (``rpm.nn._registration_scope``);
+    * when no Pyro handler is active (a ``torch.optim`` loop over :class:`~rpm.RPMELBO`'s loss)
+      and the store holds the network under this name already: it would change nothing.
+
+    A frozen parameter (``requires_grad=False``, e.g. a pretrained backbone) is left out of
+    the registration, as intended; Pyro's warning about it at every step is silenced here."""
+    net = module._modules["net"]
+    scope = _registration_scope()
+    if scope is not None:
+        for seen in scope:
+            if seen is module:
+                return net
+    if not am_i_wrapped() and _registered(module, net):
+        if scope is not None:
+            scope.append(module)
+        return net
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not registered in the param store because "
+                                                  "requires_grad=False")
+        net = module.net
+    if scope is not None:
+        scope.append(module)
+    return net
+
+
+def _registered(module: NamedModule, net: torch.nn.Module) -> bool:
+    """True when Pyro's param store holds ``net`` under ``module``'s current name (the store
+    name of its first parameter, cached per name: ``pyro.module`` never replaces an entry, so
+    a present name suffices), or ``net`` has no parameters."""
+    name = pyro_name(module)
+    cached = module.__dict__.get("_registration")
+    if cached is None or cached[0] != name:
+        first = next(iter(net.named_parameters()), None)
+        stored = first and param_with_module_name(name + ".net", first[0])
+        cached = (name, stored)
+        module.__dict__["_registration"] = cached
+    return cached[1] is None or cached[1] in pyro.get_param_store()
+
+
+def _check_network(net: torch.nn.Module) -> torch.nn.Module:
+    if not isinstance(net, torch.nn.Module):
+        raise TypeError(
+            f"the recognition network must be a torch.nn.Module, got {type(net).__name__}"
+        )
+    return net
+
+
+def _validating(flag: bool | None) -> bool:
+    """``validate`` given: that; None: Pyro's validation, except for a model's batch whose
+    signature passed its checks before with validation off (``rpm.models._checked_batches``)."""
+    if flag is None:
+        return is_validation_enabled() and not checks_skipped()
+    return flag
+
+
+def _check_batch(name: str, tensor: torch.Tensor, batch_size: int) -> None:
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() != 2:
+        shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise ValueError(
+            f"the recognition network must return {name} of shape (N, D) for a batch of N "
+            f"observations, got {shape}; flatten the latent to a vector per observation"
+        )
+    if tensor.shape[0] != batch_size:
+        raise ValueError(
+            f"the recognition network returned {tensor.shape[0]} rows of {name} for a batch of "
+            f"{batch_size} observations"
+        )
+
+
+def _check_finite(name: str, tensor: torch.Tensor) -> None:
+    if not all_finite(tensor):
+        raise ValueError(
+            f"the recognition network returned NaN or infinite {name}; check the inputs for "
+            "NaN/Inf and the network for overflow (e.g. an unbounded exp)"
+        )
+
+
+class ScaleFloorWarning(UserWarning):
+    r"""A learned scale of a :class:`GaussianRecognition` sits at its floor.
+
+    Issued (once per recognition model) when, in a training call, at least half of the
+    standard deviations :math:`\sigma_d(x_n)` of the batch are within 10% of the floor
+    :math:`\sigma_\text{min}` that the network cannot go below: the encoder has become
+    deterministic up to the floor, and its scale carries no information. Under an implicit
+    prior this is the optimum, not a bug (``docs/theory.md#stochastic-encoders``): use
+    :class:`DeltaRecognition`, or an explicit prior if the scale should mean something.
+    Silence it with ``warnings.filterwarnings("ignore", category=rpm.models.ScaleFloorWarning)``.
+    """
+
+
+def _scale_at_floor(scale: torch.Tensor, floor: float) -> bool:
+    """True when at least half of the entries of ``scale`` are at most 1.1 times ``floor``."""
+    return bool((scale.detach() <= 1.1 * floor).float().mean() >= 0.5)
+
+
+class GaussianRecognition(NamedModule):
+    r"""Diagonal Gaussian recognition :math:`Q(z|x) = \mathcal{N}(\mu(x), \mathrm{diag}\,\sigma(x)^2)`.
+
+    **The floor check.** With ``min_scale`` :math:`\sigma_\text{min} > 0`, the smallest
+    standard deviation the network can return (the ``1e-3`` of ``softplus(raw) + 1e-3``), every
+    :attr:`floor_check_every`-th call in training (gradients enabled, the network in train
+    mode) checks whether at least half of the batch's scales satisfy
+    :math:`\sigma_d(x_n) \le 1.1\,\sigma_\text{min}` and, the first time they do, issues a
+    :class:`ScaleFloorWarning` (one check reads one number back from the device). Under the
+    implicit priors the scale goes to its floor (``docs/theory.md#stochastic-encoders``).
+
+    :param torch.nn.Module net: maps a batch x (N, ...) to ``(loc, scale)``, each of shape
+        (N, D), scale positive (e.g. through ``softplus``).
+    :param validate: check shapes, positivity and finiteness on every call (cheap reductions,
+        but each synchronises with the device); ``None`` follows
+        :func:`pyro.enable_validation` (on by default; ``rpm.models._checked_batches``).
+    :param min_scale: :math:`\sigma_\text{min} > 0`, the floor of the network's scale, or
+        None (no floor check).
+    """
+
+    #: Calls in training between two floor checks (the first check is on the first call).
+    floor_check_every: int = 100
+    #: Whether this model has issued its :class:`ScaleFloorWarning` (set by the floor check).
+    floor_warned: bool
+
+    def __init__(self, net: torch.nn.Module, validate: bool | None = None,
+                 min_scale: float | None = None):
+        super().__init__()
+        if min_scale is not None:
+            if isinstance(min_scale, bool) or not isinstance(min_scale, (int, float)) or not (
+                    0.0 < float(min_scale) < float("inf")):
+                raise ValueError(f"min_scale must be a finite number > 0 (the smallest scale the "
+                                 f"network returns, e.g. 1e-3) or None, got {min_scale!r}")
+            min_scale = float(min_scale)
+        self.net = _check_network(net)
+        self.validate = validate
+        self.min_scale = min_scale
+        self._training_calls = 0
+        self.floor_warned = False
+
+    def _check_floor(self, scale: torch.Tensor) -> None:
+        """The floor check of the class docstring."""
+        if self.floor_warned or not (torch.is_grad_enabled() and self._modules["net"].training):
+            return
+        calls, self._training_calls = self._training_calls, self._training_calls + 1
+        if calls % self.floor_check_every or not _scale_at_floor(scale, self.min_scale):
+            return
+        self.floor_warned = True
+        warnings.warn(
+            f"GaussianRecognition: at least half of the learned scales are at their floor "
+            f"min_scale={self.min_scale:g} (the encoder is deterministic up to the floor); under an "
+            "implicit prior that is the optimum (docs/theory.md#stochastic-encoders): use "
+            "DeltaRecognition, or an explicit prior for a scale that carries information",
+            ScaleFloorWarning, stacklevel=2)
+
+    def forward(self, x: torch.Tensor) -> TorchDistribution:
+        """Returns ``Normal(loc, scale).to_event(1)`` with batch_shape (N,), event_shape (D,)."""
+        output = _network(self)(x)
+        if not (isinstance(output, (tuple, list)) and len(output) == 2):
+            raise ValueError(
+                "GaussianRecognition expects the network to return a pair (loc, scale); got "
+                f"{type(output).__name__}. For a network that returns only loc use "
+                "DeltaRecognition(net, noise_scale=...)"
+            )
+        loc, scale = output
+        if _validating(self.validate):
+            batch_size = x.shape[0]
+            _check_batch("loc", loc, batch_size)
+            if scale.shape != loc.shape:
+                raise ValueError(
+                    f"scale must have the shape of loc {tuple(loc.shape)}, got "
+                    f"{tuple(scale.shape)}"
+                )
+            _check_finite("loc", loc)
+            _check_finite("scale", scale)
+            if not (scale > 0).all():
+                raise ValueError(
+                    "the recognition network returned a non-positive scale; map it through "
+                    "softplus or exp (plus a small floor) to keep it positive"
+                )
+        if self.min_scale is not None:
+            self._check_floor(scale)
+        return Normal(loc, scale).to_event(1)
+
+
+class DeltaRecognition(NamedModule):
+    r"""Deterministic recognition model :math:`Q(z|x) = \delta(z - \mu(x))`.
+
+    With ``noise_scale`` :math:`\epsilon > 0` the recognition model is
+    :math:`\mathcal{N}(\mu(x), \epsilon^2 I)` instead (Appendix B of Aitchison & Ganev): needed
+    when the prior is an explicit continuous density, for which the recognition marginal must
+    have a density too.
+
+    :param torch.nn.Module net: maps a batch x (N, ...) to the latent means, shape (N, D).
+    :param float noise_scale: :math:`\epsilon \ge 0`.
+    :param validate: check shapes and finiteness on every call; ``None`` follows
+        :func:`pyro.enable_validation` (``rpm.models._checked_batches``).
+    """
+
+    def __init__(self, net: torch.nn.Module, noise_scale: float = 0.0, validate: bool | None = None):
+        super().__init__()
+        noise_scale = float(noise_scale)
+        if not noise_scale >= 0.0 or noise_scale == float("inf"):
+            raise ValueError(
+                f"noise_scale must be a finite number >= 0, got {noise_scale}; use 0 for a "
+                "deterministic encoder or a small positive value such as 1e-2"
+            )
+        self.net = _check_network(net)
+        self.noise_scale = noise_scale
+        self.validate = validate
+
+    def _zero_log_density(self, loc: torch.Tensor) -> torch.Tensor:
+        """Zeros of shape (N,) in the latents' dtype and device: the log-density of the point
+        mass (Pyro's ``Delta`` fills a new tensor at each call when given the number 0); made
+        once per shape, dtype and device and shared by the distributions it returns (read
+        only, never part of the autograd graph)."""
+        zeros = self.__dict__.get("_zeros")
+        if (zeros is None or zeros.shape != loc.shape[:-1] or zeros.dtype != loc.dtype
+                or zeros.device != loc.device):
+            zeros = self.__dict__["_zeros"] = loc.new_zeros(loc.shape[:-1])
+        return zeros
+
+    @property
+    def is_deterministic(self) -> bool:
+        """True when Q(z|x) is a point mass (``noise_scale == 0``)."""
+        return self.noise_scale == 0.0
+
+    def forward(self, x: torch.Tensor) -> TorchDistribution:
+        """Returns ``Delta(mu, event_dim=1)`` or ``Normal(mu, eps).to_event(1)``, batch (N,)."""
+        loc = _network(self)(x)
+        if _validating(self.validate):
+            _check_batch("latents", loc, x.shape[0])
+            _check_finite("latents", loc)
+        if self.is_deterministic:
+            # Delta's own argument check (a real log-density of zeros) would add a reduction
+            # and a synchronisation per call; the latents were checked above
+            return Delta(loc, log_density=self._zero_log_density(loc), event_dim=1,
+                         validate_args=False)
+        return Normal(loc, torch.full_like(loc, self.noise_scale)).to_event(1)
