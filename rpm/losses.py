@@ -25,7 +25,7 @@ outputs) on the prior below, and its loss is the affine function of it stated th
 :class:`InfoNCELoss` takes the arguments of info-nce-pytorch's ``InfoNCE`` and returns its value:
 the one-directional, cross-view InfoNCE of :class:`~rpm.priors.ImplicitPrior`,
 :math:`\mathcal{L}/N = -\text{InfoNCE} + \log N`, or with M explicit negatives that of MoCo's
-prior (:class:`~rpm.priors.StarImplicitPrior`, the negatives its queue),
+prior (:class:`~rpm.priors.StarImplicitPrior`, the negatives its explicit candidates),
 :math:`\mathcal{L}/N = -\text{InfoNCE} + \log(M + 1)`, each through
 :func:`rpm.inference.rpm_elbo`.
 
@@ -157,36 +157,10 @@ def _bank_shape(memory_bank_size) -> tuple[int, int | None]:
     return size, dim
 
 
-class _ExplicitNegatives(LatentQueue):
-    r"""Explicit negatives as the queue of a :class:`~rpm.priors.StarImplicitPrior`
-    (``candidates="positives"``), held for one evaluation (:meth:`hold`): :meth:`latents`
-    returns them as they were given, neither copied nor detached, so that the gradient reaches
-    them as info-nce-pytorch's does (they are the current encoder's samples of the marginal, not
-    earlier ones); it takes no pushes."""
-
-    def __init__(self):
-        torch.nn.Module.__init__(self)  # no ring of buffers: the latents are held as given
-        self.hold(None)
-
-    def hold(self, negatives: torch.Tensor | None) -> None:
-        """Holds ``negatives`` (M, D), or nothing (None)."""
-        self.negatives = negatives
-        self.size, self.dim = (0, 0) if negatives is None else negatives.shape
-
-    def __len__(self) -> int:
-        return self.size
-
-    def latents(self) -> torch.Tensor:
-        """The negatives, (M, D), as given (with their gradient)."""
-        return self.negatives
-
-    def push(self, latents: torch.Tensor) -> None:
-        raise RuntimeError("explicit negatives take no pushes: evaluate their prior in eval mode")
-
-
-def _moco_prior(energy: Energy, queue: LatentQueue) -> StarImplicitPrior:
+def _moco_prior(energy: Energy, queue: LatentQueue | None) -> StarImplicitPrior:
     """MoCo's prior: the star prior with centre view 0, whose normaliser runs over the anchor's
-    own positive and the queue's K latents."""
+    own positive and the queue's K latents (without a queue: the step's explicit negatives,
+    ``Candidates(negatives=...)``)."""
     return StarImplicitPrior(energy, candidates="positives", centres=[0], queue=queue)
 
 
@@ -261,7 +235,9 @@ class NTXentLoss(torch.nn.Module):
       the rows were drawn in;
     * it takes a batch after the loss is computed, and only when ``out0`` requires a gradient:
       under ``torch.no_grad()`` (a validation pass) it stays as it is, in train or eval mode;
-      evaluating the prior never pushes (it is held in eval mode, outside the submodules);
+      :meth:`elbo` and evaluating the prior never push (the state rule of
+      :mod:`rpm.marginals._candidates`: a loss class's ``forward`` is the one place besides the
+      training loop that pushes);
     * it is a :class:`~rpm.marginals._candidates.LatentQueue` of non-persistent buffers:
       ``state_dict()`` and checkpoints do not carry it (a model restored from a checkpoint
       starts a new random bank), while ``.to()`` and ``.double()`` move it;
@@ -344,8 +320,8 @@ class NTXentLoss(torch.nn.Module):
                                             global_views=global_views)
         self.bank: LatentQueue | None = None
         # MoCo's prior on the bank, made with the bank; held outside the submodules (its energy
-        # and bank are this loss's own) and in eval mode, so that evaluating it never pushes
-        # into the bank: forward pushes by lightly's rule
+        # and bank are this loss's own); evaluating it never pushes: forward does, by lightly's
+        # rule
         object.__setattr__(self, "_bank_prior", None)
         if self.memory_bank_size > 0 and dim is not None:
             self._init_bank(dim)
@@ -369,7 +345,7 @@ class NTXentLoss(torch.nn.Module):
         if like is not None:
             self.bank.to(device=like.device, dtype=like.dtype)
         self.bank.push(unit_vectors(torch.randn(self.memory_bank_size, dim, dtype=self.bank.memory.dtype)))
-        object.__setattr__(self, "_bank_prior", _moco_prior(self.energy, self.bank).eval())
+        object.__setattr__(self, "_bank_prior", _moco_prior(self.energy, self.bank))
 
     def _views(self, views: tuple) -> list[torch.Tensor]:
         if len(views) == 1 and isinstance(views[0], (list, tuple)):
@@ -455,8 +431,8 @@ class NTXentLoss(torch.nn.Module):
         included): :class:`~rpm.priors.PooledImplicitPrior`
         (two views), the star or mixture prior (J views, or cross-view candidates), or, with a
         memory bank, :class:`~rpm.priors.StarImplicitPrior` with ``candidates="positives"``,
-        ``centres=[0]`` and the bank as its queue (it then pushes into the bank when it is
-        evaluated in training mode, by the queue's own rule: every row, first in first out). For
+        ``centres=[0]`` and the bank as its queue (evaluating it never pushes; a loop that
+        trains it pushes the keys itself, ``bank.push(keys)``, after the step). For
         ``rpm.RPM(rpm.DeltaRecognition(net), loss.rpm_prior(J))``, whose negative ELBO per
         instance under :class:`~rpm.RPMELBO` is ``-loss.elbo(*views)``.
 
@@ -533,7 +509,9 @@ class InfoNCELoss(torch.nn.Module):
         \qquad \mathcal{L}/N = -\text{InfoNCE} + \log(M + 1),
 
     the ELBO of :class:`~rpm.priors.StarImplicitPrior` with ``candidates="positives"``,
-    ``centres=[0]`` and the negatives as its queue (MoCo's form; :meth:`rpm_prior`).
+    ``centres=[0]`` and the negatives as the step's explicit candidates
+    (``rpm.inference.Candidates(negatives=negative_keys)``, with their gradient; MoCo's form,
+    :meth:`rpm_prior`).
 
     .. code-block:: python
 
@@ -562,10 +540,9 @@ class InfoNCELoss(torch.nn.Module):
         self.negative_mode = negative_mode
         self.energy = ScaledCosineEnergy(temperature, learn=learn_temperature)
         self.prior = ImplicitPrior(self.energy)
-        # MoCo's prior whose queue holds the negatives of one call; outside the submodules (its
-        # energy is this loss's own) and in eval mode, so that evaluating it never pushes
-        object.__setattr__(self, "_negatives_prior",
-                           _moco_prior(self.energy, _ExplicitNegatives()).eval())
+        # MoCo's prior without a queue: a call's negatives are its explicit candidates;
+        # outside the submodules (its energy is this loss's own)
+        object.__setattr__(self, "_negatives_prior", _moco_prior(self.energy, None))
 
     @property
     def temperature(self) -> float:
@@ -584,26 +561,23 @@ class InfoNCELoss(torch.nn.Module):
 
     def _ratio(self, query, positive_key, negative_keys) -> tuple[torch.Tensor, float]:
         """Per-query ELBO terms (N,) (:func:`~rpm.inference.rpm_elbo` on :class:`ImplicitPrior`,
-        or on MoCo's prior whose queue is the negatives, as given) and the constant log N or
+        or on MoCo's prior with the negatives as the step's explicit candidates,
+        ``Candidates(negatives=...)``, as given, with their gradient) and the constant log N or
         log(M + 1)."""
         self._check(query, positive_key, negative_keys)
         if negative_keys is None:
             ratio = rpm_elbo(self.prior, [query, positive_key], per_instance=True)
             return ratio, math.log(query.shape[0])
-        negatives = self._negatives_prior.queue
-        negatives.hold(negative_keys)
-        try:
-            ratio = rpm_elbo(self._negatives_prior, [query, positive_key], per_instance=True)
-        finally:
-            negatives.hold(None)  # the loss keeps no reference to the call's tensors
+        ratio = rpm_elbo(self._negatives_prior, [query, positive_key],
+                         candidates=Candidates(negatives=negative_keys), per_instance=True)
         return ratio, math.log(negative_keys.shape[0] + 1)
 
     def rpm_prior(self, negative_keys: torch.Tensor | None = None):
         r"""The prior whose ELBO :meth:`elbo` returns: :class:`~rpm.priors.ImplicitPrior` (no
         negatives), or a :class:`~rpm.priors.StarImplicitPrior` (``candidates="positives"``,
         ``centres=[0]``) whose queue holds a detached copy of ``negative_keys`` (a model's
-        queue: the same ELBO as :meth:`elbo`, without a gradient in the negatives; evaluate it
-        in eval mode to keep its queue as it is). A new prior each call, on an energy sharing
+        queue: the same ELBO as :meth:`elbo`, without a gradient in the negatives; evaluating
+        it leaves the queue as it is). A new prior each call, on an energy sharing
         this loss's temperature (:meth:`ScaledCosineEnergy.shared`).
 
         :param negative_keys: shape (M, D), or None.

@@ -21,11 +21,35 @@ whether the process is distributed. It lives here, below the models and the infe
 because the priors take it (the package's layering is ops -> marginals -> priors -> models ->
 inference); :mod:`rpm.inference` re-exports it.
 
+**Explicit negatives** (``Candidates(negatives=n)``): M latents of the current step, given by
+the caller as a tensor (info-nce-pytorch's unpaired ``negative_keys``), appended to the
+candidates as the queue's would be, but used as given: not copied, not detached (the gradient
+reaches them), and not gathered over a global batch. A step has a queue or explicit
+negatives, not both.
+
 **The queue's bias.** The queued latents were computed by earlier versions of the encoder: they
 are samples of the marginal of an older Q, so the normaliser they estimate is
 :math:`\mathbb{E}_{Q_\text{old}(z')} e^{f(z, z')}`, not the current one's. The bias vanishes as
 the encoder stops moving (and is small when it moves slowly, the reason MoCo uses a momentum
 encoder); no gradient flows into the queued latents.
+
+**The state rule.** Evaluating a density never changes state: no ``forward``, log-ratio or
+ELBO of a prior, model or inference algorithm pushes into a queue, in training or evaluation
+mode, with or without gradients, however many times Pyro runs the model (particles,
+``Predictive``, a validation pass). A queue is pushed by one of two owners:
+
+* **the training loop**, after the optimiser step, with the latents of that step's forward:
+  :meth:`LatentQueue.push` for the queue of :class:`~rpm.RPM` (``RPM(..., queue=...)``),
+  :meth:`rpm.priors.MultiViewImplicitPrior.push`
+  (``prior.push(z)``, the partner views of z (N, J, D)) for the queue a prior over J views
+  holds; :class:`~rpm.training.trainer.Trainer` calls ``after_step(step)`` at that point;
+* **a loss class's** ``forward`` **under lightly's rule**: a memory-bank loss
+  (:class:`rpm.losses.NTXentLoss` with ``memory_bank_size``) takes the batch into its bank
+  after computing the loss, only when its input requires a gradient (never under
+  ``torch.no_grad()``, a validation pass), as ``lightly.loss.NTXentLoss`` does.
+
+The queue a step's loss reads is therefore exactly the one the loop left, and a loss evaluated
+twice (two particles, a validation pass, ``Predictive``) reads the same queue both times.
 """
 
 from __future__ import annotations
@@ -48,11 +72,16 @@ class LatentQueue(torch.nn.Module):
         queue = LatentQueue(size=4096, dim=128)
         model = rpm.RPM(rpm.DeltaRecognition(encoder), ImplicitPrior(CosineEnergy()), queue=queue)
         loss = rpm.RPMELBO().differentiable_loss(model.model, model.guide, x, x2)
+        with torch.no_grad():
+            keys = momentum_encoder(x2)  # this step's keys
         loss.backward()
-        queue.push(model.encode(x2))    # enqueue the keys after the step
+        optimiser.step()
+        queue.push(keys)                 # enqueue them after the step: the loop's, not the loss's
 
     :meth:`latents` returns the filled rows, oldest first; :meth:`push` appends a batch and drops
-    the oldest rows beyond K. The latents are stored without gradient (``detach``): they are a
+    the oldest rows beyond K. Only the training loop (or a memory-bank loss's ``forward``, by
+    lightly's rule) pushes; reading the queue in a loss changes nothing (module docstring, the
+    state rule). The latents are stored without gradient (``detach``): they are a
     second sample of the recognition marginal, from earlier versions of the encoder (module
     docstring: the bias).
 
@@ -103,25 +132,49 @@ class LatentQueue(torch.nn.Module):
 
 class Candidates:
     r"""The latents a step's normalisers and marginals run over: the batch, the global batch of
-    every process, and the latents of a queue (module docstring).
+    every process, and the latents appended to them, a queue's or explicit negatives (module
+    docstring).
 
     Built per step (by :class:`~rpm.RPM` and :class:`~rpm.RPMELBO`, or by hand for
     :func:`rpm.inference.rpm_elbo`) and passed to the prior's hooks. Gathers are made once per
     tensor and step; without ``global_batch`` (or outside ``torch.distributed``) nothing is
-    gathered and :meth:`gather` returns its argument.
+    gathered and :meth:`gather` returns its argument. Reading the candidates changes nothing:
+    a queue is pushed by the training loop (module docstring, the state rule).
+
+    .. code-block:: python
+
+        # info-nce-pytorch's unpaired negatives: M latents of this step, with their gradient
+        prior = rpm.priors.StarImplicitPrior(energy, candidates="positives", centres=[0])
+        elbo = rpm.inference.rpm_elbo(prior, [query, key],
+                                      candidates=Candidates(negatives=negative_keys))
 
     :param bool global_batch: gather the batch from every process of ``group``.
     :param queue: a :class:`LatentQueue` whose latents extend the candidates of the
         normaliser, or None.
     :param group: the ``torch.distributed`` process group (None: the world).
+    :param negatives: explicit negatives, a tensor (M, D) appended to the candidates as given
+        (not detached, not gathered), or None; not with a queue.
+    :raises ValueError: for negatives that are not a 2-D tensor, or a queue and negatives both.
     """
 
-    def __init__(self, global_batch: bool = False, queue: LatentQueue | None = None, group=None):
+    def __init__(self, global_batch: bool = False, queue: LatentQueue | None = None, group=None,
+                 negatives: torch.Tensor | None = None):
         self.global_batch = check_bool("global_batch", global_batch)
         if queue is not None and not isinstance(queue, LatentQueue):
             raise TypeError(f"queue must be an rpm.inference.LatentQueue or None, got {queue!r}")
+        if negatives is not None:
+            if not isinstance(negatives, torch.Tensor) or negatives.dim() != 2:
+                got = (tuple(negatives.shape) if isinstance(negatives, torch.Tensor)
+                       else type(negatives).__name__)
+                raise ValueError(f"negatives must be a tensor of shape (M, D), one latent a row; "
+                                 f"got {got}")
+            if queue is not None:
+                raise ValueError("the candidates take a queue or explicit negatives, not both: "
+                                 "pass queue=LatentQueue(K, D) for earlier latents, or "
+                                 "negatives=tensor (M, D) for this step's")
         self.queue = queue
         self.group = group
+        self.explicit_negatives = negatives
         self._gathered: list[tuple[torch.Tensor, torch.Tensor]] = []  # (local, gathered)
 
     @property
@@ -131,9 +184,9 @@ class Candidates:
 
     @property
     def is_local(self) -> bool:
-        """True when the candidates are exactly the batch's own latents (no gather, no queue):
-        a prior may then take its dense fast path."""
-        return not self.is_global and self.queued() is None
+        """True when the candidates are exactly the batch's own latents (no gather, no queue,
+        no explicit negatives): a prior may then take its dense fast path."""
+        return not self.is_global and self.appended() is None
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Every process's rows of ``tensor`` (N_r, ...) in rank order, differentiable for
@@ -159,21 +212,24 @@ class Candidates:
             torch.tensor([num_rows], device=collective_device(self.group)), self.group)
         return int(sizes[:global_rank(self.group)].sum())
 
-    def queued(self) -> torch.Tensor | None:
-        """The queue's latents (K, D), detached, or None without a queue (or while it is empty)."""
+    def appended(self) -> torch.Tensor | None:
+        """The latents appended after the batch's: the queue's (K, D), detached, or the explicit
+        negatives (M, D), as given; None when there are neither (or the queue is empty)."""
+        if self.explicit_negatives is not None:
+            return self.explicit_negatives
         if self.queue is None or len(self.queue) == 0:
             return None
         return self.queue.latents()
 
     def negatives(self, partners: torch.Tensor) -> torch.Tensor:
         r"""The candidates :math:`z'_{1:M'}` of a normaliser whose positives are ``partners``:
-        the gathered partners, then the queue's latents.
+        the gathered partners, then the queue's latents or the explicit negatives.
 
         :param torch.Tensor partners: this process's latents of the partner view, (N, D).
         :return: shape (M + K, D).
         """
         gathered = self.gather(partners)
-        queued = self.queued()
-        if queued is None:
+        appended = self.appended()
+        if appended is None:
             return gathered
-        return torch.cat([gathered, queued.to(gathered)])
+        return torch.cat([gathered, appended.to(gathered)])

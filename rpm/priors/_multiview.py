@@ -46,12 +46,25 @@ The queued latents come from earlier versions of the encoder: they are a second 
 same marginal, of the older encoder's, so :math:`\hat Z` is biased towards
 :math:`\mathbb{E}_{Q_\text{old}}[e^{f(z_c, z')}]` by as much as the encoder moved while the queue
 filled (K / (N J) steps); the bias vanishes when it stops moving, and no gradient flows into the
-queue. The prior owns the queue (a submodule: ``state_dict()`` and checkpoints carry it) and
-**pushes automatically**: in training mode (``prior.training``, which ``model.train()`` sets),
-after each evaluation of its terms (:meth:`MultiViewImplicitPrior.sequence_log_ratio`, which
-:class:`~rpm.RPMELBO` calls once per particle, or the Pyro model under ``Trace_ELBO``), the
-detached latents of the partner views (those that are some centre's positive), gathered from
-every process over a global batch; ``eval()`` stops the pushes.
+queue. The prior owns the queue (a submodule: ``state_dict()`` and checkpoints carry it); the
+training loop pushes into it, after the optimiser step, the latents of that step's forward:
+``prior.push(z)`` (:meth:`MultiViewImplicitPrior.push`) appends the detached latents of the
+partner views (those that are some centre's positive), gathered from every process over a
+global batch. Evaluating the prior never pushes, in training or evaluation mode (the state
+rule, :mod:`rpm.marginals._candidates`):
+
+.. code-block:: python
+
+    z = model.encode_views(views)                       # (N, J, D), this step's latents
+    loss = -rpm.inference.rpm_elbo(model.prior, z) / len(z)
+    loss.backward()
+    optimiser.step()
+    model.prior.push(z)                                 # after the step
+
+**Explicit negatives** (info-nce-pytorch's unpaired ``negative_keys``): with
+``candidates="positives"`` and no queue, the step's
+``Candidates(negatives=n)`` (:class:`~rpm.marginals._candidates.Candidates`) supply the latents
+appended to each anchor's positives, with their gradient.
 """
 
 from __future__ import annotations
@@ -85,7 +98,7 @@ class MultiViewImplicitPrior(SequencePrior):
     :param Energy energy: f(z, z'), e.g. :class:`~rpm.priors.CosineEnergy`.
     :param str candidates: ``"pooled"`` (all N J - 1 latents but the anchor), ``"cross_view"``
         (the other views' N (J - 1) columns) or ``"positives"`` (the anchor's own positives;
-        needs a queue).
+        needs a queue, or explicit negatives in the step's candidates).
     :param global_views: G: views 0..G-1 are global crops and the others local; a local crop's
         positives and candidates are the global crops only (SwAV, DINO). None: no such rule.
     :param centres: the views that are centres (anchors), a list of indices; None: every view.
@@ -126,9 +139,6 @@ class MultiViewImplicitPrior(SequencePrior):
             centres = sorted(centres)
         if queue is not None and not isinstance(queue, LatentQueue):
             raise TypeError(f"queue must be an rpm.inference.LatentQueue or None, got {queue!r}")
-        if candidates == "positives" and queue is None:
-            raise ValueError("candidates='positives' estimates the normaliser from the positives "
-                             "and a queue of earlier latents (MoCo); pass queue=LatentQueue(K, D)")
         if queue is not None and energy_dim(energy) not in (None, queue.dim):
             raise ValueError(f"the queue holds latents of dimension {queue.dim} but the energy was "
                              f"built for {energy_dim(energy)}")
@@ -181,9 +191,11 @@ class MultiViewImplicitPrior(SequencePrior):
         ``candidates="positives"`` over the anchor's own instance's views (and the queue) only.
 
         :param torch.Tensor z: latents, shape (N, J, D).
-        :param candidates: a :class:`~rpm.marginals._candidates.Candidates` with a global batch,
-            or None (this batch).
+        :param candidates: a :class:`~rpm.marginals._candidates.Candidates` with a global batch
+            or explicit negatives (appended to every anchor's candidates), or None (this batch).
         :returns: the anchors' terms, a named tuple.
+        :raises ValueError: for candidates with a queue (the prior holds its own), explicit
+            negatives beside the prior's queue, or ``candidates="positives"`` with neither.
         """
         self._check(z)
         num, num_views, dim = z.shape
@@ -205,9 +217,9 @@ class MultiViewImplicitPrior(SequencePrior):
             positives, allowed, index = self._masks(num, columns.shape[0], offset, num_views,
                                                     z.device)
         queue_logits = None
-        queued = self.queued(z)
-        if queued is not None:
-            queue_logits = self.energy(rows, queued)                                # (R, K)
+        appended = self._appended(z, candidates)
+        if appended is not None:
+            queue_logits = self.energy(rows, appended)                              # (R, K)
         return multiview_anchor_terms(logits, positives, allowed, self.form, queue_logits, index)
 
     def _masks(self, num: int, num_columns: int, offset: int, num_views: int, device,
@@ -235,18 +247,53 @@ class MultiViewImplicitPrior(SequencePrior):
         return cache[key]
 
     def queued(self, like: torch.Tensor) -> torch.Tensor | None:
-        """The queue's latents (K, D) as a copy in ``like``'s dtype and device (later pushes do
-        not touch it), or None without a queue or while it is empty."""
+        """The queue's latents (K, D) as a copy in ``like``'s dtype and device (a push before
+        the backward pass does not touch it), or None without a queue or while it is empty."""
         if self.queue is None or len(self.queue) == 0:
             return None
         return self.queue.latents().to(like).clone()
 
+    def _appended(self, z: torch.Tensor, candidates: Candidates | None) -> torch.Tensor | None:
+        """The latents appended to every anchor's candidates: the queue's (:meth:`queued`) or
+        the step's explicit negatives (as given, in z's dtype), or None."""
+        name = type(self).__name__
+        if candidates is not None and candidates.queue is not None:
+            raise ValueError(f"{name} holds its own queue (queue=...); do not pass one to rpm.RPM "
+                             "or to the step's Candidates as well")
+        negatives = None if candidates is None else candidates.explicit_negatives
+        if negatives is not None:
+            if self.queue is not None:
+                raise ValueError(f"{name} holds its own queue (queue=...): the step's explicit "
+                                 "negatives would be a second set of appended candidates; build "
+                                 "the prior without a queue to use Candidates(negatives=...)")
+            if negatives.shape[-1] != z.shape[-1]:
+                raise ValueError(f"the explicit negatives have dimension {negatives.shape[-1]}, "
+                                 f"the latents {z.shape[-1]}")
+            return negatives.to(z.dtype)
+        if self.candidates == "positives" and self.queue is None:
+            raise ValueError(f"{name}(candidates='positives') estimates the normaliser from the "
+                             "positives and appended latents: build it with "
+                             "queue=LatentQueue(K, D) (MoCo), or pass the step's "
+                             "Candidates(negatives=tensor (M, D))")
+        return self.queued(z)
+
     def push(self, z: torch.Tensor, candidates: Candidates | None = None) -> None:
-        """Appends the detached latents of the partner views of z (N, J, D) to the queue,
-        instance-major, gathered from every process over a global batch; nothing without a
-        queue. Called automatically in training mode (module docstring)."""
+        """Appends the detached latents of the partner views of z (N, J, D) (the views that
+        are some centre's positive, :meth:`partner_views`) to the queue, instance-major
+        (row :math:`i |P| + p`), gathered from every process over a global batch. The training
+        loop calls it after the optimiser step with that step's latents; no evaluation of the
+        prior pushes (module docstring).
+
+        :param torch.Tensor z: latents, shape (N, J, D).
+        :param candidates: the step's :class:`~rpm.marginals._candidates.Candidates`; with a
+            global batch every process's partner views are pushed, in rank order.
+        :raises ValueError: for a prior without a queue, or z not of shape (N, J, D).
+        """
         if self.queue is None:
-            return
+            raise ValueError(f"{type(self).__name__} has no queue to push into: build it with "
+                             f"{type(self).__name__}(energy, ..., queue=LatentQueue(K, D)) to "
+                             "keep earlier latents, or do not push")
+        self._check(z)
         partners = z.detach()[:, self.partner_views(z.shape[1])]
         if candidates is not None and candidates.is_global:
             partners = candidates.gather(partners)
@@ -267,8 +314,8 @@ class MultiViewImplicitPrior(SequencePrior):
         r"""Per-instance :math:`\log P(z_{i,1:J}) - \sum_j \log Q_j(z_{i,j})` after the
         cancellation of the marginals: the average over the centres c of :math:`r_{i,c}`
         (module docstring), shape (N,). Over a global batch the candidates are every
-        process's latents and the value is this process's share. In training mode the queue
-        then takes the partner views' latents.
+        process's latents and the value is this process's share. Changes no state (the queue
+        is pushed by the training loop, :meth:`push`).
 
         :param torch.Tensor z: latents, shape (N, J, D).
         :param q: recognition distributions (unused: the marginals cancel).
@@ -276,22 +323,14 @@ class MultiViewImplicitPrior(SequencePrior):
         :param candidates: the step's :class:`~rpm.marginals._candidates.Candidates`.
         :param block_size: unused (the logits are dense, (N J_c, M J)).
         """
-        if candidates is not None and candidates.queued() is not None:
-            raise ValueError(f"{type(self).__name__} holds its own queue (queue=...); do not pass "
-                             "one to rpm.RPM as well")
-        ratio = self._ratio(z, candidates)
-        if self.training:
-            self.push(z, candidates)
-        return ratio
+        return self._ratio(z, candidates)
 
     def forward(self, q: TorchDistribution, marginal: SequenceMixtureMarginal) -> torch.Tensor:
         """Declares ``"z"`` from the model's marginals :math:`\\prod_j Q_j`, one event (N, J, D)
         over the batch, and the factor ``"z_views"``, the centres' averaged tilt (module
-        docstring); returns z. In training mode the queue then takes the partner views."""
+        docstring); returns z. Changes no state (the queue is pushed by the training loop)."""
         z = pyro.sample("z", marginal.to_event(1))
         tilt_factor("z_views", self._ratio, z, event_dim=3)
-        if self.training:
-            self.push(z.reshape((-1,) + z.shape[-2:]) if z.dim() > 3 else z)
         return z
 
 
@@ -325,7 +364,8 @@ class StarImplicitPrior(MultiViewImplicitPrior):
         prior = rpm.priors.StarImplicitPrior(energy, global_views=2)
         model = rpm.RPM([global_net, local_net], prior, groups=[0, 0, 1, 1, 1, 1])
 
-        # MoCo: a queue of K earlier latents, candidates {own positive} + queue, view 0 the anchor
+        # MoCo: a queue of K earlier latents, candidates {own positive} + queue, view 0 the anchor;
+        # the loop pushes after each optimiser step: prior.push(z) (module docstring)
         prior = rpm.priors.StarImplicitPrior(energy, candidates="positives", centres=[0],
                                              queue=rpm.inference.LatentQueue(4096, 128))
 

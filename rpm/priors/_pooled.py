@@ -363,11 +363,11 @@ class PooledImplicitPrior(ImplicitPrior):
         """
         pool, offset = None, 0
         if isinstance(candidates, Candidates):
-            if candidates.queued() is not None:
+            if candidates.appended() is not None:
                 raise ValueError(
                     "PooledImplicitPrior (NT-Xent) has no queue form: its candidates are the "
-                    "batch's pooled latents. For a queue of earlier latents (MoCo) use "
-                    "ImplicitPrior")
+                    "batch's pooled latents. For a queue of earlier latents (MoCo) or explicit "
+                    "negatives use ImplicitPrior")
             if candidates.is_global:
                 pool = (candidates.gather(z), candidates.gather(z2))
                 offset = candidates.offset(z.shape[0])

@@ -3,7 +3,7 @@ loops written from their equations (docs/theory.md, "J-view priors"): the ELBO t
 with RPMELBO and Trace_ELBO, the identities ELBO / (N (J-1)) = -L_out + log D and
 ELBO / N = -L_in + log(D / (J-1)) at J = 2, 3, 4, 6 for several energies and both candidate
 sets, J = 2 = NT-Xent, the multi-crop rule, and the queue (MoCo: ELBO / N = -L_MoCo + log(K+1),
-first in first out, automatic pushes in training mode, checkpoints)."""
+first in first out, explicit pushes by the loop, checkpoints)."""
 
 import datetime
 import math
@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from pyro.infer import Trace_ELBO
 
 import rpm
-from rpm.inference import LatentQueue
+from rpm.inference import Candidates, LatentQueue
 from rpm.priors import (
     BilinearEnergy,
     CosineEnergy,
@@ -299,7 +299,6 @@ def test_queue_with_own_positive_candidates_is_moco():
     prior = StarImplicitPrior(CosineEnergy(kappa=1 / tau), candidates="positives", centres=[0],
                               queue=queue)
     model, net = _model(prior, 2)
-    model.eval()  # no push: the value is checked against the queue as it is
     views = [torch.randn(num, X_DIM) for _ in range(2)]
     elbo = -rpm.RPMELBO().loss(model.model, model.guide, views)
     z = _latents(net, views)
@@ -322,7 +321,7 @@ def test_own_positive_candidates_over_j_views_match_the_loop(form, global_views,
     queue = LatentQueue(6, D)
     queue.push(torch.randn(6, D))
     prior = PRIORS[form](RBFEnergy(1.2), candidates="positives", global_views=global_views,
-                         centres=centres, queue=queue).eval()
+                         centres=centres, queue=queue)
     z = torch.randn(5, 4, D)
     expected = elbo_loop(z.tolist(), _rbf(1.2), form, "positives", global_views, centres,
                          queue.latents().tolist())
@@ -334,37 +333,36 @@ def test_queue_joins_pooled_candidates(form):
     queue = LatentQueue(6, D)
     queue.push(torch.randn(6, D))
     model, net = _model(PRIORS[form](RBFEnergy(1.3), queue=queue), 3)
-    model.eval()
     views = [torch.randn(3, X_DIM) for _ in range(3)]
     value = -rpm.RPMELBO().loss(model.model, model.guide, views)
     expected = elbo_loop(_latents(net, views), _rbf(1.3), form, queue=queue.latents().tolist())
     assert abs(value - expected) < 1e-10
 
 
-def test_queue_pushes_the_partner_views_in_training_mode_first_in_first_out():
+def test_the_loop_pushes_the_partner_views_first_in_first_out():
     queue = LatentQueue(5, D)
     prior = StarImplicitPrior(CosineEnergy(), candidates="positives", centres=[0], queue=queue)
     model, net = _model(prior, 2)
     batches = [[torch.randn(2, X_DIM) for _ in range(2)] for _ in range(3)]
-    for views in batches:  # training mode (the default): each ELBO pushes view 1's latents
+    for views in batches:  # the loop: the step's loss, then the push of view 1's latents
         rpm.RPMELBO().differentiable_loss(model.model, model.guide, views).backward()
+        model.prior.push(model.encode_views(views))
     with torch.no_grad():
         pushed = torch.cat([net(views[1]) for views in batches])          # (6, D), oldest first
     assert len(queue) == 5
     assert torch.equal(queue.latents(), pushed[-5:])
-    model.eval()
-    rpm.RPMELBO().loss(model.model, model.guide, batches[0])
-    assert torch.equal(queue.latents(), pushed[-5:])                      # eval: no push
-    model.train()
-    Trace_ELBO().loss(model.model, model.guide, batches[0])              # the Pyro model pushes too
-    assert torch.equal(queue.latents()[-2:], pushed[:2])
+    for mode in (model.eval, model.train):
+        mode()
+        rpm.RPMELBO().loss(model.model, model.guide, batches[0])
+        Trace_ELBO().loss(model.model, model.guide, batches[0])
+        assert torch.equal(queue.latents(), pushed[-5:])                  # evaluating: no push
 
 
 def test_averaged_centres_push_every_view_and_the_queue_round_trips_through_a_checkpoint(tmp_path):
     queue = LatentQueue(8, D)
     model, net = _model(StarImplicitPrior(RBFEnergy(), queue=queue), 3)
     views = [torch.randn(2, X_DIM) for _ in range(3)]
-    rpm.RPMELBO().loss(model.model, model.guide, views)
+    model.prior.push(model.encode_views(views))
     with torch.no_grad():
         expected = torch.stack([net(v) for v in views], dim=1).reshape(-1, D)  # instance-major
     assert torch.equal(queue.latents(), expected)
@@ -372,7 +370,6 @@ def test_averaged_centres_push_every_view_and_the_queue_round_trips_through_a_ch
     fresh, _ = _model(StarImplicitPrior(RBFEnergy(), queue=LatentQueue(8, D)), 3)
     fresh.load_state_dict(torch.load(tmp_path / "model.pt"))
     assert torch.equal(fresh.prior.queue.latents(), expected)
-    fresh.eval(), model.eval()
     assert fresh.prior.queue.head.item() == 6
     new = [torch.randn(2, X_DIM) for _ in range(3)]
     fresh.recognition.net.load_state_dict(net.state_dict())
@@ -385,7 +382,8 @@ def test_the_queue_takes_no_gradient_and_later_pushes_do_not_break_backward():
     queue.push(torch.randn(4, D))
     model, net = _model(StarImplicitPrior(CosineEnergy(), queue=queue), 2)
     views = [torch.randn(3, X_DIM) for _ in range(2)]
-    loss = rpm.RPMELBO().differentiable_loss(model.model, model.guide, views)   # pushes
+    loss = rpm.RPMELBO().differentiable_loss(model.model, model.guide, views)
+    model.prior.push(model.encode_views(views))     # a push before the backward pass
     loss.backward()
     assert not queue.memory.requires_grad and all(p.grad is not None for p in net.parameters())
 
@@ -396,8 +394,9 @@ def test_bad_arguments_are_refused_in_one_line():
     energy = CosineEnergy()
     with pytest.raises(ValueError, match="candidates must be one of"):
         StarImplicitPrior(energy, candidates="batch")
-    with pytest.raises(ValueError, match="pass queue=LatentQueue"):
-        StarImplicitPrior(energy, candidates="positives")
+    with pytest.raises(ValueError, match="queue=LatentQueue"):
+        rpm.inference.rpm_elbo(StarImplicitPrior(energy, candidates="positives"),
+                               torch.randn(3, 2, D))
     with pytest.raises(ValueError, match="centres must be a non-empty list"):
         PartnerMixturePrior(energy, centres=[1, 1])
     with pytest.raises(TypeError, match="needs an energy module"):
@@ -438,6 +437,8 @@ def _global_batch_worker(rank, store_path):
         loss = rpm.RPMELBO(global_batch=True).differentiable_loss(
             model.model, model.guide, [v[rows] for v in views])
         loss.backward()
+        model.prior.push(model.encode_views([v[rows] for v in views]),
+                         Candidates(global_batch=True))      # the loop's push: every rank's rows
         total = loss.detach().clone()
         dist.all_reduce(total)
         grads = {name: p.grad.clone() for name, p in model.named_parameters()}
@@ -446,6 +447,7 @@ def _global_batch_worker(rank, store_path):
         reference = _global_batch_model()
         reference_loss = rpm.RPMELBO().differentiable_loss(reference.model, reference.guide, views)
         reference_loss.backward()
+        reference.prior.push(reference.encode_views(views))
         torch.testing.assert_close(total, reference_loss.detach(), rtol=0, atol=1e-10)
         for name, p in reference.named_parameters():
             torch.testing.assert_close(grads[name], p.grad, rtol=0, atol=1e-10, msg=name)
