@@ -22,10 +22,9 @@ import time
 import pyro
 import torch
 
-import rpm
 from rpm.data.digits import load_digits_split
 from rpm.experiments.digits.model import METHODS, VIEWS, build_method, torch_ntxent_loss
-from rpm.experiments.digits.train import method_views
+from rpm.experiments.digits.train import method_views, rpm_step_loss
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +38,6 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     images = load_digits_split().train.images[:args.batch_size]
     views = {name: method_views(name)(images, torch.Generator().manual_seed(0)) for name in METHODS}
-    elbo = rpm.RPMELBO()
     steps = {}
     for name in METHODS:
         torch.manual_seed(0)
@@ -49,13 +47,16 @@ def main(argv: list[str] | None = None) -> int:
         def step(name=name, module=module, encoder=encoder, optimizer=optimizer, xs=views[name]) -> None:
             if name == "torch_ntxent":
                 loss = torch_ntxent_loss(encoder(xs[0]), encoder(xs[1]), args.temperature)
-            else:
-                inputs = xs if len(xs) == 2 else (xs,)
+                latents = None
+            else:  # the experiment's step: RPMELBO, or the queue's ELBO and its push after the step
                 with pyro.validation_enabled(False):
-                    loss = elbo.differentiable_loss(module.model, module.guide, *inputs) / xs[0].shape[0]
+                    loss, latents = rpm_step_loss(module, list(xs))
+                loss = loss / xs[0].shape[0]
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            if latents is not None:
+                module.prior.push(latents)
 
         step()  # warm-up
         steps[name] = step

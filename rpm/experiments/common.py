@@ -1003,7 +1003,7 @@ def fit_or_resume(trainer, resume: bool, name: str) -> dict:
 
 def fit_with_cosine_schedule(model, optimizer, loss_fn, args: argparse.Namespace, out: Path,
                              name: str, eval_fn, *, log_every: int,
-                             distributed: bool = False) -> dict:
+                             distributed: bool = False, after_step=None) -> dict:
     """Trains ``model`` for ``args.steps`` steps with ``optimizer``, its learning rates warmed up
     over the fraction ``args.warmup`` of the steps and then decayed to 0 along a cosine
     (:func:`rpm.training.schedule.cosine_schedule`), through a
@@ -1021,6 +1021,8 @@ def fit_with_cosine_schedule(model, optimizer, loss_fn, args: argparse.Namespace
     :param eval_fn: the validation scores, a function of the step.
     :param int log_every: steps between logged losses.
     :param bool distributed: train under ``torch.distributed`` (the Trainer's ``distributed``).
+    :param after_step: called with the step after each optimiser step (the Trainer's
+        ``after_step``: e.g. a queue's push), or None.
     :return: the training history.
     """
     import torch
@@ -1034,7 +1036,7 @@ def fit_with_cosine_schedule(model, optimizer, loss_fn, args: argparse.Namespace
         model, optimizer, loss_fn, out_dir=out, num_steps=args.steps, scheduler=scheduler,
         eval_fn=eval_fn, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
         log_every=log_every, progress=args.progress, description=name,
-        eval_at_start=True, eval_label="val", distributed=distributed,
+        eval_at_start=True, eval_label="val", distributed=distributed, after_step=after_step,
     )
     return fit_or_resume(trainer, args.resume, name)
 

@@ -156,7 +156,8 @@ class Trainer:
     atomic, exactly resumable checkpoints.
 
     Each step runs ``loss = loss_fn(step)``, ``zero_grad``, ``loss.backward()``, optional
-    gradient-norm clipping, ``optimizer.step()`` and ``scheduler.step()``; :math:`\ell_s` is
+    gradient-norm clipping, ``optimizer.step()``, ``scheduler.step()`` and ``after_step(step)``;
+    :math:`\ell_s` is
     the minibatch loss of step :math:`s` (e.g. the negative RPM ELBO, Eq. 15 of Aitchison &
     Ganev). The step losses stay on the device and are read back only every ``log_every``
     steps and at evaluations and checkpoints, so the loop never waits for the device in between.
@@ -212,6 +213,13 @@ class Trainer:
     :param bool eval_at_start: also evaluate before the first step (not repeated on resume).
     :param dict extra_state: further objects with ``state_dict()`` / ``load_state_dict()``
         (e.g. a minibatch sampler) saved in the checkpoint by name.
+    :param callable after_step: ``after_step(step)``, called after the optimiser and scheduler
+        steps of step ``step`` (the argument ``loss_fn`` got) and before the step is counted,
+        checked or checkpointed: the place for the state a step changes besides the parameters,
+        e.g. pushing the latents of that step's forward into a queue (``prior.push(z)``, the
+        state rule of :mod:`rpm.marginals._candidates`: no loss evaluation pushes). What it
+        changes must be in the module (a queue is a buffer) or in ``extra_state`` for a
+        resumed run to be exact; under ``distributed`` every rank calls it.
     :param str eval_label: shown before the metrics in the progress bar, e.g. ``"val"`` when
         ``eval_fn`` scores a validation set other than the final test set.
     :param callable stop_fn: ``stop_fn(history) -> str | None``, called after every evaluation
@@ -254,6 +262,7 @@ class Trainer:
         eval_label: str = "",
         distributed: bool = False,
         stop_fn: Callable[[dict], str | None] | None = None,
+        after_step: Callable[[int], None] | None = None,
     ) -> None:
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
@@ -266,6 +275,9 @@ class Trainer:
             raise TypeError(f"loss_fn must be callable as loss_fn(step), got {loss_fn!r}")
         if eval_fn is not None and not callable(eval_fn):
             raise TypeError(f"eval_fn must be callable as eval_fn(step) or None, got {eval_fn!r}")
+        if after_step is not None and not callable(after_step):
+            raise TypeError(f"after_step must be callable as after_step(step) or None, "
+                            f"got {after_step!r}")
         if stop_fn is not None and (not callable(stop_fn) or eval_fn is None or not eval_every):
             raise ValueError("stop_fn must be callable as stop_fn(history) and is checked after "
                              "each periodic evaluation: pass eval_fn and eval_every > 0 with it")
@@ -301,6 +313,7 @@ class Trainer:
         self.scheduler = scheduler
         self.eval_fn = eval_fn
         self.stop_fn = stop_fn
+        self.after_step = after_step
         self.generators = dict(generators or {})
         capture_rng_state(self.generators)  # validates the generators now rather than later
         self.progress = bool(progress)
@@ -517,6 +530,8 @@ class Trainer:
             rpm_distributed.broadcast_buffers(self.module)
         if self.scheduler is not None:
             self.scheduler.step()
+        if self.after_step is not None:
+            self.after_step(self.step)
         self._record(loss.detach())
         self.step += 1
 

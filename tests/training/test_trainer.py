@@ -535,3 +535,78 @@ def test_stop_fn_stops_at_an_evaluation_with_a_checkpoint_and_a_resume_stays_sto
     assert resumed.history["stopped"] == stopped.history["stopped"]
     with pytest.raises(ValueError, match="stop_fn"):
         _run(tmp_path / "bad", num_steps=5, eval_every=0, stop_fn=_stop_below(threshold))
+
+
+class _QueueNet(torch.nn.Module):
+    """A linear map whose loss pulls its outputs towards the mean of a queue of its earlier
+    outputs (a buffer: the checkpoint carries it)."""
+
+    def __init__(self):
+        super().__init__()
+        from rpm.inference import LatentQueue
+
+        self.linear = torch.nn.Linear(3, 2)
+        self.queue = LatentQueue(10, 2)
+
+    def loss(self, x):
+        z = self.linear(x)
+        centre = self.queue.latents().mean(0) if len(self.queue) else torch.zeros(2)
+        return (z - centre).pow(2).mean(), z
+
+
+def _queue_data(step):
+    return torch.randn(4, 3, generator=torch.Generator().manual_seed(100 + step))
+
+
+def _queue_run(out_dir, *, resume=False, crash_at=None, num_steps=9):
+    torch.manual_seed(0)
+    model = _QueueNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    latents, calls = {}, []
+
+    def loss_fn(step):
+        if step == crash_at:
+            raise RuntimeError("simulated crash")
+        loss, latents[step] = model.loss(_queue_data(step))
+        return loss
+
+    def after_step(step):
+        calls.append((step, model.linear.weight.detach().clone()))
+        model.queue.push(latents.pop(step))
+
+    trainer = Trainer(model, optimizer, loss_fn, out_dir=out_dir, num_steps=num_steps,
+                      progress=False, checkpoint_every=5, log_every=1, after_step=after_step)
+    trainer.fit(resume=resume)
+    return model, calls
+
+
+def test_after_step_runs_after_the_optimiser_step_and_its_pushes_resume_exactly(tmp_path):
+    """after_step(s) runs once per step, in order, after the optimiser's update of step s: a
+    queue pushed there with the latents of step s's forward equals the hand-written loop's
+    (loss, backward, step, push), and a crashed run resumed from its checkpoint gives the same
+    queue and parameters bit for bit."""
+    model, calls = _queue_run(tmp_path / "run")
+    torch.manual_seed(0)
+    reference = _QueueNet()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    weights = []
+    for step in range(9):
+        optimizer.zero_grad()
+        loss, z = reference.loss(_queue_data(step))
+        loss.backward()
+        optimizer.step()
+        weights.append(reference.linear.weight.detach().clone())
+        reference.queue.push(z)
+    assert [step for step, _ in calls] == list(range(9))
+    assert all(torch.equal(w, ref) for (_, w), ref in zip(calls, weights, strict=True))
+    assert torch.equal(model.queue.latents(), reference.queue.latents()) and len(model.queue) == 10
+    assert torch.equal(model.linear.weight, reference.linear.weight)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _queue_run(tmp_path / "crash", crash_at=7)
+    resumed, calls = _queue_run(tmp_path / "crash", resume=True)
+    assert [step for step, _ in calls] == [5, 6, 7, 8]
+    assert torch.equal(resumed.queue.latents(), reference.queue.latents())
+    assert torch.equal(resumed.linear.weight, reference.linear.weight)
+    with pytest.raises(TypeError, match="after_step must be callable"):
+        Trainer(model, optimizer, lambda step: None, out_dir=tmp_path / "bad", num_steps=1,
+                after_step=3)

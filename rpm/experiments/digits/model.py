@@ -43,7 +43,7 @@ multicrop       2 global views (8 x 8) and 4 local crops (4 x 4, a fifth to a ha
 queue           MoCo as an RPM: the star prior over J = 2 views with centre the first view,
                 its positive the second, and the normaliser over the positive and a queue of
                 the K = 1024 latest second views (:class:`~rpm.marginals._candidates.LatentQueue`,
-                pushed by the prior in training): :math:`\mathcal{L}/N = -L_\text{MoCo} +
+                pushed by the training loop after each step): :math:`\mathcal{L}/N = -L_\text{MoCo} +
                 \log(K + 1)`, no momentum encoder
 ==============  ==========================================================================
 

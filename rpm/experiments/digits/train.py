@@ -10,6 +10,11 @@ NT-Xent minus :math:`\log(2N - 1)`; for the priors over J views the identities o
 warm-up and a cosine decay, through :class:`~rpm.training.trainer.Trainer` (checkpoints, exact
 resumption, the queue's latents included, the progress bar).
 
+**The queue** (``queue``): the loss of a step reads the queue as the earlier steps left it; the
+training loop pushes the second views' latents of the step's forward after its optimiser step
+(the trainer's ``after_step``; :func:`rpm_step_loss` returns them), as no evaluation of the
+prior pushes (the state rule of :mod:`rpm.marginals._candidates`).
+
 **The loss reported** (the progress lines, ``training.png``, ``reported_losses``) is the one a
 contrastive-learning user reads, :func:`reported_loss`: for the pair methods with an implicit
 prior the cross-entropy, :math:`-\mathcal{L}/N` plus a constant (NT-Xent, as lightly's
@@ -62,11 +67,12 @@ from rpm.experiments.digits.model import (
     torch_ntxent_loss,
 )
 from rpm.experiments.trained import write_model_record
+from rpm.inference import Candidates
 from rpm.training.schedule import cosine_schedule
 
 __all__ = ["LABELS_PER_CLASS", "batch_views", "cosine_schedule", "distributed_ntxent_share",
-           "method_views", "reported_loss", "score_encoder", "score_features", "train_method",
-           "validation_rows"]
+           "method_views", "reported_loss", "rpm_step_loss", "score_encoder", "score_features",
+           "train_method", "validation_rows"]
 
 #: The label counts of the label-efficiency curve (``None``: all labels).
 LABELS_PER_CLASS = (1, 5, 10, None)
@@ -152,6 +158,34 @@ def distributed_ntxent_share(z1: torch.Tensor, z2: torch.Tensor, temperature: fl
             - math.log(2 * total - 1) / world)
 
 
+def rpm_step_loss(module: rpm.RPM, views: list[torch.Tensor], global_batch: bool = False,
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    r"""The negative RPM ELBO of one step of an RPM method, summed over this process's images,
+    and the latents the training loop pushes after the optimiser step (None for a prior without
+    a queue).
+
+    Without a queue: ``RPMELBO(global_batch).differentiable_loss`` on the views (a pair, or a
+    list of J views). With one (the ``queue`` method): the views' latents
+    :math:`z` (N, J, D) of :meth:`rpm.RPM.encode_views` (the Delta recognition's points, the
+    samples ``RPMELBO`` would draw) and :math:`-\mathcal{L}` of
+    :func:`rpm.inference.rpm_elbo` on them, which reads the queue and leaves it as it is; the
+    loop then pushes ``module.prior.push(z, Candidates(global_batch=...))``, the latents of
+    this step's forward, every process's.
+
+    :param module: the method's :class:`rpm.RPM`.
+    :param views: this process's views, each (n, ...).
+    :param bool global_batch: the normalisers (and the pushed latents) over every process.
+    """
+    if getattr(module.prior, "queue", None) is None:
+        inputs = views if len(views) == 2 else (views,)  # a pair, or a list of J views
+        loss = rpm.RPMELBO(global_batch=global_batch).differentiable_loss(
+            module.model, module.guide, *inputs)
+        return loss, None
+    z = module.encode_views(views)                                            # (n, J, D)
+    loss = -rpm.inference.rpm_elbo(module.prior, z, candidates=Candidates(global_batch=global_batch))
+    return loss, z
+
+
 def reported_loss(name: str, batch_size: int) -> tuple[str, float]:
     r"""The name and the offset :math:`c` of the loss method ``name`` reports,
     :math:`-\mathcal{L}/N + c` for a global batch of N images: ``("NT-Xent", log(2N - 1))`` for
@@ -203,7 +237,7 @@ def train_method(name: str, args: argparse.Namespace, data, device, out: Path,
         ref, query = validation_rows(data.train.labels, seed)
     parallel = distributed.is_distributed()
     rows = distributed.local_slice(args.batch_size)  # all rows in one process
-    elbo = rpm.RPMELBO(global_batch=parallel)
+    pending: list[torch.Tensor] = []  # the queue's latents of the step, pushed after it
     loss_name, offset = reported_loss(name, args.batch_size)
     # each process adds its share of the offset: the trainer sums the logged losses
     share = offset / (distributed.global_world_size() if parallel else 1)
@@ -214,9 +248,13 @@ def train_method(name: str, args: argparse.Namespace, data, device, out: Path,
             loss = distributed_ntxent_share(encoder(views[0]), encoder(views[1]), args.temperature)
             return loss + share
         with pyro.validation_enabled(False):  # our own tensors: no per-step device syncs
-            inputs = views if len(views) == 2 else (views,)  # a pair, or a list of J views
-            loss = elbo.differentiable_loss(module.model, module.guide, *inputs) / args.batch_size
-        return loss + share
+            loss, latents = rpm_step_loss(module, views, global_batch=parallel)
+        if latents is not None:
+            pending[:] = [latents]
+        return loss / args.batch_size + share
+
+    def after_step(step: int) -> None:  # the queue takes the step's latents after its update
+        module.prior.push(pending.pop(), Candidates(global_batch=parallel))
 
     def eval_fn(step: int) -> dict:
         if not labelled:
@@ -226,8 +264,10 @@ def train_method(name: str, args: argparse.Namespace, data, device, out: Path,
                                     data.train.labels[query], k=5)}
 
     optimizer = torch.optim.Adam(module.parameters(), lr=args.lr)
+    queue = getattr(getattr(module, "prior", None), "queue", None)  # torch_ntxent: no prior
     history = fit_with_cosine_schedule(module, optimizer, loss_fn, args, out, name, eval_fn,
-                                       log_every=min(50, args.steps), distributed=parallel)
+                                       log_every=min(50, args.steps), distributed=parallel,
+                                       after_step=after_step if queue is not None else None)
     encoder.eval()
     if not distributed.is_main_process():
         return None, encoder

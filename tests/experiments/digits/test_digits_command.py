@@ -94,7 +94,7 @@ def test_methods_all_and_the_default_set():
 @pytest.mark.slow
 def test_views_methods_train_on_their_views_and_the_queue_is_checkpointed(tmp_path):
     """The priors over J views (J = 4, multi-crop) and the queue run end to end; the queue's
-    latents are in the checkpoint (exact resumption), filled by the prior in training."""
+    latents are in the checkpoint (exact resumption), filled by the loop after each step."""
     import torch
 
     from rpm.experiments.digits.model import QUEUE_SIZE

@@ -87,3 +87,37 @@ def test_every_method_builds_and_the_command_lists_them():
         assert any(p is q for p in module.parameters() for q in encoder.backbone.parameters())
     with pytest.raises(ValueError, match="method must be one of"):
         build_method("simclr", 4, 6, 0.5)
+
+
+def test_the_queue_methods_step_is_rpmelbos_loss_and_leaves_the_push_to_the_loop():
+    """rpm_step_loss of the ``queue`` method: the negative ELBO RPMELBO gives the model (the
+    MoCo loop of the queue as it stands, in float64), its latents the encoder's outputs of the
+    step (pushed by the loop: view 1, the positive of centre 0), and the queue unchanged."""
+    from rpm.experiments.digits.train import rpm_step_loss
+
+    torch.manual_seed(3)
+    module, encoder = build_method("queue", 4, 8, 0.5)
+    module.prior.queue.push(torch.randn(5, 8))
+    views = [torch.randn(6, 1, 8, 8) for _ in range(2)]
+    before = module.prior.queue.memory.clone()
+    loss, z = rpm_step_loss(module, views)
+    assert torch.equal(module.prior.queue.memory, before) and len(module.prior.queue) == 5
+    module.eval()  # fixed batch-norm statistics, so that the encoder's outputs can be compared
+    loss, z = rpm_step_loss(module, views)
+    reference = rpm.RPMELBO().differentiable_loss(module.model, module.guide, views)
+    assert torch.equal(loss, reference)
+    with torch.no_grad():
+        outputs = torch.stack([encoder(v) for v in views], dim=1).double()
+    torch.testing.assert_close(z.double(), outputs, rtol=1e-6, atol=1e-6)
+    a = outputs[:, 0] / outputs[:, 0].norm(dim=1, keepdim=True)
+    b = outputs[:, 1] / outputs[:, 1].norm(dim=1, keepdim=True)
+    bank = module.prior.queue.latents().double()
+    bank = bank / bank.norm(dim=1, keepdim=True)
+    expected = 0.0
+    for i in range(6):
+        positive = float(a[i] @ b[i]) / 0.5
+        others = sum(math.exp(float(a[i] @ c) / 0.5) for c in bank)
+        expected -= positive - math.log((math.exp(positive) + others) / 6)  # K + 1 = 6
+    assert abs(loss.item() - expected) < 1e-4
+    module.prior.push(z)
+    assert torch.equal(module.prior.queue.latents()[5:], z[:, 1].detach())
