@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from typing import Any, cast
 
 import pyro
 import torch
@@ -237,6 +238,7 @@ def train_method(name: str, args: argparse.Namespace, data, device, out: Path,
         ref, query = validation_rows(data.train.labels, seed)
     parallel = distributed.is_distributed()
     rows = distributed.local_slice(args.batch_size)  # all rows in one process
+    prior: Any = getattr(module, "prior", None)  # None for torch_ntxent, the encoder itself
     pending: list[torch.Tensor] = []  # the queue's latents of the step, pushed after it
     loss_name, offset = reported_loss(name, args.batch_size)
     # each process adds its share of the offset: the trainer sums the logged losses
@@ -248,13 +250,13 @@ def train_method(name: str, args: argparse.Namespace, data, device, out: Path,
             loss = distributed_ntxent_share(encoder(views[0]), encoder(views[1]), args.temperature)
             return loss + share
         with pyro.validation_enabled(False):  # our own tensors: no per-step device syncs
-            loss, latents = rpm_step_loss(module, views, global_batch=parallel)
+            loss, latents = rpm_step_loss(cast(rpm.RPM, module), views, global_batch=parallel)
         if latents is not None:
             pending[:] = [latents]
         return loss / args.batch_size + share
 
     def after_step(step: int) -> None:  # the queue takes the step's latents after its update
-        module.prior.push(pending.pop(), Candidates(global_batch=parallel))
+        prior.push(pending.pop(), Candidates(global_batch=parallel))
 
     def eval_fn(step: int) -> dict:
         if not labelled:
@@ -264,10 +266,10 @@ def train_method(name: str, args: argparse.Namespace, data, device, out: Path,
                                     data.train.labels[query], k=5)}
 
     optimizer = torch.optim.Adam(module.parameters(), lr=args.lr)
-    queue = getattr(getattr(module, "prior", None), "queue", None)  # torch_ntxent: no prior
     history = fit_with_cosine_schedule(module, optimizer, loss_fn, args, out, name, eval_fn,
                                        log_every=min(50, args.steps), distributed=parallel,
-                                       after_step=after_step if queue is not None else None)
+                                       after_step=after_step if getattr(prior, "queue", None)
+                                       is not None else None)
     encoder.eval()
     if not distributed.is_main_process():
         return None, encoder
