@@ -34,6 +34,20 @@ scale (:class:`ScaledCosineEnergy`).
 
 :func:`info_nce` is the same InfoNCE from a matrix of logits :math:`F_{ij} = f(z_i, z'_j)`, the
 reference of the identity :math:`\mathcal{L}/N = -\text{InfoNCE} + \log N`.
+
+lightly's other losses, with lightly 1.6.0's class names, arguments, defaults and values (each
+docstring states its equation and how it reads as an RPM):
+
+* :class:`VICRegLoss`, :class:`BarlowTwinsLoss`, :class:`LeJEPALoss` and its :class:`SIGReg`
+  (the same random slices for the same state of torch's generator): redundancy reduction, whose
+  terms approximate or stand in for the Gaussian RPM's (an explicit Gaussian prior with
+  moment-matched Gaussian marginals, :math:`\mathcal L/N = \operatorname{mean}_n \log P(z_n,
+  z'_n) - \operatorname{mean}_n \log \mathcal N(z_n; m, S) - \operatorname{mean}_n \log
+  \mathcal N(z'_n; m', S')`);
+* :class:`DCLLoss`, :class:`DCLWLoss`: the implicit prior's log-ratio with the positive taken
+  out of the normaliser's candidates;
+* :class:`HypersphereLoss`: alignment and uniformity, the uniformity the log of the RBF implicit
+  prior's normaliser.
 """
 
 from __future__ import annotations
