@@ -295,8 +295,13 @@ def test_lejepa_matches_lightly(kwargs):
     def seeded(loss, xs):
         torch.manual_seed(4)
         return loss(local_proj=xs[0], global_proj=xs[1])
-    _check_against(LeJEPALoss(**kwargs), lightly.LeJEPALoss(**kwargs), [local, global_],
-                   call=seeded)
+    ours, theirs = LeJEPALoss(**kwargs), lightly.LeJEPALoss(**kwargs)
+    _check_against(ours, theirs, [local, global_], call=seeded)
+    # a checkpoint of lightly's loss loads into ours: the same buffers (sigreg.t, .phi, .weights)
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    ours.load_state_dict(theirs.state_dict())
+    for name, buffer in theirs.state_dict().items():
+        torch.testing.assert_close(ours.state_dict()[name], buffer.double())
 
 
 # ------------------------------------------------------------------------------ DCL, DCLW
