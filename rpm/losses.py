@@ -34,25 +34,59 @@ scale (:class:`ScaledCosineEnergy`).
 
 :func:`info_nce` is the same InfoNCE from a matrix of logits :math:`F_{ij} = f(z_i, z'_j)`, the
 reference of the identity :math:`\mathcal{L}/N = -\text{InfoNCE} + \log N`.
+
+lightly's other losses, with lightly 1.6.0's class names, arguments, defaults and values (each
+docstring states its equation and how it reads as an RPM):
+
+* :class:`VICRegLoss`, :class:`BarlowTwinsLoss`, :class:`LeJEPALoss` and its :class:`SIGReg`
+  (the same random slices for the same state of torch's generator): redundancy reduction, whose
+  terms approximate or stand in for the Gaussian RPM's (an explicit Gaussian prior with
+  moment-matched Gaussian marginals, :math:`\mathcal L/N = \operatorname{mean}_n \log P(z_n,
+  z'_n) - \operatorname{mean}_n \log \mathcal N(z_n; m, S) - \operatorname{mean}_n \log
+  \mathcal N(z'_n; m', S')`);
+* :class:`DCLLoss`, :class:`DCLWLoss`: the implicit prior's log-ratio with the positive taken
+  out of the normaliser's candidates;
+* :class:`HypersphereLoss`: alignment and uniformity, the uniformity the log of the RBF implicit
+  prior's normaliser.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
 import torch
 
 from rpm._objective import rpm_elbo
-from rpm._validation import check_bool
-from rpm.distributed import all_gather_with_grad
+from rpm._validation import (
+    check_bool,
+    check_int,
+    check_nonnegative,
+    check_positive,
+    check_positive_int,
+    check_real,
+)
+from rpm.distributed import all_gather_with_grad, collective_device, is_distributed
 from rpm.marginals._candidates import Candidates, LatentQueue
 from rpm.priors import ImplicitPrior, PartnerMixturePrior, PooledImplicitPrior, StarImplicitPrior
 from rpm.priors._base import Energy
 from rpm.priors._energies import CosineEnergy, unit_vectors
 from rpm.priors._multiview import MultiViewImplicitPrior
 
-__all__ = ["InfoNCELoss", "NTXentLoss", "ScaledCosineEnergy", "info_nce"]
+__all__ = [
+    "BarlowTwinsLoss",
+    "DCLLoss",
+    "DCLWLoss",
+    "HypersphereLoss",
+    "InfoNCELoss",
+    "LeJEPALoss",
+    "NTXentLoss",
+    "SIGReg",
+    "ScaledCosineEnergy",
+    "VICRegLoss",
+    "info_nce",
+]
 
 _FORMS = {"out": StarImplicitPrior, "in": PartnerMixturePrior}
 
@@ -645,3 +679,519 @@ def info_nce(logits: torch.Tensor) -> torch.Tensor:
             f"shape (N, N); got {shape}")
     labels = torch.arange(logits.shape[0], device=logits.device)
     return torch.nn.functional.cross_entropy(logits, labels)
+
+
+# ---------------------------------------------------------------------------------------------
+# lightly's other losses: redundancy reduction (VICReg, Barlow Twins, LeJEPA's SIGReg), the
+# decoupled contrastive loss (DCL, DCLW) and alignment-uniformity (Hypersphere)
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_gather(gather_distributed) -> bool:
+    """``gather_distributed`` as a bool, refused (as lightly refuses it) when this torch has no
+    ``torch.distributed``."""
+    gather_distributed = check_bool("gather_distributed", gather_distributed)
+    if gather_distributed and not torch.distributed.is_available():
+        raise ValueError("gather_distributed is True but torch.distributed is not available: "
+                         "pass gather_distributed=False or install a torch with distributed "
+                         "support")
+    return gather_distributed
+
+
+def _check_pair(z_a, z_b, names: tuple[str, str], what: str, min_batch: int,
+                any_rank: bool = False) -> None:
+    """Two tensors of one shape (N, D) (or (N, ..., D) with ``any_rank``) with N >= min_batch."""
+    shape = "(N, ..., D)" if any_rank else "(N, D)"
+    for name, z in zip(names, (z_a, z_b), strict=True):
+        if not isinstance(z, torch.Tensor) or z.dim() < 2 or (not any_rank and z.dim() != 2):
+            got = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
+            raise ValueError(f"{what} takes {name} of shape {shape}, one row per image; got {got}")
+    if z_a.shape != z_b.shape:
+        raise ValueError(f"{what} needs {names[0]} and {names[1]} of the same shape, row i of "
+                         f"each a view of image i; got {tuple(z_a.shape)} and {tuple(z_b.shape)}")
+    if z_a.shape[0] < min_batch:
+        raise ValueError(f"{what} needs a batch of at least {min_batch} images, got "
+                         f"{z_a.shape[0]} ({names[0]} of shape {tuple(z_a.shape)})")
+
+
+class VICRegLoss(torch.nn.Module):
+    r"""VICReg's loss (Bardes, Ponce & LeCun 2022) as lightly's ``VICRegLoss`` computes it, with
+    its arguments, defaults and value.
+
+    For outputs :math:`Z, Z'` of shape (N, D) (or (N, ..., D): every leading index after the
+    batch is a separate set of N latents, VICRegL's form),
+
+    .. math::
+
+        L = \lambda\, \frac{1}{ND} \sum_{n,d} (z_{nd} - z'_{nd})^2
+            + \mu\, \tfrac12 \big(v(Z) + v(Z')\big) + \nu\, \big(c(Z) + c(Z')\big),
+
+    .. math::
+
+        v(Z) = \frac1D \sum_d \max\big(0,\ 1 - \sqrt{S_{dd} + \epsilon}\big), \qquad
+        c(Z) = \frac1D \sum_{d \ne e} S_{de}^2, \qquad
+        S = \frac{1}{N - 1} \sum_n (z_n - \bar z)(z_n - \bar z)^\top,
+
+    the unbiased batch covariance :math:`S`; with leading indices every term is averaged over
+    them. With ``gather_distributed`` :math:`v` and :math:`c` run over the global batch (the
+    outputs of every process, :func:`rpm.distributed.all_gather_with_grad`), the invariance over
+    this process's pairs; without an initialised ``torch.distributed`` nothing is gathered.
+
+    **Probabilistic reading.** The Gaussian RPM (an explicit Gaussian prior :math:`P(z, z')`,
+    each view's marginal moment-matched to :math:`\mathcal N(m, S)`) has, per pair,
+    :math:`\mathcal L/N = \operatorname{mean}_n \log P(z_n, z'_n)
+    - \operatorname{mean}_n \log \mathcal N(z_n; m, S) - \operatorname{mean}_n \log
+    \mathcal N(z'_n; m', S')`, and for Delta recognition each of the last two terms is
+    :math:`\tfrac D2 (1 + \log 2\pi) + \tfrac12 \log\det S`. The invariance term is the pair
+    prior's :math:`-\log P(z' | z)` up to scale (:math:`\rho \to 1`); the variance and covariance
+    terms approximate the anti-collapse :math:`\tfrac12 \log\det S = \tfrac12 \sum_d \log S_{dd}
+    + \tfrac12 \log\det R` (R the correlation matrix): the hinge raises each
+    :math:`S_{dd}`, the covariance penalty drives R to I, where :math:`\log\det R \le 0` is
+    largest. They are surrogates, not that bound.
+
+    .. code-block:: python
+
+        loss_fn = rpm.losses.VICRegLoss()
+        loss = loss_fn(head(backbone(x0)), head(backbone(x1)))
+
+    :param float lambda_param: :math:`\lambda \ge 0`, the weight of the invariance term.
+    :param float mu_param: :math:`\mu \ge 0`, the weight of the variance term.
+    :param float nu_param: :math:`\nu \ge 0`, the weight of the covariance term.
+    :param bool gather_distributed: compute the variance and covariance over the global batch.
+    :param float eps: :math:`\epsilon \ge 0` inside the square root of the variance term.
+    """
+
+    def __init__(self, lambda_param: float = 25.0, mu_param: float = 25.0, nu_param: float = 1.0,
+                 gather_distributed: bool = False, eps: float = 0.0001):
+        super().__init__()
+        self.lambda_param = check_nonnegative("lambda_param", lambda_param)
+        self.mu_param = check_nonnegative("mu_param", mu_param)
+        self.nu_param = check_nonnegative("nu_param", nu_param)
+        self.gather_distributed = _check_gather(gather_distributed)
+        self.eps = check_nonnegative("eps", eps)
+
+    def forward(self, z_a: torch.Tensor, z_b: torch.Tensor) -> torch.Tensor:
+        r"""The loss :math:`L` (class docstring).
+
+        :param torch.Tensor z_a: the first views' outputs, shape (N, ..., D), N >= 2.
+        :param torch.Tensor z_b: the second views', the same shape.
+        :return: a scalar tensor.
+        """
+        _check_pair(z_a, z_b, ("z_a", "z_b"), "VICRegLoss", 2, any_rank=True)
+        invariance = (z_a - z_b).square().mean()
+        if self.gather_distributed:
+            z_a, z_b = all_gather_with_grad(z_a), all_gather_with_grad(z_b)
+        variance = 0.5 * (self._variance(z_a) + self._variance(z_b))
+        covariance = self._covariance(z_a) + self._covariance(z_b)
+        return self.lambda_param * invariance + self.mu_param * variance \
+            + self.nu_param * covariance
+
+    def _variance(self, z: torch.Tensor) -> torch.Tensor:
+        """v(Z): the hinge on each dimension's batch standard deviation, averaged."""
+        std = (z.var(dim=0) + self.eps).sqrt()                                # (..., D)
+        return torch.relu(1.0 - std).mean()
+
+    @staticmethod
+    def _covariance(z: torch.Tensor) -> torch.Tensor:
+        """c(Z): the squared off-diagonal entries of the batch covariance over D."""
+        centred = z - z.mean(dim=0)
+        dim = z.shape[-1]
+        # b: batch, c and d: latent dimensions, ...: VICRegL's leading indices
+        cov = torch.einsum("b...c,b...d->...cd", centred, centred) / (z.shape[0] - 1)
+        off_diagonal = cov.square().sum((-2, -1)) - cov.diagonal(dim1=-2, dim2=-1).square().sum(-1)
+        return (off_diagonal / dim).mean()
+
+
+class BarlowTwinsLoss(torch.nn.Module):
+    r"""Barlow Twins' loss (Zbontar et al. 2021, Algorithm 1) as lightly's ``BarlowTwinsLoss``
+    computes it, with its arguments, defaults and value.
+
+    Each column of the outputs :math:`Z, Z'` (N, D) is standardised over the batch,
+    :math:`\tilde z_{nd} = (z_{nd} - \bar z_d) / \sqrt{\sigma_d^2 + 10^{-5}}` with the biased
+    batch variance :math:`\sigma_d^2` (``F.batch_norm`` in training mode, without its affine
+    parameters), and with the cross-correlation :math:`C = \tilde Z^\top \tilde Z' / N`
+
+    .. math::
+
+        L = \sum_d (1 - C_{dd})^2 + \lambda \sum_{d \ne e} C_{de}^2.
+
+    With ``gather_distributed`` :math:`C` runs over the global batch (each process standardises
+    its own outputs, as lightly does; the standardised rows of every process are gathered with
+    :func:`rpm.distributed.all_gather_with_grad`, which for batches of equal size is lightly's
+    average of the processes' matrices); without an initialised ``torch.distributed`` nothing
+    is gathered.
+
+    **Probabilistic reading.** A surrogate of the Gaussian RPM's ELBO (see
+    :class:`VICRegLoss`), not a bound: standardising pins the moment-matched marginals to unit
+    variance, the diagonal term is the Gaussian pair prior's invariance as :math:`\rho \to 1`
+    (for unit variances :math:`1 - C_{dd} = \tfrac12 \operatorname{mean}_n (\tilde z_{nd} -
+    \tilde z'_{nd})^2`), and the off-diagonal term drives the cross-correlation, and with it the
+    correlation R of each view, to I, where the anti-collapse :math:`\tfrac12 \log\det R` is
+    largest.
+
+    :param float lambda_param: :math:`\lambda \ge 0`, the weight of the redundancy-reduction
+        term.
+    :param bool gather_distributed: compute C over the global batch.
+    """
+
+    def __init__(self, lambda_param: float = 5e-3, gather_distributed: bool = False):
+        super().__init__()
+        self.lambda_param = check_nonnegative("lambda_param", lambda_param)
+        self.gather_distributed = _check_gather(gather_distributed)
+
+    def forward(self, z_a: torch.Tensor, z_b: torch.Tensor) -> torch.Tensor:
+        r"""The loss :math:`L` (class docstring).
+
+        :param torch.Tensor z_a: the first views' outputs, shape (N, D), N >= 2.
+        :param torch.Tensor z_b: the second views', the same shape.
+        :return: a scalar tensor.
+        """
+        _check_pair(z_a, z_b, ("z_a", "z_b"), "BarlowTwinsLoss", 2)
+        standard_a, standard_b = (torch.nn.functional.batch_norm(
+            z, running_mean=None, running_var=None, training=True, eps=1e-5) for z in (z_a, z_b))
+        if self.gather_distributed:
+            standard_a = all_gather_with_grad(standard_a)
+            standard_b = all_gather_with_grad(standard_b)
+        cross = standard_a.T @ standard_b / standard_a.shape[0]                # (D, D)
+        diagonal = cross.diagonal()
+        invariance = (1.0 - diagonal).square().sum()
+        redundancy = cross.square().sum() - diagonal.square().sum()
+        return invariance + self.lambda_param * redundancy
+
+
+class SIGReg(torch.nn.Module):
+    r"""LeJEPA's Sketched Isotropic Gaussian Regularisation (Balestriero & LeCun 2025) as
+    lightly's ``SIGReg`` computes it, with its arguments, defaults, value and random
+    projections: for the same state of torch's default generator, the same slices.
+
+    Each call draws K = ``num_vectors`` directions, the columns of ``torch.randn(D, K)``
+    normalised to unit length, :math:`a_k`, and projects the N outputs onto them,
+    :math:`x_{nk} = a_k^\top z_n`. For each slice it compares the empirical characteristic
+    function with the standard Gaussian's, :math:`\phi(t) = e^{-t^2/2}`, by the Epps-Pulley
+    statistic
+
+    .. math::
+
+        T_k = N \int_{-t_\text{max}}^{t_\text{max}} \phi(t)\, \Big|\frac1N \sum_n e^{i t x_{nk}}
+            - \phi(t)\Big|^2 dt
+            \approx N \sum_{m} w_m \phi(t_m) \Big[\big(\tfrac1N \textstyle\sum_n \cos t_m x_{nk}
+            - \phi(t_m)\big)^2 + \big(\tfrac1N \sum_n \sin t_m x_{nk}\big)^2\Big],
+
+    the integrand even in t, so evaluated on ``knots`` points :math:`t_m` evenly spaced on
+    :math:`[0, t_\text{max}]` with twice the trapezoidal weights (:math:`w = (\Delta, 2\Delta,
+    \dots, 2\Delta, \Delta)`, :math:`\Delta = t_\text{max} / (\text{knots} - 1)`). The loss is the
+    mean of :math:`T_k` over the K slices (and over any leading index of the outputs).
+
+    With ``gather_distributed`` the directions are rank 0's (broadcast) and N and the sums
+    over n run over the global batch (gathered with
+    :func:`rpm.distributed.all_gather_with_grad`); without an initialised
+    ``torch.distributed`` nothing is gathered.
+
+    **Probabilistic reading.** For the Gaussian RPM with the pair prior's marginal
+    :math:`\mathcal N(0, I)` (see :class:`VICRegLoss`), each view's marginal terms are
+    :math:`\operatorname{mean}_n \log \mathcal N(z_n; 0, I) - \operatorname{mean}_n \log
+    \mathcal N(z_n; m, S) = -\mathrm{KL}(\mathcal N(m, S) \,\|\, \mathcal N(0, I))`, the
+    anti-collapse :math:`\tfrac12 \log\det S` balanced by the prior's norm term, zero exactly
+    when the moment-matched marginal is :math:`\mathcal N(0, I)`. SIGReg approximates it by a
+    sliced test of the whole marginal (not its first two moments) against the isotropic
+    Gaussian, zero at the same place.
+
+    :param int knots: the number of frequencies :math:`t_m`, >= 2.
+    :param float t_max: the largest frequency, > 0.
+    :param int num_vectors: K, the number of random directions per call, >= 1.
+    :param bool gather_distributed: run the statistic over the global batch.
+    """
+
+    def __init__(self, *, knots: int = 17, t_max: float = 3.0, num_vectors: int = 1024,
+                 gather_distributed: bool = False):
+        super().__init__()
+        knots = check_int("knots", knots)
+        if knots < 2:
+            raise ValueError(f"knots must be an integer greater than one (the trapezoidal rule "
+                             f"needs two frequencies), got {knots}")
+        t_max = check_real("t_max", t_max)
+        if t_max <= 0:
+            raise ValueError(f"t_max must be greater than zero, got {t_max}")
+        self.num_vectors = check_positive_int("num_vectors", num_vectors)
+        self.gather_distributed = _check_gather(gather_distributed)
+        # float64 buffers under lightly's names; each call reads them in the outputs' dtype
+        t = torch.linspace(0.0, t_max, knots, dtype=torch.float64)
+        step = t_max / (knots - 1)
+        weights = torch.full((knots,), 2.0 * step, dtype=torch.float64)
+        weights[[0, -1]] = step
+        phi = torch.exp(-t.square() / 2.0)
+        self.register_buffer("t", t)                    # (knots,) the frequencies t_m
+        self.register_buffer("phi", phi)                # (knots,) phi(t_m)
+        self.register_buffer("weights", weights * phi)  # (knots,) w_m phi(t_m)
+
+    def forward(self, proj: torch.Tensor) -> torch.Tensor:
+        r"""The mean Epps-Pulley statistic of the outputs' random slices (class docstring).
+
+        :param torch.Tensor proj: the outputs, shape (..., N, D).
+        :return: a scalar tensor.
+        """
+        if not isinstance(proj, torch.Tensor) or proj.dim() < 2 or proj.shape[-2] < 1 \
+                or not proj.is_floating_point():
+            got = tuple(proj.shape) if isinstance(proj, torch.Tensor) else type(proj).__name__
+            raise ValueError(f"SIGReg takes floating-point projections of shape (..., N, D) with "
+                             f"N >= 1; got {got}")
+        gather = self.gather_distributed and is_distributed()
+        num = proj.shape[-2]
+        if gather:
+            num = int(all_gather_with_grad(torch.tensor([num], device=collective_device())).sum())
+        # lightly's draw, in the outputs' dtype, from torch's default generator
+        directions = torch.randn(proj.shape[-1], self.num_vectors, device=proj.device,
+                                 dtype=proj.dtype)                             # (D, K)
+        if gather:
+            torch.distributed.broadcast(directions, src=0)
+        directions = directions / torch.linalg.vector_norm(directions, dim=0)
+        # (..., N, K, knots): t_m a_k^T z_n
+        phases = (proj @ directions).unsqueeze(-1) * self.t.to(proj.dtype)
+        cos_sum, sin_sum = phases.cos().sum(-3), phases.sin().sum(-3)         # (..., K, knots)
+        if gather:  # the sums over every process's outputs
+            cos_sum = all_gather_with_grad(cos_sum.unsqueeze(0)).sum(0)
+            sin_sum = all_gather_with_grad(sin_sum.unsqueeze(0)).sum(0)
+        error = (cos_sum / num - self.phi.to(proj.dtype)).square() + (sin_sum / num).square()
+        return (num * (error @ self.weights.to(proj.dtype))).mean()
+
+
+class LeJEPALoss(torch.nn.Module):
+    r"""LeJEPA's loss (Balestriero & LeCun 2025) as lightly's ``LeJEPALoss`` computes it, with
+    its arguments, defaults and value: SIGReg on every view's outputs and the invariance of
+    every view to the centroid of the global views,
+
+    .. math::
+
+        L = \lambda\, \mathrm{SIGReg}(Z_{1:V}) + (1 - \lambda)\, \frac{1}{VND} \sum_{v,n,d}
+            (\bar z_{nd} - z_{vnd})^2, \qquad
+        \bar z_n = \frac{1}{V_g} \sum_{g=1}^{V_g} z_{gn},
+
+    the V views the :math:`V_g` global ones followed by the local ones, and SIGReg
+    (:class:`SIGReg`, attribute ``sigreg``) averaged over the V views, one draw of directions
+    for all of them.
+
+    **Probabilistic reading.** The invariance term is, up to scale, the star prior's
+    (SimVAE's: :math:`z_v = y + s\, \epsilon_v`, :math:`y \sim \mathcal N(0, I)`) conditional
+    :math:`-\log \mathcal N(z_v; y, s^2 I)` with the shared latent y estimated by the global
+    views' centroid; SIGReg stands for the marginal terms of the Gaussian RPM (see
+    :class:`SIGReg`).
+
+    :param float lambda_param: :math:`\lambda \in [0, 1]`, the weight of SIGReg.
+    :param bool gather_distributed: SIGReg over the global batch.
+    :param int sigreg_knots: SIGReg's ``knots``.
+    :param float sigreg_t_max: SIGReg's ``t_max``.
+    :param int sigreg_num_vectors: SIGReg's ``num_vectors``.
+    """
+
+    def __init__(self, lambda_param: float = 0.05, gather_distributed: bool = False,
+                 sigreg_knots: int = 17, sigreg_t_max: float = 3.0,
+                 sigreg_num_vectors: int = 1024):
+        super().__init__()
+        lambda_param = check_real("lambda_param", lambda_param)
+        if not 0.0 <= lambda_param <= 1.0:
+            raise ValueError(f"lambda_param must be in the unit interval [0, 1] (the weight of "
+                             f"SIGReg; the invariance term takes 1 - lambda_param), got "
+                             f"{lambda_param}")
+        self.lambda_param = lambda_param
+        self.sigreg = SIGReg(knots=sigreg_knots, t_max=sigreg_t_max,
+                             num_vectors=sigreg_num_vectors, gather_distributed=gather_distributed)
+
+    def forward(self, *, local_proj: torch.Tensor, global_proj: torch.Tensor) -> torch.Tensor:
+        r"""The loss :math:`L` (class docstring); both arguments keyword-only, as lightly's.
+
+        :param torch.Tensor local_proj: the local views' outputs, shape (V_l, N, D), V_l >= 1.
+        :param torch.Tensor global_proj: the global views' outputs, shape (V_g, N, D), V_g >= 1.
+        :return: a scalar tensor.
+        """
+        for name, proj in (("local_proj", local_proj), ("global_proj", global_proj)):
+            if not isinstance(proj, torch.Tensor) or proj.dim() != 3 or proj.shape[0] < 1:
+                got = tuple(proj.shape) if isinstance(proj, torch.Tensor) else type(proj).__name__
+                raise ValueError(f"LeJEPALoss takes {name} of shape (V, N, D) with at least one "
+                                 f"view; got {got}")
+        if local_proj.shape[1:] != global_proj.shape[1:]:
+            raise ValueError(f"LeJEPALoss needs local_proj and global_proj with the same batch "
+                             f"and feature dimensions (N, D); got {tuple(local_proj.shape)} and "
+                             f"{tuple(global_proj.shape)}")
+        views = torch.cat([global_proj, local_proj])                            # (V, N, D)
+        invariance = (global_proj.mean(0) - views).square().mean()
+        return self.lambda_param * self.sigreg(views) + (1.0 - self.lambda_param) * invariance
+
+
+def _negative_von_mises_fisher_weights(out0: torch.Tensor, out1: torch.Tensor,
+                                       sigma: float) -> torch.Tensor:
+    r"""DCLW's weights :math:`w_i = 2 - N \operatorname{softmax}_i(\hat z_i^\top \hat z'_i /
+    \sigma)`, shape (N,), without a gradient (lightly's ``negative_mises_fisher_weights``)."""
+    similarity = (out0.detach() * out1.detach()).sum(1) / sigma
+    return 2.0 - out0.shape[0] * torch.softmax(similarity, dim=0)
+
+
+class DCLLoss(torch.nn.Module):
+    r"""The decoupled contrastive loss (Yeh et al. 2022, Eq. 6) as lightly's ``DCLLoss``
+    computes it, with its arguments, defaults and value.
+
+    The outputs are normalised, :math:`\hat u = u / \lVert u \rVert`, and
+    :math:`f(u, v) = \hat u^\top \hat v / \tau`. Each :math:`z_i` is an anchor whose positive is
+    :math:`z'_i` and whose candidates are the 2N - 2 latents of the other images,
+    :math:`C(i) = \{z_j, z'_j : j \ne i\}` (NT-Xent's without the positive); the loss is
+    symmetric in the views,
+
+    .. math::
+
+        L = \tfrac12 \big(\ell(Z, Z') + \ell(Z', Z)\big), \qquad
+        \ell(Z, Z') = \frac1N \sum_i \Big[-w_i f(z_i, z'_i)
+            + \log \sum_{u \in C(i)} e^{f(z_i, u)}\Big],
+
+    with :math:`w_i = 1`, or ``weight_fn(out0, out1)`` of the normalised outputs (``(out1,
+    out0)`` for the second direction). With ``gather_distributed`` the candidates are every
+    process's latents but the anchor's own pair (:func:`rpm.distributed.all_gather_with_grad`),
+    each process averaging over its own anchors; without an initialised ``torch.distributed``
+    nothing is gathered.
+
+    **Probabilistic reading.** With :math:`w = 1`, :math:`-\ell` is the implicit prior's
+    log-ratio with its normaliser estimated from candidates that exclude the positive,
+    :math:`r_i = f(z_i, z'_i) - \log \frac{1}{2N - 2} \sum_{u \in C(i)} e^{f(z_i, u)}`:
+    :math:`L = -\frac{1}{2N} \sum_i (r_i + r'_i) + \log(2N - 2)`, the pooled prior's ELBO per
+    pair (:class:`~rpm.priors.PooledImplicitPrior`) with the positive taken out of
+    :math:`\hat Z`. rpm's candidate sets (``"pooled"``, ``"cross_view"``, ``"positives"``)
+    all keep the positive, so this loss has no ``elbo`` method.
+
+    :param float temperature: :math:`\tau > 0`.
+    :param weight_fn: None, or a function of the normalised ``(out0, out1)`` (N, D) returning
+        the weights :math:`w` of the positives, shape (N,).
+    :param bool gather_distributed: take the candidates from every process.
+    """
+
+    def __init__(self, temperature: float = 0.1, weight_fn=None,
+                 gather_distributed: bool = False):
+        super().__init__()
+        self.temperature = _check_temperature(temperature, "DCL uses 0.1")
+        if weight_fn is not None and not callable(weight_fn):
+            raise TypeError(f"weight_fn must be None or a function (out0, out1) -> weights of "
+                            f"shape (N,), got {weight_fn!r}")
+        self.weight_fn = weight_fn
+        self.gather_distributed = _check_gather(gather_distributed)
+
+    def forward(self, out0: torch.Tensor, out1: torch.Tensor) -> torch.Tensor:
+        r"""The mean loss :math:`L` (class docstring).
+
+        :param torch.Tensor out0: the first views' outputs, shape (N, D).
+        :param torch.Tensor out1: the second views', the same shape.
+        :return: a scalar tensor.
+        """
+        _check_pair(out0, out1, ("out0", "out1"), type(self).__name__, 1)
+        out0, out1 = unit_vectors(out0), unit_vectors(out1)
+        candidates = Candidates(global_batch=self.gather_distributed)
+        all0, all1 = candidates.gather(out0), candidates.gather(out1)
+        if all0.shape[0] < 2:
+            raise ValueError(f"{type(self).__name__} needs a batch of at least 2 images (the "
+                             f"negatives of an image are the others' views); got 1")
+        # the column of each anchor's own image in the (gathered) batch
+        own = torch.arange(out0.shape[0], device=out0.device) + candidates.offset(out0.shape[0])
+        return 0.5 * (self._direction(out0, out1, all0, all1, own)
+                      + self._direction(out1, out0, all1, all0, own))
+
+    def _direction(self, anchors, positives, same_view, other_view, own) -> torch.Tensor:
+        """:math:`\\ell` of one direction: anchors (N, D), their positives (N, D), the
+        (gathered) candidates of the anchors' view and of the other view (M, D)."""
+        positive = (anchors * positives).sum(1) / self.temperature                   # (N,)
+        if self.weight_fn is not None:
+            positive = positive * self._weights(anchors, positives)
+        logits = torch.cat([anchors @ same_view.T, anchors @ other_view.T], 1) / self.temperature
+        rows = torch.arange(anchors.shape[0], device=anchors.device)
+        mask = torch.zeros_like(logits, dtype=torch.bool)                              # (N, 2M)
+        mask[rows, own] = True                           # the anchor itself
+        mask[rows, own + same_view.shape[0]] = True      # its positive
+        negative = torch.logsumexp(logits.masked_fill(mask, -math.inf), dim=1)
+        return (negative - positive).mean()
+
+    def _weights(self, anchors: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
+        weights = self.weight_fn(anchors, positives)
+        num = anchors.shape[0]
+        if not isinstance(weights, torch.Tensor) or weights.shape not in ((num,), ()):
+            got = tuple(weights.shape) if isinstance(weights, torch.Tensor) else repr(weights)
+            raise ValueError(f"weight_fn must return the weights of the N = {num} positives, a "
+                             f"tensor of shape ({num},); got {got}")
+        return weights
+
+
+class DCLWLoss(DCLLoss):
+    r"""The weighted decoupled contrastive loss (Yeh et al. 2022) as lightly's ``DCLWLoss``
+    computes it: :class:`DCLLoss` with the negative von Mises-Fisher weights
+
+    .. math::
+
+        w_i = 2 - N \frac{e^{\hat z_i^\top \hat z'_i / \sigma}}
+            {\sum_j e^{\hat z_j^\top \hat z'_j / \sigma}},
+
+    over this process's N pairs, held without a gradient (they average to 1 and are larger for
+    the pairs whose views agree least).
+
+    **Probabilistic reading.** With the weights, the positive term is no longer the implicit
+    prior's energy: a reweighted surrogate of :class:`DCLLoss`'s log-ratio.
+
+    :param float temperature: :math:`\tau > 0`.
+    :param float sigma: :math:`\sigma > 0`, the temperature of the weights.
+    :param bool gather_distributed: take the candidates from every process.
+    """
+
+    def __init__(self, temperature: float = 0.1, sigma: float = 0.5,
+                 gather_distributed: bool = False):
+        sigma = check_positive("sigma", sigma)
+        super().__init__(temperature=temperature,
+                         weight_fn=functools.partial(_negative_von_mises_fisher_weights,
+                                                     sigma=sigma),
+                         gather_distributed=gather_distributed)
+        self.sigma = sigma
+
+
+class HypersphereLoss(torch.nn.Module):
+    r"""Wang & Isola's (2020) alignment and uniformity on the hypersphere as lightly's
+    ``HypersphereLoss`` computes it, with its arguments, defaults and value.
+
+    The outputs are normalised, :math:`x_i = \hat z_i`, :math:`y_i = \hat z'_i`, and
+
+    .. math::
+
+        L = \frac1N \sum_i \lVert x_i - y_i \rVert^\alpha
+            + \frac{\lambda}{2} \big(U(x) + U(y)\big), \qquad
+        U(x) = \log \frac{2}{N(N - 1)} \sum_{i < j} e^{-t \lVert x_i - x_j \rVert^2}
+
+    (computed as a log-sum-exp, so a large t gives a finite U where lightly's may be
+    :math:`-\infty`).
+
+    **Probabilistic reading.** :math:`U(x)` is the log of the batch mean of the RBF implicit
+    prior's normaliser :math:`\hat Z(x_i) = \frac{1}{N - 1} \sum_{j \ne i} e^{f(x_i, x_j)}`,
+    :math:`f(u, v) = -t \lVert u - v \rVert^2`, estimated from the other latents of the
+    anchor's view. With :math:`\alpha = 2` and :math:`\lambda = 1/t` (the defaults are such a
+    pair), :math:`t L` is therefore, by Jensen's inequality, an upper bound on the negative
+    log-ratio of that prior per pair,
+    :math:`\frac{1}{2N} \sum_i [-f(x_i, y_i) + \log \hat Z(x_i) - f(y_i, x_i) + \log
+    \hat Z(y_i)]`.
+
+    :param float t: :math:`t > 0`, the RBF's inverse scale in the uniformity.
+    :param float lam: :math:`\lambda \ge 0`, the weight of the uniformity.
+    :param float alpha: :math:`\alpha > 0`, the power of the alignment distances.
+    """
+
+    def __init__(self, t: float = 1.0, lam: float = 1.0, alpha: float = 2.0):
+        super().__init__()
+        self.t = check_positive("t", t)
+        self.lam = check_nonnegative("lam", lam)
+        self.alpha = check_positive("alpha", alpha)
+
+    def forward(self, z_a: torch.Tensor, z_b: torch.Tensor) -> torch.Tensor:
+        r"""The loss :math:`L` (class docstring).
+
+        :param torch.Tensor z_a: the first views' outputs, shape (N, D), N >= 2.
+        :param torch.Tensor z_b: the second views', the same shape.
+        :return: a scalar tensor.
+        """
+        _check_pair(z_a, z_b, ("z_a", "z_b"), "HypersphereLoss", 2)
+        x, y = unit_vectors(z_a), unit_vectors(z_b)
+        alignment = torch.linalg.vector_norm(x - y, dim=1).pow(self.alpha).mean()
+        return alignment + self.lam * (self._uniformity(x) + self._uniformity(y)) / 2.0
+
+    def _uniformity(self, x: torch.Tensor) -> torch.Tensor:
+        """U(x): the log of the mean of exp(-t |x_i - x_j|^2) over the pairs i < j."""
+        exponents = -self.t * torch.pdist(x).square()                       # (N (N - 1) / 2,)
+        return torch.logsumexp(exponents, 0) - math.log(exponents.shape[0])
