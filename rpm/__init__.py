@@ -14,7 +14,9 @@ __version__ = "0.1.0"
 #: Where each public name lives: imported at first use (PEP 562), so that ``import rpm`` and
 #: ``python -m rpm`` do not pay for torch and Pyro until a model is needed.
 _LAZY = {
+    "CategoricalRecognition": "rpm.models",
     "DeltaRecognition": "rpm.models",
+    "DiscreteRPM": "rpm.models",
     "GaussianRecognition": "rpm.models",
     "MixtureMarginal": "rpm.marginals",
     "RPM": "rpm.models",
@@ -27,7 +29,9 @@ _SUBPACKAGES = frozenset({"data", "distributed", "distributions", "evaluation", 
                           "priors", "training"})
 
 __all__ = [
+    "CategoricalRecognition",
     "DeltaRecognition",
+    "DiscreteRPM",
     "GaussianRecognition",
     "MixtureMarginal",
     "RPM",
@@ -59,4 +63,11 @@ if TYPE_CHECKING:  # for type checkers and IDEs
     from rpm.experiments.trained import load
     from rpm.inference import RPMELBO
     from rpm.marginals import MixtureMarginal
-    from rpm.models import RPM, DeltaRecognition, GaussianRecognition, ScaleFloorWarning
+    from rpm.models import (
+        RPM,
+        CategoricalRecognition,
+        DeltaRecognition,
+        DiscreteRPM,
+        GaussianRecognition,
+        ScaleFloorWarning,
+    )

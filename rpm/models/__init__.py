@@ -1,13 +1,22 @@
-"""Models: recognition models Q(z|x), the RPM itself, and the contract through which
-:class:`~rpm.RPMELBO` evaluates a model (:class:`RPMBase`, :class:`ObjectiveInputs`)."""
+"""Models: recognition models Q(z|x), the RPM itself, the RPM with a discrete latent
+(:class:`DiscreteRPM`), and the contract through which :class:`~rpm.RPMELBO` evaluates a model
+(:class:`RPMBase`, :class:`ObjectiveInputs`)."""
 
 from rpm._objective import ObjectiveInputs
 from rpm.models._base import RPMBase
-from rpm.models._recognition import DeltaRecognition, GaussianRecognition, ScaleFloorWarning
+from rpm.models._discrete_rpm import DiscreteRPM
+from rpm.models._recognition import (
+    CategoricalRecognition,
+    DeltaRecognition,
+    GaussianRecognition,
+    ScaleFloorWarning,
+)
 from rpm.models._rpm import RPM
 
 __all__ = [
+    "CategoricalRecognition",
     "DeltaRecognition",
+    "DiscreteRPM",
     "GaussianRecognition",
     "ObjectiveInputs",
     "RPM",

@@ -9,6 +9,10 @@ batch_shape (N,) and event_shape (D,):
   encoder; with ``noise_scale`` :math:`\epsilon > 0` it is :math:`\mathcal{N}(\mu(x), \epsilon^2 I)`,
   the smoothing that makes Q(z) absolutely continuous (Appendix B of Aitchison & Ganev).
 
+:class:`CategoricalRecognition` is the discrete factor of Walker et al. (2023),
+:math:`f(Z|x) = \operatorname{softmax}(g(x))_Z` over K classes: batch_shape (N,), event_shape
+(), the recognition model of :class:`~rpm.DiscreteRPM`.
+
 The wrapped network is held as it is, never converted or otherwise changed: a plain
 ``torch.nn.Module`` is registered with Pyro (``pyro.module``, under the model's name) in each
 call of an RPM's ``model``, ``guide`` or ``elbo`` under a Pyro handler, so ``pyro.infer.SVI``
@@ -30,17 +34,18 @@ import warnings
 
 import pyro
 import torch
-from pyro.distributions import Delta, Normal, TorchDistribution
+from pyro.distributions import Categorical, Delta, Normal, TorchDistribution
 from pyro.infer.util import is_validation_enabled
 from pyro.params.param_store import param_with_module_name
 from pyro.poutine.runtime import am_i_wrapped
 
 from rpm._pyro_compat import pyro_name
+from rpm._validation import check_int
 from rpm.models._checked_batches import checks_skipped
 from rpm.nn import NamedModule, _registration_scope
 from rpm.ops._finite import all_finite
 
-__all__ = ["DeltaRecognition", "GaussianRecognition", "ScaleFloorWarning"]
+__all__ = ["CategoricalRecognition", "DeltaRecognition", "GaussianRecognition", "ScaleFloorWarning"]
 
 
 def _network(module: NamedModule) -> torch.nn.Module:
@@ -287,3 +292,50 @@ class DeltaRecognition(NamedModule):
             return Delta(loc, log_density=self._zero_log_density(loc), event_dim=1,
                          validate_args=False)
         return Normal(loc, torch.full_like(loc, self.noise_scale)).to_event(1)
+
+
+class CategoricalRecognition(NamedModule):
+    r"""Categorical recognition factor :math:`f(Z|x) = \operatorname{softmax}(g(x))_Z` over K
+    classes (Walker et al., 2023): the recognition model of :class:`~rpm.DiscreteRPM`.
+
+    The network returns unnormalised logits :math:`g(x)` of shape (N, K); the factor is the
+    normalised ``Categorical(logits=g(x))``, batch_shape (N,), event_shape () (Pyro normalises
+    the logits: ``.logits`` holds :math:`\log f(Z|x_n)`, ``.probs`` :math:`f(Z|x_n)`).
+
+    :param torch.nn.Module net: maps a batch x (N, ...) to logits of shape (N, K).
+    :param int num_classes: K >= 2, the number of values of the latent Z.
+    :param validate: check the logits' shape and finiteness on every call; ``None`` follows
+        :func:`pyro.enable_validation` (``rpm.models._checked_batches``).
+
+    References:
+        W. I. Walker, H. Soulat, C. Yu, M. Sahani, "Unsupervised representation learning with
+        recognition-parametrised probabilistic models", AISTATS 2023.
+    """
+
+    def __init__(self, net: torch.nn.Module, num_classes: int, validate: bool | None = None):
+        super().__init__()
+        num_classes = check_int("num_classes", num_classes)
+        if num_classes < 2:
+            raise ValueError(
+                f"num_classes must be K >= 2 (the number of values of the discrete latent, "
+                f"e.g. 10 for the digits), got {num_classes}")
+        self.net = _check_network(net)
+        self.num_classes = num_classes
+        self.validate = validate
+
+    def forward(self, x: torch.Tensor) -> TorchDistribution:
+        """Returns ``Categorical(logits=net(x))`` with batch_shape (N,) over K classes."""
+        logits = _network(self)(x)
+        if _validating(self.validate):
+            if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or \
+                    logits.shape[-1] != self.num_classes:
+                got = (tuple(logits.shape) if isinstance(logits, torch.Tensor)
+                       else type(logits).__name__)
+                raise ValueError(
+                    f"CategoricalRecognition(num_classes={self.num_classes}) needs the network "
+                    f"to return logits of shape (N, {self.num_classes}), got {got}; make the "
+                    f"network's last layer output {self.num_classes} features (or set "
+                    "num_classes to its width)")
+            _check_batch("logits", logits, x.shape[0])
+            _check_finite("logits", logits)
+        return Categorical(logits=logits)

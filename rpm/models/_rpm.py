@@ -56,7 +56,7 @@ from rpm.models._checked_batches import (
     signature,
     skipped_checks,
 )
-from rpm.models._recognition import DeltaRecognition
+from rpm.models._recognition import CategoricalRecognition, DeltaRecognition
 from rpm.models._views import (
     ENCODER_CALLS,
     call_encoder,
@@ -236,6 +236,10 @@ class RPM(RPMBase):
             if not callable(module):
                 label = "recognition" if index == 0 else f"recognition{index + 1}"
                 raise TypeError(f"{label} must be callable (x -> distribution), got {module!r}")
+            if isinstance(module, CategoricalRecognition):
+                raise TypeError(
+                    "CategoricalRecognition is the factor of a discrete latent, which rpm.RPM's "
+                    "continuous priors do not take; use rpm.DiscreteRPM(recognition, num_views=J)")
         if not callable(prior):
             raise TypeError(f"prior must be callable as prior(q, q2), got {prior!r}")
         refuse_energy(prior)
