@@ -9,11 +9,13 @@ scans over time for long sequences: ``rpm.ops._kalman_scan``, or the window's de
 Gaussian for short ones: ``rpm.ops._kalman_dense``), and the stationary covariance of a
 linear recursion.
 
-The package exports the kernels a user writing a prior, an energy or a marginal calls; the
-dispatch policies, block sizes, rounding bounds and dense variants the core uses stay in their
-modules (``rpm.ops._dispatch``, ``rpm.ops._distances``, ``rpm.ops._gaussian_mixture``,
+The package exports the kernels a user writing a prior, an energy or a marginal calls, and
+:func:`fused_mixture_kernel`, the scoped switch of the fused kernel; the other dispatch
+policies, block sizes, rounding bounds and dense variants the core uses stay in their modules
+(``rpm.ops._dispatch``, ``rpm.ops._distances``, ``rpm.ops._gaussian_mixture``,
 ``rpm.ops._logsumexp``, ``rpm.ops._streaming`` ...)."""
 
+from rpm.ops._dispatch import fused_mixture_kernel
 from rpm.ops._distances import squared_distances
 from rpm.ops._distribution_mixture import distribution_mixture_log_prob
 from rpm.ops._gaussian_mixture import gaussian_mixture_log_prob
@@ -37,6 +39,7 @@ __all__ = [
     "KalmanSmootherResult",
     "backward_sample",
     "distribution_mixture_log_prob",
+    "fused_mixture_kernel",
     "gaussian_mixture_log_prob",
     "kalman_filter",
     "kalman_forecast",

@@ -8,7 +8,11 @@ is importable, at every size: it never stores the M x N matrix and computes each
 difference form. That form has no matrix product: its backward pass costs about 13 scalar
 operations per pair and dimension where the expansion's three matrix products cost 6 fused
 multiply-adds, so for wider latents the matrix-product paths below are used.
-:func:`fused_mixture_kernel` switches it off (to compare it with the other paths).
+:func:`fused_mixture_kernel` switches it off or on for a block of code, and the ``fused``
+argument of :func:`~rpm.ops.gaussian_mixture_log_prob` for one call. The switch is a
+:class:`contextvars.ContextVar`: it holds for the thread (or asyncio task) that entered the
+block, until the block exits; other threads and tasks keep their own value (the default,
+allowed, in a thread that never set it).
 
 One rule serves the mixture marginal (:func:`~rpm.ops.gaussian_mixture_log_prob`) and the
 InfoNCE normaliser of the implicit prior (:func:`~rpm.ops.streaming_matmul_logsumexp`): an
@@ -21,6 +25,7 @@ in ``benchmarks/marginal.py``); on CUDA the dense kernels win until memory matte
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import importlib.util
 from collections.abc import Iterator
@@ -32,6 +37,7 @@ __all__ = [
     "RECOMPUTE_MIN_PAIRS",
     "STREAMING_MIN_PAIRS",
     "default_block_size",
+    "fused_mixture_allowed",
     "fused_mixture_kernel",
     "ieee_float32_matmul",
     "triton_available",
@@ -56,8 +62,10 @@ _DEFAULT_BLOCK_SIZE = {"cpu": 1024, "cuda": 4096}
 #: The widest latent (D) the fused mixture kernel serves by default; wider latents use the
 #: dense or streamed matrix-product kernels (module docstring).
 FUSED_MAX_DIM = 32
-# Whether the fused mixture kernel may be used (switched by fused_mixture_kernel).
-_FUSED_MIXTURE = {"enabled": True}
+# Whether the fused mixture kernel may be used in the current context (thread or asyncio task);
+# set only by fused_mixture_kernel.
+_FUSED_MIXTURE: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "rpm_fused_mixture_kernel", default=True)
 
 
 @functools.cache
@@ -66,33 +74,56 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def use_fused_mixture(z: torch.Tensor) -> bool:
-    """Whether the mixture marginal of these points runs in the fused Triton kernel: float32 on
-    CUDA, at most :data:`FUSED_MAX_DIM` dimensions, Triton installed, and not switched off by
-    :func:`fused_mixture_kernel`.
+def fused_mixture_allowed() -> bool:
+    """Whether the fused mixture kernel may be chosen automatically in the current context:
+    True unless the innermost enclosing :func:`fused_mixture_kernel` block of this thread (or
+    asyncio task) says ``False``."""
+    return _FUSED_MIXTURE.get()
+
+
+def use_fused_mixture(z: torch.Tensor, fused: bool | None = None) -> bool:
+    """Whether the mixture marginal of these points runs in the fused Triton kernel.
+
+    With ``fused=None`` (automatic): float32 on CUDA, at most :data:`FUSED_MAX_DIM`
+    dimensions, Triton installed, and not switched off by :func:`fused_mixture_kernel` in the
+    current context. ``fused=True`` or ``False`` decides for the call, whatever the context
+    (True asks for the kernel even where it cannot run: the kernel then says why).
 
     :param torch.Tensor z: the points, shape (M, D) (their device and dtype are those of the
         whole call).
+    :param fused: None for the automatic choice, or the caller's choice.
     :return: True for the fused kernel.
+    :raises TypeError: if ``fused`` is not None, True or False.
     """
-    return (_FUSED_MIXTURE["enabled"] and z.device.type == "cuda" and z.dtype == torch.float32
+    if fused is not None and not isinstance(fused, bool):
+        raise TypeError(f"fused must be None (automatic), True or False, got {fused!r}")
+    if fused is not None:
+        return fused
+    return (fused_mixture_allowed() and z.device.type == "cuda" and z.dtype == torch.float32
             and z.shape[-1] <= FUSED_MAX_DIM and triton_available())
 
 
 @contextlib.contextmanager
 def fused_mixture_kernel(enabled: bool) -> Iterator[None]:
-    """Context manager that allows (``True``) or forbids (``False``) the fused mixture kernel
-    in :func:`~rpm.ops.gaussian_mixture_log_prob` (restored on exit); forbidden, the dense and
-    streamed paths serve every device as on a machine without Triton.
+    """Context manager that allows (``True``) or forbids (``False``) the automatic choice of
+    the fused Triton kernel in :func:`~rpm.ops.gaussian_mixture_log_prob` inside the block;
+    forbidden, the dense and streamed paths serve every device as on a machine without Triton.
 
-    :param bool enabled: whether the fused kernel may be used inside the block.
+    The setting is scoped: it holds in the thread (or asyncio task) that entered the block and
+    only until the block exits (also on an exception), where the value from before comes back;
+    blocks nest. Other threads and tasks are not affected. A call's own ``fused=True`` or
+    ``fused=False`` takes precedence over the block.
+
+    :param bool enabled: whether the fused kernel may be chosen inside the block.
+    :raises TypeError: if ``enabled`` is not a bool.
     """
-    before = _FUSED_MIXTURE["enabled"]
-    _FUSED_MIXTURE["enabled"] = bool(enabled)
+    if not isinstance(enabled, bool):
+        raise TypeError(f"fused_mixture_kernel(enabled) takes True or False, got {enabled!r}")
+    token = _FUSED_MIXTURE.set(enabled)
     try:
         yield
     finally:
-        _FUSED_MIXTURE["enabled"] = before
+        _FUSED_MIXTURE.reset(token)
 
 
 def use_streaming(

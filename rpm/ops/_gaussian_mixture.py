@@ -66,8 +66,12 @@ def fused_gaussian_mixture_log_prob(
     over the points (for loc and scale). The quadratic form is summed as
     :math:`\sum_d ((z_{md} - \mu_{nd}) w_{nd}) (z_{md} - \mu_{nd})`, :math:`w = \sigma^{-2}`,
     which does not cancel however far the points lie from the origin or how small the scales
-    are; :math:`\sum_d \log\sigma_{nd}` is summed in float64. Memory O((M + N) D). Not
-    twice differentiable.
+    are; :math:`\sum_d \log\sigma_{nd}` is summed in float64. Memory O((M + N) D).
+
+    Twice differentiable: a backward pass that builds a graph (``create_graph=True``, as a
+    Hessian-vector product or a gradient penalty needs) recomputes the values through
+    :func:`dense_gaussian_mixture_log_prob` and differentiates that, so its gradients are the
+    dense path's and its memory O(M N); a first-order backward pass stays in the kernels.
 
     :param torch.Tensor z: points, shape (M, D), on a CUDA device (CPU tensors only under
         Triton's interpreter, ``TRITON_INTERPRET=1``).
@@ -139,7 +143,7 @@ def dense_gaussian_mixture_log_prob(
 
 def gaussian_mixture_log_prob(
     z: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor, exclude_self: bool = False,
-    block_size: int | None = None,
+    block_size: int | None = None, fused: bool | None = None,
 ) -> torch.Tensor:
     r"""Log-density of points under the equally weighted mixture of diagonal Gaussians.
 
@@ -155,8 +159,10 @@ def gaussian_mixture_log_prob(
 
     Computed in the dtype of the inputs; float32 stays within 1e-4 of float64. Float32 CUDA
     inputs of at most ``rpm.ops._dispatch.FUSED_MAX_DIM`` dimensions go to the fused Triton
-    kernel (``fused_gaussian_mixture_log_prob``, O((M + N) D) memory, not twice
-    differentiable) when Triton is installed and no ``block_size`` is given
+    kernel (``fused_gaussian_mixture_log_prob``, O((M + N) D) memory; a backward pass with
+    ``create_graph=True`` recomputes through the dense path, so it is twice differentiable)
+    when Triton is installed, no ``block_size`` is given and neither ``fused=False`` nor an
+    enclosing :func:`~rpm.ops.fused_mixture_kernel` block with ``False`` forbids it
     (``rpm.ops._dispatch.use_fused_mixture``). Otherwise the dispatch policy
     ``rpm.ops._dispatch.use_streaming`` chooses between the dense path
     (``dense_gaussian_mixture_log_prob``, twice differentiable, O(M N) memory) and the
@@ -169,11 +175,23 @@ def gaussian_mixture_log_prob(
     :param bool exclude_self: drop the diagonal pair (m, m); requires M == N and N >= 2.
     :param block_size: stream in blocks of this many rows and columns; ``None`` lets the
         dispatch policy decide by size and device.
+    :param fused: ``None`` (automatic, as above), ``True`` to run the fused kernel (any
+        dtype and width; it raises where it cannot run: no Triton, or not CUDA outside
+        Triton's interpreter), ``False`` never to; the call's choice takes precedence over
+        :func:`~rpm.ops.fused_mixture_kernel`.
     :return: log Q(z_m), shape (M,).
     :rtype: torch.Tensor
+    :raises TypeError: if ``fused`` is not None, True or False.
+    :raises ValueError: for ``fused=True`` with a ``block_size`` (the fused kernel has no
+        blocks to choose).
     """
     check_mixture_arguments(z, loc, scale, exclude_self)
-    if block_size is None and use_fused_mixture(z):
+    fused_path = use_fused_mixture(z, fused)  # also checks the type of ``fused``
+    if fused and block_size is not None:
+        raise ValueError(
+            f"fused=True runs the fused kernel, which takes no block_size (got {block_size}); "
+            "pass block_size=None for the fused kernel, or fused=None to stream in blocks")
+    if block_size is None and fused_path:
         return fused_gaussian_mixture_log_prob(z, loc, scale, exclude_self)
     if use_streaming(z.shape[0], loc.shape[0], z.device, block_size):
         return streaming_gaussian_mixture_log_prob(z, loc, scale, exclude_self, block_size)

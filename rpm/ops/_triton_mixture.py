@@ -40,7 +40,6 @@ import math
 import torch
 import triton
 import triton.language as tl
-from torch.autograd.function import once_differentiable
 
 # Rows and columns of a block of L held by one program (powers of two, >= 16 for Triton).
 BLOCK_M = 64
@@ -277,7 +276,14 @@ def mixture_gradients(
 
 class FusedGaussianMixture(torch.autograd.Function):
     """log Q(z_m) through the fused kernels: saves the row log-sum-exps (and the kernels'
-    O((M + N) D) operands), never a block of L."""
+    O((M + N) D) operands), never a block of L.
+
+    The backward kernels compute the gradient outside autograd. A backward pass that builds a
+    graph (grad mode on inside it: ``create_graph=True``) differentiates the dense path
+    (``rpm.ops._gaussian_mixture.dense_gaussian_mixture_log_prob``, recomputed from the saved
+    inputs, O(M N) memory) instead, so the gradient it returns is itself differentiable with
+    respect to the inputs and the incoming gradient (Hessian-vector products, gradient
+    penalties)."""
 
     @staticmethod
     def forward(ctx, z, loc, scale, exclude_self: bool):
@@ -293,7 +299,6 @@ class FusedGaussianMixture(torch.autograd.Function):
         return lse - math.log(num_comps - 1 if exclude_self else num_comps)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad):
         z, loc, scale, lse, *operands = ctx.saved_tensors
         needs = tuple(ctx.needs_input_grad[:3])
@@ -301,7 +306,24 @@ class FusedGaussianMixture(torch.autograd.Function):
             zeros = (torch.zeros_like(z), torch.zeros_like(loc), torch.zeros_like(scale))
             return (*(t if need else None for t, need in zip(zeros, needs, strict=True)),
                     None)
+        if torch.is_grad_enabled():
+            return (*_differentiable_gradients(z, loc, scale, ctx.exclude_self, grad, needs),
+                    None)
         with torch.no_grad():
             grads = mixture_gradients(operands, scale, ctx.exclude_self, lse, grad, needs)
         return (*grads, None)
 
+
+
+def _differentiable_gradients(
+    z: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor, exclude_self: bool,
+    grad: torch.Tensor, needs: tuple[bool, bool, bool],
+) -> tuple[torch.Tensor | None, ...]:
+    """The gradients of sum_m grad_m log Q(z_m) for (z, loc, scale) (None where not needed)
+    as a differentiable graph of the inputs and ``grad``: autograd through the dense path."""
+    from rpm.ops._gaussian_mixture import dense_gaussian_mixture_log_prob
+
+    wanted = [t for t, need in zip((z, loc, scale), needs, strict=True) if need]
+    values = dense_gaussian_mixture_log_prob(z, loc, scale, exclude_self)
+    found = iter(torch.autograd.grad(values, wanted, grad, create_graph=True))
+    return tuple(next(found) if need else None for need in needs)

@@ -1,50 +1,73 @@
 """The fused Triton kernel of the mixture marginal (rpm.ops._triton_mixture).
 
 * Under Triton's interpreter (``TRITON_INTERPRET=1`` and Triton installed; skipped otherwise,
-  as in CI): values and the gradients for z, loc and scale against a float64 loop written from
-  the equation, with exclude_self, M != N, sizes that are not multiples of the block, D = 1, 3,
-  16, 130, and tight clusters far from the origin where the expanded quadratic form cancels.
+  and failed instead of skipped with ``RPM_REQUIRE_TRITON_INTERPRETER=1``, as
+  ``.ci/triton_interpreter`` runs them): values and the gradients for z, loc and scale against
+  a float64 loop written from the equation, with exclude_self, M != N, sizes that are not
+  multiples of the block, D = 1, 3, 16, 130, and tight clusters far from the origin where the
+  expanded quadratic form cancels; second derivatives (Hessian-vector products, a gradient
+  penalty) against the float64 loop and the dense path; the per-call ``fused`` argument.
 * On CUDA (``pytest -m cuda``, Triton installed, not interpreted): the same at N up to 8192,
   the gradients against the streamed kernel, and the dispatch of gaussian_mixture_log_prob.
 * Everywhere: importing rpm never imports the kernels; the fused function's errors.
 """
 
+import functools
 import math
 import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
-from rpm.ops import gaussian_mixture_log_prob
+import rpm.ops._gaussian_mixture as gaussian_mixture
+from rpm.ops import fused_mixture_kernel, gaussian_mixture_log_prob
 from rpm.ops._dispatch import (
     FUSED_MAX_DIM,
-    fused_mixture_kernel,
     ieee_float32_matmul,
     triton_available,
     use_fused_mixture,
 )
-from rpm.ops._gaussian_mixture import fused_gaussian_mixture_log_prob
+from rpm.ops._gaussian_mixture import (
+    dense_gaussian_mixture_log_prob,
+    fused_gaussian_mixture_log_prob,
+)
 from rpm.ops._streaming import streaming_gaussian_mixture_log_prob
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+#: Set by .ci/triton_interpreter: the interpreter tests fail where they would skip.
+REQUIRE_INTERPRETER = os.environ.get("RPM_REQUIRE_TRITON_INTERPRETER") == "1"
 
 
-def _interpreter_works() -> bool:
-    """Triton 3.6's interpreter turns scalar arguments into 1-element arrays, which
-    int() refuses from NumPy 2.3 on (loops over a runtime bound then fail)."""
+@functools.cache
+def interpreter_problem() -> str | None:
+    """Why the kernels cannot run under Triton's interpreter here, or None when they run (one
+    pair through the fused function: a loop over a runtime bound, the case that Triton 3.6's
+    interpreter fails with NumPy >= 2.3)."""
+    if not INTERPRETED:
+        return "needs TRITON_INTERPRET=1"
+    if not triton_available():
+        return "needs Triton installed"
     try:
-        int(np.ones(1, dtype=np.int64))
-    except TypeError:
-        return False
-    return True
+        fused_gaussian_mixture_log_prob(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1))
+    except Exception as error:  # any failure: the interpreter cannot run the kernels
+        return f"Triton's interpreter fails here: {type(error).__name__}: {error}"
+    return None
 
 
-interpreter = pytest.mark.skipif(
-    not (INTERPRETED and triton_available() and _interpreter_works()),
-    reason="needs Triton and TRITON_INTERPRET=1 (with NumPy < 2.3 for Triton 3.6's interpreter)")
+@pytest.fixture
+def triton_interpreter():
+    """Skips the test where the kernels cannot be interpreted, or fails it with
+    ``RPM_REQUIRE_TRITON_INTERPRETER=1`` (so that CI cannot skip them silently)."""
+    problem = interpreter_problem()
+    if problem is not None:
+        if REQUIRE_INTERPRETER:
+            pytest.fail(f"RPM_REQUIRE_TRITON_INTERPRETER=1, but {problem}")
+        pytest.skip(problem)
+
+
+interpreter = pytest.mark.usefixtures("triton_interpreter")
 compiled = pytest.mark.skipif(
     not triton_available() or INTERPRETED, reason="needs Triton compiling for CUDA")
 
@@ -179,6 +202,111 @@ def test_interpreted_kernel_without_points_or_unwanted_gradients():
         fused_gaussian_mixture_log_prob(z, loc.float(), scale.float()), z, weights.float())
     want = loop_values_and_grads([z, loc, scale], weights, False, 1)[1][0]
     assert (grad.double() - want).abs().max().item() < 1e-5
+
+
+def first_and_second_derivatives(fn, tensors, weights, vectors):
+    """The gradients g of sum_m weights_m fn_m for every tensor and the Hessian-vector
+    products d/dt sum_i <g_i, v_i> (the second derivative, through create_graph=True)."""
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    grads = torch.autograd.grad(fn(*leaves), leaves, weights.to(leaves[0]), create_graph=True)
+    dot = sum((g * v.to(g)).sum() for g, v in zip(grads, vectors, strict=True))
+    products = torch.autograd.grad(dot, leaves)
+    return [g.detach() for g in grads], list(products)
+
+
+def relative_error(got, want):
+    return ((got.double() - want.double()).abs().max() / want.double().abs().max()).item()
+
+
+@interpreter
+@pytest.mark.parametrize("exclude_self", [False, True])
+def test_interpreted_kernel_is_twice_differentiable(exclude_self):
+    """Hessian-vector products through the fused function: in float64 equal to the float64
+    loop's (an independent autograd graph of the equation), in float32 to the dense path's."""
+    generator = torch.Generator().manual_seed(11)
+    inputs = overlapping(40, 40, 3, generator)
+    weights = torch.randn(40, generator=generator, dtype=torch.float64)
+    vectors = [torch.randn(t.shape, generator=generator, dtype=torch.float64) for t in inputs]
+
+    def loop(z, loc, scale):
+        return mixture_rows(z, loc, scale, exclude_self, 0)
+
+    want_grads, want = first_and_second_derivatives(loop, inputs, weights, vectors)
+    got_grads, got = first_and_second_derivatives(
+        lambda *t: fused_gaussian_mixture_log_prob(*t, exclude_self), inputs, weights, vectors)
+    names = ("grad z", "grad loc", "grad scale", "hvp z", "hvp loc", "hvp scale")
+    for name, g, w in zip(names, got_grads + got, want_grads + want, strict=True):
+        assert relative_error(g, w) < 1e-10, name
+    floats = [t.float() for t in inputs]
+    dense_grads, dense = first_and_second_derivatives(
+        lambda *t: dense_gaussian_mixture_log_prob(*t, exclude_self), floats, weights, vectors)
+    got_grads, got = first_and_second_derivatives(
+        lambda *t: fused_gaussian_mixture_log_prob(*t, exclude_self), floats, weights, vectors)
+    for g, w in zip(got_grads + got, dense_grads + dense, strict=True):
+        assert g.dtype == torch.float32 and relative_error(g, w) < 1e-6
+    for g, w in zip(got, want, strict=True):  # and float32 is near float64
+        assert relative_error(g, w) < 1e-3
+
+
+@interpreter
+def test_interpreted_kernel_takes_a_gradient_penalty():
+    """loss = -sum_m log Q(z_m) + sum_m |d log Q(z_m) / d z_m|^2 (a gradient penalty):
+    backward through the fused function gives the float64 loop's gradients."""
+    inputs = overlapping(30, 25, 4, torch.Generator().manual_seed(12))
+
+    def penalised_gradients(fn):
+        leaves = [t.detach().clone().requires_grad_() for t in inputs]
+        values = fn(*leaves)
+        (score,) = torch.autograd.grad(values.sum(), leaves[0], create_graph=True)
+        loss = -values.sum() + score.square().sum()
+        loss.backward()
+        return [leaf.grad for leaf in leaves]
+
+    want = penalised_gradients(lambda *t: mixture_rows(*t, False, 0))
+    got = penalised_gradients(fused_gaussian_mixture_log_prob)
+    for name, g, w in zip(("z", "loc", "scale"), got, want, strict=True):
+        assert relative_error(g, w) < 1e-10, name
+
+
+@interpreter
+def test_interpreted_first_order_gradients_stay_in_the_kernels(monkeypatch):
+    """Without create_graph the backward pass runs the kernels (the dense path, made to raise,
+    is not called) and its gradients agree with the dense path's; with create_graph it
+    differentiates the dense path."""
+    inputs = [t.float() for t in overlapping(50, 60, 5, torch.Generator().manual_seed(13))]
+    weights = torch.randn(50, generator=torch.Generator().manual_seed(14))
+    dense, dense_grads = values_and_grads(dense_gaussian_mixture_log_prob, inputs, weights)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the dense path was called")
+
+    monkeypatch.setattr(gaussian_mixture, "dense_gaussian_mixture_log_prob", refuse)
+    fused, fused_grads = values_and_grads(fused_gaussian_mixture_log_prob, inputs, weights)
+    assert (fused - dense).abs().max().item() < 1e-5
+    for g, w in zip(fused_grads, dense_grads, strict=True):
+        assert relative_error(g, w) < 1e-5
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    with pytest.raises(AssertionError, match="dense path was called"):
+        torch.autograd.grad(fused_gaussian_mixture_log_prob(*leaves), leaves, weights,
+                            create_graph=True)
+
+
+@interpreter
+def test_interpreted_dispatch_follows_the_call_then_the_scoped_switch():
+    """fused=True runs the fused kernel (even on the CPU, interpreted, and inside a block that
+    forbids the automatic choice); fused=None on the CPU and fused=False never do."""
+    z, loc, scale = (t.float().requires_grad_()
+                     for t in overlapping(20, 30, 4, torch.Generator().manual_seed(15)))
+    fused = gaussian_mixture_log_prob(z, loc, scale, fused=True)
+    assert type(fused.grad_fn).__name__ == "FusedGaussianMixtureBackward"
+    assert torch.equal(fused, fused_gaussian_mixture_log_prob(z, loc, scale))
+    with fused_mixture_kernel(False):
+        inside = gaussian_mixture_log_prob(z, loc, scale, fused=True)
+    assert type(inside.grad_fn).__name__ == "FusedGaussianMixtureBackward"
+    for choice in (None, False):
+        other = gaussian_mixture_log_prob(z, loc, scale, fused=choice)
+        assert "Fused" not in type(other.grad_fn).__name__
+        assert (other - fused).abs().max().item() < 1e-5
 
 
 # ----------------------------------------------------------------------------- CUDA
