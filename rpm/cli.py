@@ -18,8 +18,10 @@ tracebacks:
   flag or folder), :class:`~rpm.training.run_folder.RunFolderError` (a folder held by another
   process, made by another command, or with an edited configuration),
   :class:`~rpm.training.checkpoint.CheckpointError` (a truncated, empty, damaged or unsafe
-  checkpoint) and :class:`OSError` (a folder that cannot be written, e.g. made read-only during
-  the run);
+  checkpoint), :class:`OSError` (a folder that cannot be written, e.g. made read-only during
+  the run); and, before anything is written, a package of the ``experiments`` extra (scipy,
+  scikit-learn, kornia, matplotlib, tqdm: the core installs without them) that is not
+  installed, with the ``pip install`` command of the extra;
 * exit 1: :class:`~rpm.training.trainer.NonFiniteLossError`;
 * exit 128 + the signal number (130 for Ctrl-C, 143 for SIGTERM):
   :class:`~rpm.training.trainer.TrainingInterrupted`, with the hint to rerun with ``--resume``;
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import re
 import shlex
@@ -81,6 +84,13 @@ SUBCOMMANDS: tuple[str, ...] = (
 
 EXIT_FAILURE = 1  # the run failed (non-finite loss)
 EXIT_USAGE = 2  # bad command line, as argparse
+
+#: The distributions of the ``experiments`` extra (setup.cfg), by the top-level name they are
+#: imported as: the commands need them, the core (``rpm.priors``, ``rpm.models``, ...) does not.
+_EXPERIMENTS_EXTRA = {"kornia": "kornia", "matplotlib": "matplotlib", "scipy": "scipy",
+                     "sklearn": "scikit-learn", "tqdm": "tqdm"}
+#: The command that installs them.
+_INSTALL_EXPERIMENTS = "pip install 'rpm-pyro[experiments]'"
 
 
 #: A Sphinx role, ``:role:`target``` or ``:domain:role:`text <target>```, ``~`` for the last part.
@@ -230,6 +240,11 @@ def main(
     rank = int(os.environ.get("RANK", "0"))  # set by torchrun
     if rank:
         prog = f"{prog} (process {rank})"
+    missing = _missing_from_experiments_extra()
+    if missing:
+        _say(f"{prog}: error: the commands need {', '.join(missing)}, not installed (the core "
+             f"installs without them); install the experiments extra: {_INSTALL_EXPERIMENTS}")
+        return EXIT_USAGE
     try:
         # Imported only now: the trainer brings torch with it.
         from rpm.training.checkpoint import CheckpointError
@@ -265,6 +280,13 @@ def main(
 
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
+
+
+def _missing_from_experiments_extra() -> list[str]:
+    """The distributions of the ``experiments`` extra that are not installed (found by
+    ``importlib.util.find_spec``, without importing them), in the order of their import names."""
+    return [distribution for name, distribution in sorted(_EXPERIMENTS_EXTRA.items())
+            if importlib.util.find_spec(name) is None]
 
 
 def _one_line(err: BaseException) -> str:

@@ -44,6 +44,11 @@ from rpm.priors import AnisotropicEnergy, CosineEnergy, ImplicitPrior
 SMOKE_TEST = os.environ.get("SMOKE_TEST") == "1"
 _ = torch.manual_seed(0)
 
+# %%
+# One CPU thread: for models this small, torch's default (a thread per core) spends longer
+# coordinating its threads than computing, and far longer on a busy machine (README: Threads).
+torch.set_num_threads(1)
+
 # %% [markdown]
 # ## 1. The data-generating process
 #

@@ -50,9 +50,13 @@ STEPS = 20 if SMOKE_TEST else 400
 BATCH = 64 if SMOKE_TEST else 256
 DRAWS = 2 if SMOKE_TEST else 5
 TEMPERATURE = 1.0  # the temperature rpm digits uses (benchmarks/README.md: how it was chosen)
-torch.set_num_threads(1)
 _ = torch.manual_seed(0)
 pyro.set_rng_seed(0)
+
+# %%
+# One CPU thread: for models this small, torch's default (a thread per core) spends longer
+# coordinating its threads than computing, and far longer on a busy machine (README: Threads).
+torch.set_num_threads(1)
 
 # %% [markdown]
 # ## 1. The data and the views

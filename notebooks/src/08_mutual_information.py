@@ -33,6 +33,11 @@ from rpm.mi import CorrelatedGaussian, RPMEstimator, info_nce_bound, nwj
 SMOKE_TEST = os.environ.get("SMOKE_TEST") == "1"
 _ = torch.manual_seed(0)
 
+# %%
+# One CPU thread: for models this small, torch's default (a thread per core) spends longer
+# coordinating its threads than computing, and far longer on a busy machine (README: Threads).
+torch.set_num_threads(1)
+
 # %% [markdown]
 # ## 1. The optimal critic, and InfoNCE's ceiling
 #
