@@ -33,5 +33,6 @@ def test_reference_builds_offline_with_warnings_as_errors(tmp_path):
     assert 'href="rpm.models.html#rpm.models.RPM"' in index  # rpm.RPM links to it
     distributions = (html / "api" / "rpm.distributions.html").read_text()
     assert 'id="rpm.distributions.GaussianStateSpace"' in distributions  # the package is its home
+    assert 'id="rpm.distributions.VonMisesFisher"' in distributions
     experiments = (html / "api" / "rpm.experiments.html").read_text()
     assert 'id="rpm.experiments.identifiability.encoder.MLPEncoder"' in experiments
