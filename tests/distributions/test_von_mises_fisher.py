@@ -85,17 +85,25 @@ def test_low_dimensions_match_pyro():
                                pyro_dist.VonMises3D(kappa[:, None] * loc3).log_prob(x))
 
 
-def test_float32_parameters_give_float32_results_computed_in_float64():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_float32_parameters_give_float32_results_computed_in_float64(device):
+    """float32 parameters (on the CPU or a CUDA device) give float32 values equal to float64's
+    on the CPU to float32 rounding, unit-norm samples on the device and finite gradients."""
     loc64, kappa64 = unit(16), torch.tensor([0.01, 5.0, 4000.0], dtype=torch.float64)
     x64 = VonMisesFisher(loc64, kappa64).sample((3,))
-    dist32 = VonMisesFisher(loc64.float(), kappa64.float())
-    value = dist32.log_prob(x64.float())
+    kappa32 = kappa64.float().to(device).requires_grad_()
+    dist32 = VonMisesFisher(loc64.float().to(device), kappa32)
+    value = dist32.log_prob(x64.float().to(device))
     assert value.dtype == torch.float32 and dist32.entropy().dtype == torch.float32
-    torch.testing.assert_close(value.double(), VonMisesFisher(loc64, kappa64).log_prob(x64),
+    torch.testing.assert_close(value.double().cpu(), VonMisesFisher(loc64, kappa64).log_prob(x64),
                                rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(dist32.entropy().double().cpu(),
+                               VonMisesFisher(loc64, kappa64).entropy(), rtol=1e-5, atol=1e-5)
     sample = dist32.rsample((100,))
-    assert sample.dtype == torch.float32
+    assert sample.dtype == torch.float32 and sample.device.type == device
     assert pyro_dist.constraints.sphere.check(sample).all()
+    (sample @ dist32.loc[0]).sum().backward()
+    assert torch.isfinite(kappa32.grad).all() and (kappa32.grad > 0).all()
 
 
 @pytest.mark.parametrize("dim", [2, 3, 5, 64])
