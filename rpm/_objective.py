@@ -98,7 +98,7 @@ class ObjectiveInputs:
     #: The name of the model's plate over the N instances.
     plate: str
     #: The step's :class:`~rpm.marginals._candidates.Candidates`.
-    candidates: object
+    candidates: Candidates | None
     #: True when the guide is not the recognition models (a structured posterior): the
     #: recognition log-densities then no longer cancel (a prior over J views).
     structured: bool = False
@@ -189,10 +189,10 @@ def marginal_log_prob(marginal: MixtureMarginal, z: torch.Tensor, candidates: Ca
             "a likelihood marginal with exclude_self cannot be evaluated over a global batch or "
             "in blocks; return a MixtureMarginal without exclude_self from likelihood_marginals"
         )
-    if marginal.family == "generic":
+    loc, scale = marginal.loc, marginal.scale  # (K, D), (K, D) or None; None, None: "generic"
+    if loc is None:
         return marginal.log_prob_rows(z, block_size=block_size)
-    loc, scale = marginal.loc, marginal.scale  # (K, D), (K, D) or None
-    if is_global:
+    if candidates is not None and candidates.is_global:
         if scale is None:
             loc = candidates.gather(loc)
         else:  # one collective for both
@@ -250,7 +250,8 @@ def prior_log_ratio(prior, latents, recognitions, plate: str, candidates: Candid
         ratio = prior.sequence_log_ratio(z, q, marginal, candidates, block_size)
         if ratio is not None:
             return ratio if per_instance else ratio.sum()
-        data, args, sites, num = {"z": z}, (q, marginal), ("z",), z.shape[0]
+        sites: tuple[str, ...] = ("z",)
+        data, args, num = {"z": z}, (q, marginal), z.shape[0]
     else:
         (z, z2), (q, q2) = latents, recognitions
         if isinstance(prior, Prior):
@@ -324,7 +325,7 @@ def elbo(inputs: ObjectiveInputs, num_particles: int = 1,
         check_positive_int("num_particles", num_particles)
     sequence = (inputs.sequence if inputs.sequence is not None
                 else is_sequence_prior(inputs.prior))
-    total = 0.0
+    total: torch.Tensor | None = None
     for _ in range(num_particles):
         latents = tuple(_rsample(guide) for guide in inputs.guides)
         if sequence:
@@ -332,6 +333,9 @@ def elbo(inputs: ObjectiveInputs, num_particles: int = 1,
             q, marginal = inputs.recognitions
             terms = None
             if inputs.structured:
+                if not isinstance(inputs.prior, SequencePrior):
+                    raise TypeError(f"a structured guide is the posterior of a prior over J views "
+                                    f"(rpm.priors.SequencePrior); got {type(inputs.prior).__name__}")
                 terms = inputs.prior.posterior_log_ratio(z, q, inputs.guides[0])
             if terms is not None:  # log P + sum log Q(z|x) - log guide, in closed form
                 value = terms.sum() - marginal.log_prob(z).sum()
@@ -343,10 +347,9 @@ def elbo(inputs: ObjectiveInputs, num_particles: int = 1,
         else:  # (z, z2), each (N, D): the guide's sites "z" then "z2"
             value = prior_log_ratio(inputs.prior, latents, inputs.recognitions, inputs.plate,
                                     inputs.candidates, block_size, sequence=False)
-        if num_particles == 1:
-            return value
-        total = total + value
-    return total / num_particles
+        total = value if total is None else total + value
+    assert total is not None  # num_particles >= 1
+    return total if num_particles == 1 else total / num_particles
 
 
 def _rsample(guide: TorchDistribution) -> torch.Tensor:

@@ -56,7 +56,7 @@ def _owning_model(model, guide) -> RPMBase | None:
     None (a plain Pyro program, one wrapped in handlers such as ``poutine.scale(m.model, 2)``,
     or a subclass that redefines ``model`` or ``guide`` only: Pyro's ``Trace_ELBO`` runs it)."""
     owner = getattr(model, "__self__", None)
-    if not (isinstance(owner, RPMBase) and getattr(guide, "__self__", None) is owner):
+    if getattr(guide, "__self__", None) is not owner or not isinstance(owner, RPMBase):
         return None
     cls = type(owner)
     described = _DESCRIBED.get(cls)

@@ -74,11 +74,11 @@ class MomentMatchedMarginal(TorchDistribution):
                              "(rpm.GaussianRecognition); Delta recognition has no covariance "
                              "to add: use the mixture marginal (SequenceMixtureMarginal)")
         self.loc, self.scale = loc, scale
-        self.mask = sequence_mask(q)  # (N, T) bool, or None: every frame observed
+        self.frame_mask = sequence_mask(q)  # (N, T) bool, or None: every frame observed
         num_sequences, num_views, dim = loc.shape
         means, variances = loc.reshape(-1, dim), scale.reshape(-1, dim).square()  # (N T, D)
-        if self.mask is not None:
-            keep = self.mask.expand(num_sequences, num_views).reshape(-1)
+        if self.frame_mask is not None:
+            keep = self.frame_mask.expand(num_sequences, num_views).reshape(-1)
             if not bool(keep.any()):
                 raise ValueError("every frame of the batch is missing: the marginal has no "
                                  "component; drop such batches")
@@ -115,8 +115,8 @@ class MomentMatchedMarginal(TorchDistribution):
             raise ValueError(f"the marginals are evaluated at the batch's latents, shape "
                              f"{tuple(self.loc.shape)}; got {tuple(value.shape)}")
         terms = self.gaussian.log_prob(value)  # (..., N, T)
-        if self.mask is not None:
-            terms = torch.where(self.mask, terms, torch.zeros((), dtype=terms.dtype,
+        if self.frame_mask is not None:
+            terms = torch.where(self.frame_mask, terms, torch.zeros((), dtype=terms.dtype,
                                                               device=terms.device))
         return terms
 

@@ -5,7 +5,8 @@ param store (:mod:`rpm.nn`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from rpm.nn import NamedModule
 
@@ -40,6 +41,10 @@ class RPMBase(NamedModule):
     """
 
     default_name = "rpm"
+    # the Pyro program of the contract above, defined by each subclass (declared here for type
+    # checkers only: rpm.inference._elbo looks up which class defines them)
+    model: Callable[..., Any]
+    guide: Callable[..., Any]
 
     def objective_inputs(self, *args, global_batch: bool = False,
                          block_size: int | None = None) -> ObjectiveInputs:

@@ -29,6 +29,7 @@ sequence) and unordered ones (augmentations) are the same model with different p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import pyro
@@ -360,7 +361,7 @@ class RPM(RPMBase):
             f"{type(self).__name__} takes J >= 2 views (x_1, ..., x_J) or a list of them (or, "
             f"under a prior over J views, one tensor (N, J, ...) of stacked views); got none")
 
-    def _groups(self, num_views: int, modules: list) -> list[int]:
+    def _groups(self, num_views: int, modules: Sequence) -> list[int]:
         if self.groups is not None:
             if len(self.groups) != num_views:
                 raise ValueError(f"groups names a recognition model for {len(self.groups)} views "
@@ -405,9 +406,9 @@ class RPM(RPMBase):
         return [zeroed(view, mask[:, j]) for j, view in enumerate(views)], None
 
     def _encode(self, args: tuple, mask: torch.Tensor | None = None
-                ) -> tuple[list[TorchDistribution] | None, TorchDistribution | None]:
+                ) -> tuple[list[TorchDistribution], TorchDistribution | None]:
         """A pair prior: the two views' recognition distributions (each batch (N,)) and None;
-        a prior over J views: None and the J views' as one distribution (batch (N, J)), masked over the
+        a prior over J views: [] and the J views' as one distribution (batch (N, J)), masked over the
         views by ``mask`` (N, J) when given (Pyro's ``q.mask(mask)``).
 
         The structural checks run on the first batch of each signature (shapes, dtypes and
@@ -490,7 +491,7 @@ class RPM(RPMBase):
             parts = recognise_views(names, views, modules, groups, self.encoder_calls,
                                     batch_size, components=sequence, check=check)
         if sequence:
-            return None, stack_components(parts)
+            return [], stack_components(parts)
         return parts, None
 
     def recognise(self, *args, mask: torch.Tensor | None = None):
