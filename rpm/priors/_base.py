@@ -37,6 +37,9 @@ no method: a prior follows one (``is_sequence_prior``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import torch
 from pyro import poutine
 from pyro.distributions import TorchDistribution, Unit
@@ -692,7 +695,7 @@ def _run_prior(prior, args: tuple, sites: tuple[str, ...]):
     return result, tracer.trace
 
 
-def _check_latent_size(name: str, nodes: list[dict], args: tuple) -> None:
+def _check_latent_size(name: str, nodes: Sequence[Mapping[str, Any]], args: tuple) -> None:
     """Raises ValueError when a site's latent size (the last axis of its event) is not the
     recognition's D (``args[0]``, the first view's distributions, event_shape (D,))."""
     q = args[0] if args else None
@@ -700,7 +703,7 @@ def _check_latent_size(name: str, nodes: list[dict], args: tuple) -> None:
         return
     dim = q.event_shape[0]
     for node in nodes:
-        event_shape = getattr(node["fn"], "event_shape", ())
+        event_shape: tuple[int, ...] = getattr(node["fn"], "event_shape", ())
         if len(event_shape) and event_shape[-1] != dim:
             raise ValueError(
                 f"the prior {name} declares site {node['name']!r} with latents of size "
@@ -710,7 +713,7 @@ def _check_latent_size(name: str, nodes: list[dict], args: tuple) -> None:
             )
 
 
-def _check_returned_values(name: str, returned: tuple, nodes: list[dict]) -> None:
+def _check_returned_values(name: str, returned: tuple, nodes: Sequence[Mapping[str, Any]]) -> None:
     """Raises ValueError unless ``returned[i]`` is the value of site ``nodes[i]`` (the sites in
     the order ``"z"``, ``"z2"``): the model uses the returned values as the latents of the
     views' likelihood factors, so values in another order would pair each view's likelihood
