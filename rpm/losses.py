@@ -137,8 +137,9 @@ class ScaledCosineEnergy(CosineEnergy):
         else:
             self.register_buffer("scale", torch.tensor(1.0 / temperature, dtype=torch.float64))
 
+    # read-only here (held as scale or log_scale); CosineEnergy's kappa is an attribute
     @property
-    def kappa(self) -> torch.Tensor:
+    def kappa(self) -> torch.Tensor:  # type: ignore[override]
         r"""The concentration of :class:`~rpm.priors.CosineEnergy`, the logit scale
         :math:`s = 1/\tau` (:meth:`logit_scale`), a float64 scalar."""
         return self.logit_scale()
@@ -492,9 +493,9 @@ class NTXentLoss(torch.nn.Module):
         :param views: ``out0, out1`` or J outputs (or one list of them), each of shape (N, D).
         :return: a scalar tensor (nats).
         """
-        views = self._views(views)
-        value, _ = self._terms(views)
-        return value / views[0].shape[0]
+        outputs = self._views(views)
+        value, _ = self._terms(outputs)
+        return value / outputs[0].shape[0]
 
     def forward(self, *views: torch.Tensor) -> torch.Tensor:
         r"""The mean loss, :math:`-\mathcal{L}/N + \log(2N - 1)` (NT-Xent), :math:`-\mathcal{L}/N
@@ -506,11 +507,11 @@ class NTXentLoss(torch.nn.Module):
             outputs (or one list of them).
         :return: a scalar tensor (nats), positive.
         """
-        views = self._views(views)
-        _, loss = self._terms(views)
+        outputs = self._views(views)
+        _, loss = self._terms(outputs)
         # lightly's rule: only a batch that will be back-propagated enters the bank
-        if self.bank is not None and torch.is_grad_enabled() and views[0].requires_grad:
-            keys = unit_vectors(views[1].detach())
+        if self.bank is not None and torch.is_grad_enabled() and outputs[0].requires_grad:
+            keys = unit_vectors(outputs[1].detach())
             if self.gather_distributed:
                 keys = all_gather_with_grad(keys)
             # lightly's pointer: fill to the end of the bank, drop the rest, restart at row 0
