@@ -91,7 +91,7 @@ class GaussianStateSpace(TorchDistribution):
         is then the marginal density of the observed frames' latents,
         :math:`\log P(z_{t \in \text{observed}})` (the Kalman filter with the missing frames
         removed from the observation model; the missing frames' values are ignored), and the
-        batch shape includes the mask's. Held as :attr:`frame_mask` (``mask`` is Pyro's method
+        batch shape includes the mask's. Held as ``frame_mask`` (``mask`` is Pyro's method
         that masks the log density, ``d.mask(m)``).
     """
 

@@ -122,7 +122,7 @@ class SequenceMixtureMarginal(TorchDistribution):
         supplies the mixture components (every process's sequences); None: this batch.
 
     With ``q`` masked over frames (``q.mask(mask)``, mask (N, T), True = observed) the missing
-    frames are no components and their terms are 0 (module docstring); :attr:`frame_mask` holds it.
+    frames are no components and their terms are 0 (module docstring); ``frame_mask`` holds it.
     """
 
     arg_constraints: dict = {}
@@ -226,7 +226,7 @@ class SequenceMixtureMarginal(TorchDistribution):
             for t in range(num_views)], dim=-1)
 
     def _masked_view_log_prob(self, value: torch.Tensor, frame_mask: torch.Tensor) -> torch.Tensor:
-        """view_log_prob with missing frames (:attr:`frame_mask`): components and terms of the
+        """view_log_prob with missing frames (``frame_mask``): components and terms of the
         observed frames."""
         num_sequences, num_views, dim = value.shape
         loc, scale = self.components
