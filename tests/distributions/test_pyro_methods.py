@@ -1,13 +1,18 @@
 """Pyro's methods of a TorchDistribution, ``d.shape()`` (the shape of a draw) and ``d.mask(m)``
-(a log-density zeroed where m is False), work on every distribution rpm defines: no attribute
+(a log-density zeroed where m is False), work on rpm's distributions and marginals: no attribute
 of theirs hides them (the generalized normal's shape parameter is ``beta``, a frame mask is
 ``frame_mask``)."""
 
 import pytest
 import torch
-from pyro.distributions import Normal
+from pyro.distributions import Normal, constraints
 
-from rpm.distributions import GaussianStateSpace, GeneralizedNormal, StateSpacePosterior
+from rpm.distributions import (
+    GaussianStateSpace,
+    GeneralizedNormal,
+    StateSpacePosterior,
+    VonMisesFisher,
+)
 from rpm.marginals import MixtureMarginal
 from rpm.marginals._moment_matched import MomentMatchedMarginal
 from rpm.marginals._sequence_marginal import SequenceMixtureMarginal
@@ -42,6 +47,9 @@ DISTRIBUTIONS = {
     "moment_matched_marginal": lambda: MomentMatchedMarginal(recognition()),
     "mixture_marginal": lambda: MixtureMarginal(
         Normal(torch.randn(N, D, dtype=torch.float64), 1.0).to_event(1)),
+    "von_mises_fisher": lambda: VonMisesFisher(
+        torch.nn.functional.normalize(torch.randn(N, 3, dtype=torch.float64), dim=-1),
+        torch.full((N,), 2.0, dtype=torch.float64)),
 }
 
 
@@ -52,7 +60,9 @@ def test_shape_and_mask_are_pyros_methods(name):
     assert dist.batch_shape == (N,)
     assert dist.shape() == dist.batch_shape + dist.event_shape
     assert dist.shape((5,)) == (5, *dist.batch_shape, *dist.event_shape)
-    value = torch.randn(dist.shape(), dtype=torch.float64)  # every support here is real
+    value = torch.randn(dist.shape(), dtype=torch.float64)
+    if dist.support is constraints.sphere:
+        value = torch.nn.functional.normalize(value, dim=-1)
     keep = torch.tensor([True, False, True, False])
     expected = torch.where(keep, dist.log_prob(value), torch.zeros((), dtype=torch.float64))
     torch.testing.assert_close(dist.mask(keep).log_prob(value), expected, rtol=0, atol=0)
