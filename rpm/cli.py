@@ -58,6 +58,7 @@ from pathlib import Path
 from types import ModuleType
 
 from rpm.experiments.common import COMMAND_LINE, GIVEN_FLAGS, ConfigurationError
+from rpm.training.run_folder import RunFolderError
 
 __all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USAGE", "PROG", "PlainHelpFormatter", "SCRIPT",
            "SUBCOMMANDS", "build_parser", "main", "plain_text"]
@@ -230,18 +231,12 @@ def main(
     rank = int(os.environ.get("RANK", "0"))  # set by torchrun
     if rank:
         prog = f"{prog} (process {rank})"
-    try:
-        # Imported only now: the trainer brings torch with it.
-        from rpm.training.checkpoint import CheckpointError
-        from rpm.training.run_folder import RunFolderError
-        from rpm.training.trainer import NonFiniteLossError, TrainingInterrupted
-    except KeyboardInterrupt:
-        _say(f"{prog}: interrupted (Ctrl-C) during start-up; nothing was written",
-             after_signal=True)
-        return EXIT_INTERRUPTED
+    # The trainer's and the checkpoints' errors are looked up only when an error is caught
+    # (_loaded): importing their modules would import torch before a command has checked its
+    # flags and its --data file, which it does first.
     try:
         return int(run(args))
-    except (ConfigurationError, RunFolderError, CheckpointError) as err:
+    except (ConfigurationError, RunFolderError, *_loaded(_CHECKPOINT, "CheckpointError")) as err:
         _say(f"{prog}: error: {_one_line(err)}")
         return EXIT_USAGE
     except OSError as err:
@@ -250,10 +245,10 @@ def main(
              "folder's permissions or free space, then rerun with --resume to continue from the "
              "last checkpoint")
         return EXIT_USAGE
-    except NonFiniteLossError as err:
+    except _loaded(_TRAINER, "NonFiniteLossError") as err:
         _say(f"{prog}: {_one_line(err)}")
         return EXIT_FAILURE
-    except TrainingInterrupted as err:
+    except _loaded(_TRAINER, "TrainingInterrupted") as err:
         if not rank:  # every process of a torchrun stops at the same step: say it once
             _say(f"{prog}: interrupted at step {err.step}; checkpoint saved to "
                  f"{err.checkpoint_path}; rerun with --resume to continue", after_signal=True)
@@ -265,6 +260,17 @@ def main(
 
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
+
+_CHECKPOINT = "rpm.training.checkpoint"
+_TRAINER = "rpm.training.trainer"
+
+
+def _loaded(module: str, name: str) -> tuple[type[BaseException], ...]:
+    """``(module.name,)`` when ``module`` has been imported, else ``()`` (an ``except`` clause
+    that catches nothing): an exception of a class defined there cannot have been raised before
+    its module was imported, so the lookup never imports it (nor torch with it)."""
+    loaded = sys.modules.get(module)
+    return (getattr(loaded, name),) if loaded is not None else ()
 
 
 def _one_line(err: BaseException) -> str:

@@ -91,6 +91,7 @@ from rpm.experiments.common import (
     add_common_arguments,
     add_training_arguments,
     at_least_two_frames,
+    check_batch_size,
     check_models_resumable,
     derived_seed,
     environment,
@@ -297,12 +298,9 @@ def _check_arguments(args: argparse.Namespace) -> int:
             f"{max(0, num_train - args.window + 1)} windows; use a smaller --window or more "
             "--frames"
         )
-    if args.batch_size > num_train - 1:
-        raise ConfigurationError(
-            f"--batch-size {args.batch_size} is larger than the {num_train - 1} pairs of "
-            f"consecutive training frames; use --batch-size {max(2, num_train - 1)} or less, "
-            "or more --frames"
-        )
+    check_batch_size(args.batch_size, num_train - 1, "pairs",
+                     what=f"of consecutive frames among the {num_train} training frames of "
+                     f"--frames {args.frames}")
     if args.ball_diameter >= args.image_size / 2:
         raise ConfigurationError(
             f"--ball-diameter {args.ball_diameter} is too large for --image-size "
