@@ -56,6 +56,7 @@ import textwrap
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any, cast
 
 from rpm.experiments.common import COMMAND_LINE, GIVEN_FLAGS, ConfigurationError
 from rpm.training.run_folder import RunFolderError
@@ -236,7 +237,7 @@ def main(
     # flags and its --data file, which it does first.
     try:
         return int(run(args))
-    except (ConfigurationError, RunFolderError, *_loaded(_CHECKPOINT, "CheckpointError")) as err:
+    except (ConfigurationError, RunFolderError) + _loaded(_CHECKPOINT, "CheckpointError") as err:
         _say(f"{prog}: error: {_one_line(err)}")
         return EXIT_USAGE
     except OSError as err:
@@ -248,11 +249,12 @@ def main(
     except _loaded(_TRAINER, "NonFiniteLossError") as err:
         _say(f"{prog}: {_one_line(err)}")
         return EXIT_FAILURE
-    except _loaded(_TRAINER, "TrainingInterrupted") as err:
+    except _loaded(_TRAINER, "TrainingInterrupted") as interrupted:
+        stop = cast(Any, interrupted)  # a TrainingInterrupted: step, checkpoint_path, signal
         if not rank:  # every process of a torchrun stops at the same step: say it once
-            _say(f"{prog}: interrupted at step {err.step}; checkpoint saved to "
-                 f"{err.checkpoint_path}; rerun with --resume to continue", after_signal=True)
-        return 128 + int(err.signal_number)
+            _say(f"{prog}: interrupted at step {stop.step}; checkpoint saved to "
+                 f"{stop.checkpoint_path}; rerun with --resume to continue", after_signal=True)
+        return 128 + int(stop.signal_number)
     except KeyboardInterrupt:
         _say(f"{prog}: interrupted (Ctrl-C) outside training; the checkpoints already saved "
              "are intact: rerun with --resume to continue", after_signal=True)

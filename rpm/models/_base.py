@@ -5,9 +5,10 @@ param store (:mod:`rpm.nn`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from pyro.poutine.messenger import Messenger
+from pyro.poutine.runtime import InferDict
 
 from rpm.nn import NamedModule
 
@@ -22,10 +23,11 @@ __all__ = ["GuideOwnerCheck", "RPMBase", "guide_site_infer", "mismatched_model_a
 GUIDE_OWNER = "rpm_guide_of"
 
 
-def guide_site_infer(owner: RPMBase) -> dict[str, Any]:
+def guide_site_infer(owner: RPMBase) -> InferDict:
     """The ``infer`` dict of a sample site of ``owner``'s guide: :data:`GUIDE_OWNER` names
-    ``owner`` (a fresh dict per site, as Pyro's inference algorithms may add keys)."""
-    return {GUIDE_OWNER: (id(owner), type(owner).__name__, owner.name)}
+    ``owner`` (a fresh dict per site, as Pyro's inference algorithms may add keys; a key of its
+    own, which Pyro's typed dict does not list)."""
+    return cast(InferDict, {GUIDE_OWNER: (id(owner), type(owner).__name__, owner.name)})
 
 
 def mismatched_model_and_guide(model_owner: RPMBase, guide_owner: tuple[int, str, str]

@@ -568,7 +568,7 @@ def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train
     arguments = model_arguments(name, args, frames.shape[1])
     model = model_from_arguments(arguments).to(frames.device)
     if distributed.is_main_process():  # what rpm.load rebuilds the model from
-        write_model_record(out, "bouncing-balls", arguments)
+        write_model_record(out, "bouncing-balls", arguments, frames.shape[1:])
     sequence = _is_state_space(model)
     rp_gssm = sequence and getattr(args, "state_space_objective", "rpm") == "rp-gssm"
     # the network of the 6 position numbers (of the state-space prior's Gaussian encoder: the means)

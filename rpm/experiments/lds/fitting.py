@@ -142,7 +142,7 @@ def train_and_score(data: SequenceData, args, out: Path, device: torch.device,
     arguments = model_arguments(args, obs_dim=x.shape[-1], latent_dim=latent)
     seed_everything(args.seed)
     model = model_from_arguments(arguments).to(device)
-    write_model_record(out, "lds", arguments)  # what rpm.load rebuilds it from
+    write_model_record(out, "lds", arguments, x.shape[2:])  # what rpm.load rebuilds it from
 
     def scores() -> dict:
         return _scores(model, x, states, transition_matrix, num_train)

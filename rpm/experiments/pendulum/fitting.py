@@ -125,7 +125,7 @@ def train_and_score(data: SequenceData, args, out, device: torch.device,
                                 image_size=tuple(frames.shape[-2:]))
     seed_everything(args.seed)
     model = model_from_arguments(arguments).to(device)
-    write_model_record(out, "pendulum", arguments)  # what rpm.load rebuilds it from
+    write_model_record(out, "pendulum", arguments, frames.shape[2:])  # what rpm.load rebuilds it from
 
     def scores() -> dict:
         return _scores(model, frames, states, num_train, state_names)
