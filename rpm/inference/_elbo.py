@@ -39,7 +39,7 @@ from pyro.poutine.runtime import Message, am_i_wrapped, apply_stack
 
 from rpm._objective import elbo as objective_elbo
 from rpm._validation import check_bool, check_positive_int, check_positive_int_or_none
-from rpm.models._base import RPMBase
+from rpm.models._base import RPMBase, mismatched_model_and_guide
 from rpm.models._checked_batches import full_checks, values_valid
 from rpm.nn import pyro_method
 from rpm.priors._energy_range import DeferredValuesError, deferred_value_checks
@@ -56,7 +56,11 @@ def _owning_model(model, guide) -> RPMBase | None:
     None (a plain Pyro program, one wrapped in handlers such as ``poutine.scale(m.model, 2)``,
     or a subclass that redefines ``model`` or ``guide`` only: Pyro's ``Trace_ELBO`` runs it)."""
     owner = getattr(model, "__self__", None)
-    if getattr(guide, "__self__", None) is not owner or not isinstance(owner, RPMBase):
+    guide_owner = getattr(guide, "__self__", None)
+    if isinstance(owner, RPMBase) and isinstance(guide_owner, RPMBase) and guide_owner is not owner:
+        raise mismatched_model_and_guide(
+            owner, (id(guide_owner), type(guide_owner).__name__, guide_owner.name))
+    if not isinstance(owner, RPMBase) or guide_owner is not owner:
         return None
     cls = type(owner)
     described = _DESCRIBED.get(cls)

@@ -48,7 +48,7 @@ from rpm._validation import check_bool
 from rpm.marginals._candidates import Candidates, LatentQueue
 from rpm.marginals._mixture_marginal import recognition_components
 from rpm.marginals._sequence_marginal import SequenceMixtureMarginal, stack_components
-from rpm.models._base import RPMBase
+from rpm.models._base import GuideOwnerCheck, RPMBase, guide_site_infer
 from rpm.models._checked_batches import (
     check_values,
     full_checks,
@@ -536,7 +536,15 @@ class RPM(RPMBase):
         r"""The generative model of Eq. 9-10 (class docstring): a pair prior's sites
         ``"z"``, ``"z2"`` and likelihood factors ``"x"``, ``"x2"``; a prior over J views' site
         ``"z"`` (event (J, D)) and the factor ``"x"`` (over the observed views of ``mask``,
-        (N, J) bool, when given)."""
+        (N, J) bool, when given).
+
+        Run with the guide of another model (Pyro's replay of a guide's trace: ``Trace_ELBO``,
+        ``TraceMeanField_ELBO``, ``JitTrace_ELBO``), it raises a :class:`ValueError` naming
+        both models: the guide's sites record their model (:meth:`guide`)."""
+        with GuideOwnerCheck(self):
+            return self._model(args, mask)
+
+    def _model(self, args: tuple, mask: torch.Tensor | None):
         encoded, q = self._encode(args, mask)
         batch_size = (encoded[0] if q is None else q).batch_shape[0]
         joint_over_batch = hook(self.prior, "joint_over_batch")
@@ -573,24 +581,26 @@ class RPM(RPMBase):
         plate, or as whole-batch events for a prior that is
         :attr:`~rpm.priors._base.PriorBase.joint_over_batch` (the same draws, the same log-density
         summed over the instances); for a prior over J views optionally the prior's structured
-        posterior. With ``mask`` the log-density is that of the observed views' latents."""
+        posterior. With ``mask`` the log-density is that of the observed views' latents.
+        Each sample site's ``infer`` records this model (``rpm.models._base.GUIDE_OWNER``), so
+        that another model's :meth:`model` refuses these draws."""
         encoded, q = self._encode(args, mask)
         batch_size = (encoded[0] if q is None else q).batch_shape[0]
         joint_over_batch = hook(self.prior, "joint_over_batch")
         if q is not None:
             guide = self.guide_distribution(q)
             if joint_over_batch:
-                return pyro.sample("z", guide.to_event(1))
+                return pyro.sample("z", guide.to_event(1), infer=guide_site_infer(self))
             with pyro.plate(_JOINT_PLATE, batch_size):
-                return pyro.sample("z", guide)
+                return pyro.sample("z", guide, infer=guide_site_infer(self))
         q, q2 = encoded
         if joint_over_batch:
-            z = pyro.sample("z", q.to_event(1))
-            z2 = pyro.sample("z2", q2.to_event(1))
+            z = pyro.sample("z", q.to_event(1), infer=guide_site_infer(self))
+            z2 = pyro.sample("z2", q2.to_event(1), infer=guide_site_infer(self))
         else:
             with pyro.plate(_PAIR_PLATE, batch_size):
-                z = pyro.sample("z", q)
-                z2 = pyro.sample("z2", q2)
+                z = pyro.sample("z", q, infer=guide_site_infer(self))
+                z2 = pyro.sample("z2", q2, infer=guide_site_infer(self))
         return z, z2
 
     # -- what the objective needs (rpm._objective) -------------------------------------

@@ -194,7 +194,8 @@ def test_rpm_load_gives_the_trained_model_in_eval_mode(tmp_path):
     model = rpm.load(out, device=torch.device("cpu"))
     assert isinstance(model, rpm.RPM) and not model.training
     assert model.config == json.loads((out / "config.json").read_text())
-    assert model.trained == {"command": "lds", "model": "rpm", "step": 4, "folder": str(out)}
+    assert model.trained == {"command": "lds", "model": "rpm", "step": 4, "folder": str(out),
+                             "input_shape": (5,)}
     weights = load_checkpoint(out / "rpm" / "checkpoint.pt")["module"]
     loaded = model.state_dict()
     assert set(loaded) == set(weights)
