@@ -55,8 +55,8 @@ def _owning_model(model, guide) -> RPMBase | None:
     :meth:`~rpm.models._base.RPMBase.objective_inputs` describes them (:func:`_describes`); else
     None (a plain Pyro program, one wrapped in handlers such as ``poutine.scale(m.model, 2)``,
     or a subclass that redefines ``model`` or ``guide`` only: Pyro's ``Trace_ELBO`` runs it)."""
-    owner = getattr(model, "__self__", None)
-    guide_owner = getattr(guide, "__self__", None)
+    owner: object = getattr(model, "__self__", None)
+    guide_owner: object = getattr(guide, "__self__", None)
     if isinstance(owner, RPMBase) and isinstance(guide_owner, RPMBase) and guide_owner is not owner:
         raise mismatched_model_and_guide(
             owner, (id(guide_owner), type(guide_owner).__name__, guide_owner.name))
