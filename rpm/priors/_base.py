@@ -596,7 +596,8 @@ def delta_with_density_message(what: str, prior) -> str:
         "Q(z) is then a discrete distribution on the batch points and log P(z) - log Q(z) is "
         "ill-defined (Appendix B of Aitchison & Ganev). Use DeltaRecognition(net, "
         "noise_scale=1e-2) (any eps > 0) or a GaussianRecognition, or an implicit prior "
-        "(ImplicitPrior, MarkovImplicitPrior)"
+        "(ImplicitPrior, MarkovImplicitPrior), or keep it and use the moment-matched Gaussian "
+        "marginal, a density: marginal='gaussian'"
     )
 
 
