@@ -2,8 +2,6 @@
 ``marginal="gaussian"``, against the closed form of the ELBO written here in numpy (float64),
 through RPMELBO, Pyro's Trace_ELBO and rpm_elbo; the learned correlation; and the bad inputs."""
 
-import math
-
 import numpy as np
 import pyro
 import pytest
@@ -13,35 +11,7 @@ from pyro.infer import Trace_ELBO
 import rpm
 from rpm.inference import rpm_elbo
 from rpm.priors import GaussianPairPrior, GaussianStarPrior, ImplicitPrior, RBFEnergy
-
-
-def _gaussian_marginal_terms(z: np.ndarray) -> float:
-    """-mean_n log N(z_n; m, S) for the batch's own mean and 1/N covariance: the Mahalanobis
-    terms average to D, so it is D/2 (1 + log 2 pi) + 1/2 log det S."""
-    dim = z.shape[1]
-    centred = z - z.mean(0)
-    cov = centred.T @ centred / len(z)
-    return 0.5 * dim * (1.0 + math.log(2 * math.pi)) + 0.5 * np.linalg.slogdet(cov)[1]
-
-
-def _pair_closed_form(z: np.ndarray, z2: np.ndarray, rho: float) -> float:
-    """ELBO / N of the Gaussian pair RPM with Delta recognition: log N(z; 0, I) + log N(z';
-    rho z, (1 - rho^2) I) averaged, plus each view's marginal term."""
-    dim = z.shape[1]
-    log_prior = (-dim * math.log(2 * math.pi) - 0.5 * dim * math.log(1 - rho ** 2)
-                 - 0.5 * (z ** 2).sum(1) - ((z2 - rho * z) ** 2).sum(1) / (2 * (1 - rho ** 2)))
-    return log_prior.mean() + _gaussian_marginal_terms(z) + _gaussian_marginal_terms(z2)
-
-
-def _star_closed_form(z: np.ndarray, scale: float) -> float:
-    """ELBO / N of the Gaussian star RPM with Delta recognition: the stacked J views under
-    N(0, 1 1^T (x) I + s^2 I_{JD}) (the content integrated out), plus each view's marginal term."""
-    num, views, dim = z.shape
-    cov = np.kron(np.ones((views, views)), np.eye(dim)) + scale ** 2 * np.eye(views * dim)
-    flat = z.reshape(num, views * dim)
-    quad = np.einsum("ni,ij,nj->n", flat, np.linalg.inv(cov), flat)
-    log_prior = -0.5 * (views * dim * math.log(2 * math.pi) + np.linalg.slogdet(cov)[1] + quad)
-    return log_prior.mean() + sum(_gaussian_marginal_terms(z[:, j]) for j in range(views))
+from tests.helpers import gaussian_pair_closed_form, gaussian_star_closed_form
 
 
 def _encoder(in_dim: int, dim: int, seed: int) -> torch.nn.Module:
@@ -62,7 +32,7 @@ def test_pair_elbo_is_the_closed_form(learn):
     x, x2 = torch.randn(num, 5, dtype=torch.float64), torch.randn(num, 5, dtype=torch.float64)
     with torch.no_grad():
         z, z2 = net(x), net(x2)
-    expected = _pair_closed_form(z.numpy(), z2.numpy(), rho)
+    expected = gaussian_pair_closed_form(z.numpy(), z2.numpy(), rho)
     ours = -rpm.RPMELBO().differentiable_loss(model.model, model.guide, x, x2) / num
     traced = -Trace_ELBO().differentiable_loss(model.model, model.guide, x, x2) / num
     functional = rpm_elbo(GaussianPairPrior(dim, correlation=rho), [z, z2],
@@ -85,7 +55,7 @@ def test_star_elbo_is_the_closed_form():
     x = torch.randn(num, views, 4, dtype=torch.float64)
     with torch.no_grad():
         z = net(x)
-    expected = _star_closed_form(z.numpy(), scale)
+    expected = gaussian_star_closed_form(z.numpy(), scale)
     ours = -rpm.RPMELBO().differentiable_loss(model.model, model.guide, x) / num
     traced = -Trace_ELBO().differentiable_loss(model.model, model.guide, x) / num
     functional = rpm_elbo(GaussianStarPrior(dim, scale=scale), z, marginal="gaussian") / num
@@ -112,8 +82,8 @@ def test_learned_correlation_stays_in_the_interval_and_gets_a_gradient():
     value = rpm_elbo(prior, [z, z2], marginal="gaussian") / num
     (gradient,) = torch.autograd.grad(value, prior.correlation_unconstrained)
     step = 1e-6
-    numeric = (_pair_closed_form(z.numpy(), z2.numpy(), 0.3 + step)
-               - _pair_closed_form(z.numpy(), z2.numpy(), 0.3 - step)) / (2 * step)
+    numeric = (gaussian_pair_closed_form(z.numpy(), z2.numpy(), 0.3 + step)
+               - gaussian_pair_closed_form(z.numpy(), z2.numpy(), 0.3 - step)) / (2 * step)
     # rho = 2 sigmoid(u) - 1 on (-1, 1): d rho / d u = (1 - rho^2) / 2
     assert abs(gradient.item() - numeric * (1 - 0.3 ** 2) / 2) < 1e-6
     with torch.no_grad():
