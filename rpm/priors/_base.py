@@ -119,7 +119,9 @@ class PriorBase(NamedModule):
     #: prior's :math:`P(z) = Q(z)`, :math:`P(z'|z) \propto Q(z') e^{f}`), so that
     #: deterministic (Delta) encoders give a well-defined ELBO. False for densities on
     #: :math:`\mathbb{R}^{J D}`, which need Q(z) to have a density too (Appendix B of
-    #: Aitchison & Ganev): :class:`~rpm.RPM` then refuses ``DeltaRecognition`` without noise.
+    #: Aitchison & Ganev): :class:`~rpm.RPM` then refuses ``DeltaRecognition`` without noise
+    #: under the minibatch-mixture marginal (its moment-matched Gaussian,
+    #: ``marginal="gaussian"``, is a density and accepts it).
     accepts_delta_recognition: bool = False
 
     #: The latent dimension D the prior was built for, or None for any; :class:`~rpm.RPM`
