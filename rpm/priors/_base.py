@@ -122,7 +122,9 @@ class PriorBase(NamedModule):
     #: prior's :math:`P(z) = Q(z)`, :math:`P(z'|z) \propto Q(z') e^{f}`), so that
     #: deterministic (Delta) encoders give a well-defined ELBO. False for densities on
     #: :math:`\mathbb{R}^{J D}`, which need Q(z) to have a density too (Appendix B of
-    #: Aitchison & Ganev): :class:`~rpm.RPM` then refuses ``DeltaRecognition`` without noise.
+    #: Aitchison & Ganev): :class:`~rpm.RPM` then refuses ``DeltaRecognition`` without noise
+    #: under the minibatch-mixture marginal (its moment-matched Gaussian,
+    #: ``marginal="gaussian"``, is a density and accepts it).
     accepts_delta_recognition: bool = False
 
     #: The latent dimension D the prior was built for, or None for any; :class:`~rpm.RPM`
@@ -599,7 +601,8 @@ def delta_with_density_message(what: str, prior) -> str:
         "Q(z) is then a discrete distribution on the batch points and log P(z) - log Q(z) is "
         "ill-defined (Appendix B of Aitchison & Ganev). Use DeltaRecognition(net, "
         "noise_scale=1e-2) (any eps > 0) or a GaussianRecognition, or an implicit prior "
-        "(ImplicitPrior, MarkovImplicitPrior)"
+        "(ImplicitPrior, MarkovImplicitPrior), or keep it and use the moment-matched Gaussian "
+        "marginal, a density: marginal='gaussian'"
     )
 
 

@@ -16,9 +16,9 @@ The model (:mod:`rpm.experiments.lds.model`): a Gaussian encoder :math:`Q(z_t|x_
 an affine encoder; :math:`\sigma` = ``--recognition-noise``), a learned linear-Gaussian
 state-space prior over the frames of a window (H = D, A started at 0.9 I) with the structured
 guide, and the marginals :math:`Q_t` estimated by the Gaussian with the mean and covariance of
-the batch's frames' recognition mixture (``--marginal gaussian``,
-``rpm.marginals._moment_matched.MomentMatchedMarginal``: exact in population for an affine
-encoder of these linear-Gaussian data; the pooled mixture of ``--marginal pooled`` caps the
+the batch's frames' recognition mixture (``--marginal gaussian``, ``rpm.RPM(...,
+marginal="gaussian")``, ``rpm.marginals.MomentMatchedMarginal``: exact in population for an
+affine encoder of these linear-Gaussian data; the pooled mixture of ``--marginal pooled`` caps the
 information it rewards at about log M nats a frame, and at latent 5 and 10 the encoder's means
 lose the state under it). Training
 (:mod:`rpm.experiments.lds.train`): ``--steps`` Adam steps on ``--batch-size`` windows of
