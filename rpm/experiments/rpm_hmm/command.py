@@ -197,7 +197,8 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
     arguments = {"states": args.states, "hidden": args.hidden}
     model = model_from_arguments(arguments).to(device)
     write_model_record(out / MODEL, "rpm-hmm", arguments)
-    untrained = _scores(model, test_chain, test_images, true)
+    with torch.no_grad():
+        untrained = _scores(model, test_chain, test_images, true)
     elbo = Trace_ELBO()
     frames = args.batch_size * args.window
 

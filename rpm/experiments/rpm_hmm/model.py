@@ -1,4 +1,4 @@
-r"""The RPM-HMM (Walker et al., 2023, Sec. 3.2): the recognition parameterised model whose
+r"""The RPM-HMM (Walker et al., 2023): the recognition parameterised model whose
 discrete latents :math:`z_1, \dots, z_T \in \{0, \dots, K-1\}` form a hidden Markov chain, one
 latent per frame :math:`x_t` of a chain of observations.
 
