@@ -82,6 +82,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "rpm.experiments.masks.command",
     "rpm.experiments.mutual_information.command",
     "rpm.experiments.pendulum.command",
+    "rpm.experiments.rpm_hmm.command",
 )
 
 EXIT_FAILURE = 1  # the run failed (non-finite loss)

@@ -38,6 +38,8 @@ EXPECTED = {
                            "steps": 4000, "batch_size": 64, "lr": 5e-4, "prior_lr": 1e-3},
     "pendulum": {"out": "runs/pendulum", "checkpoint_every": 200, "steps": 300, "batch_size": 16,
                  "lr": 1e-3, "prior_lr": 1e-2, "eval_every": 100, "window": 20, "data": None},
+    "rpm-hmm": {"out": "runs/rpm-hmm", "checkpoint_every": 200, "steps": 800, "batch_size": 32,
+                "lr": 1e-3, "prior_lr": 1e-2, "warmup": 0.05, "eval_every": 100, "window": 100},
 }
 #: The commands whose minibatch gives each pair the others as negatives: --batch-size >= 2.
 CONTRASTIVE = {"bouncing-balls", "causal-ident", "content-style", "digits", "identifiability",

@@ -182,6 +182,8 @@ COMMANDS = {
                  "--length", "16", "--image-size", "16", "--batch-size", "3", "--window", "6",
                  "--channels", "4", "--hidden", "8", "--eval-every", "2", "--checkpoint-every",
                  "0", "--latent-dim", "3", "--state-dim", "5"],
+    "rpm-hmm": ["--steps", "6", "--length", "200", "--test-length", "60", "--batch-size", "4",
+                "--window", "10", "--hidden", "16", "--eval-every", "3"],
 }
 
 

@@ -57,6 +57,7 @@ BUILDERS = {
     "lds": "rpm.experiments.lds.model",
     "masks": "rpm.experiments.masks.model",
     "pendulum": "rpm.experiments.pendulum.model",
+    "rpm-hmm": "rpm.experiments.rpm_hmm.model",
 }
 _CHECKPOINT = "checkpoint.pt"
 
