@@ -63,7 +63,8 @@ def test_softplus_map_normalises_the_direction_and_floors_kappa(squeeze):
     head = Head(squeeze=squeeze).double()
     recognition = rpm.VonMisesFisherRecognition(head, min_concentration=0.25)
     x = torch.randn(N, X_DIM, dtype=torch.float64)
-    q = recognition(x)
+    with torch.no_grad():
+        q = recognition(x)
     assert isinstance(q, VonMisesFisher)
     assert q.batch_shape == (N,) and q.event_shape == (D,)
     with torch.no_grad():
