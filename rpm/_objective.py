@@ -57,6 +57,7 @@ from rpm._validation import check_bool, check_positive_int
 from rpm.marginals import MixtureMarginal
 from rpm.marginals._candidates import Candidates
 from rpm.marginals._mixture_marginal import delta_mixture_log_prob
+from rpm.marginals._moment_matched import MomentMatchedMarginal
 from rpm.marginals._sequence_marginal import SequenceMixtureMarginal, stack_views
 from rpm.ops._gaussian_mixture import gaussian_mixture_log_prob
 from rpm.priors._base import (
@@ -69,14 +70,22 @@ from rpm.priors._base import (
 )
 
 __all__ = [
+    "MARGINALS",
     "ObjectiveInputs",
+    "check_marginal",
     "elbo",
     "likelihood_factor",
     "likelihood_marginals",
     "marginal_log_prob",
     "prior_log_ratio",
+    "refuses_delta",
     "rpm_elbo",
 ]
+
+#: The estimates of the recognition marginals a model may choose (``RPM(..., marginal=)``,
+#: ``rpm_elbo(..., marginal=)``): the minibatch mixture (Eq. 11) or its moment-matched Gaussian
+#: (:class:`~rpm.marginals.MomentMatchedMarginal`).
+MARGINALS = ("mixture", "gaussian")
 
 
 @dataclasses.dataclass
@@ -99,13 +108,57 @@ class ObjectiveInputs:
     #: The name of the model's plate over the N instances.
     plate: str
     #: The step's :class:`~rpm.marginals._candidates.Candidates`.
-    candidates: object
+    candidates: Candidates | None
     #: True when the guide is not the recognition models (a structured posterior): the
     #: recognition log-densities then no longer cancel (a prior over J views).
     structured: bool = False
     #: The prior is a prior over J views (``rpm.priors._base.is_sequence_prior``); None:
     #: decided here from the prior.
     sequence: bool | None = None
+    #: A pair prior: the marginals :math:`(Q_1, Q_2)` the model divides by when the model
+    #: chose them (``marginal="gaussian"``); None: the prior's ``likelihood_marginals``.
+    marginals: tuple | None = None
+
+
+# -- the choice of marginal ---------------------------------------------------------------------
+
+#: Why the moment-matched marginal takes no global batch or queue.
+GAUSSIAN_IS_LOCAL = ("marginal='gaussian' estimates the marginals' moments from this batch "
+                     "alone: train without global_batch and without a queue (or use "
+                     "marginal='mixture')")
+
+
+def check_marginal(marginal, prior) -> str:
+    r"""``marginal`` (one of :data:`MARGINALS`) checked against ``prior``.
+
+    ``"gaussian"`` replaces the recognition marginals :math:`Q_j` of the ELBO (Eq. 15) by their
+    moment-matched Gaussians (:class:`~rpm.marginals.MomentMatchedMarginal`): a choice for a
+    prior that is a density of its own, whose :math:`\log P - \sum_j \log Q_j` keeps the
+    marginals. A prior defined relative to the recognition marginals (the implicit priors,
+    :attr:`~rpm.priors.PriorBase.accepts_delta_recognition`) cancels them analytically against
+    the minibatch mixture, so no other estimate can enter: it is refused.
+
+    :raises ValueError: for an unknown string, or ``"gaussian"`` with such a prior.
+    """
+    if not isinstance(marginal, str) or marginal not in MARGINALS:
+        raise ValueError(f"marginal must be one of {MARGINALS} (the minibatch mixture of Eq. 11, "
+                         f"or its moment-matched Gaussian), got {marginal!r}")
+    if marginal == "gaussian" and hook(prior, "accepts_delta_recognition"):
+        raise ValueError(
+            f"marginal='gaussian' replaces the marginals of an explicit prior's ELBO, but "
+            f"{type(prior).__name__} is defined relative to the minibatch-mixture marginal (its "
+            "log Q terms cancel analytically, so no other estimate enters): use "
+            "marginal='mixture' with it, or an explicit prior (e.g. GaussianPairPrior)")
+    return marginal
+
+
+def refuses_delta(prior, marginal: str) -> bool:
+    """True when a deterministic (Delta) encoder makes the ELBO of ``prior`` under the marginal
+    estimate ``marginal`` ill-defined (Appendix B of Aitchison & Ganev): an explicit density
+    prior with the minibatch mixture, a discrete distribution on the batch's points. The
+    moment-matched Gaussian is a density, so under ``"gaussian"`` Delta encoders are
+    accepted."""
+    return not hook(prior, "accepts_delta_recognition") and marginal != "gaussian"
 
 
 # -- the likelihood (Eq. 10) ----------------------------------------------------------------------
@@ -190,10 +243,10 @@ def marginal_log_prob(marginal: MixtureMarginal, z: torch.Tensor, candidates: Ca
             "a likelihood marginal with exclude_self cannot be evaluated over a global batch or "
             "in blocks; return a MixtureMarginal without exclude_self from likelihood_marginals"
         )
-    if marginal.family == "generic":
+    loc, scale = marginal.loc, marginal.scale  # (K, D), (K, D) or None; None, None: "generic"
+    if loc is None:
         return marginal.log_prob_rows(z, block_size=block_size)
-    loc, scale = marginal.loc, marginal.scale  # (K, D), (K, D) or None
-    if is_global:
+    if candidates is not None and candidates.is_global:
         if scale is None:
             loc = candidates.gather(loc)
         else:  # one collective for both
@@ -207,7 +260,7 @@ def marginal_log_prob(marginal: MixtureMarginal, z: torch.Tensor, candidates: Ca
 
 def prior_log_ratio(prior, latents, recognitions, plate: str, candidates: Candidates | None = None,
                     block_size: int | None = None, sequence: bool | None = None,
-                    per_instance: bool = False) -> torch.Tensor:
+                    per_instance: bool = False, marginals: tuple | None = None) -> torch.Tensor:
     r"""The batch's total :math:`\sum_i \log P(z_{i,1:J}) - \sum_j \log Q_j(z_{i,j})`, the
     terms of the RPM ELBO (Eq. 15 of Aitchison & Ganev; with J views, ``docs/theory.md``) that
     do not cancel against the recognition guide; with ``per_instance`` the N terms themselves,
@@ -239,6 +292,9 @@ def prior_log_ratio(prior, latents, recognitions, plate: str, candidates: Candid
         a prior without an analytic log-ratio whose log-density does not split over the
         instances (:attr:`~rpm.priors._base.PriorBase.joint_over_batch`) has no such terms
         (ValueError).
+    :param marginals: a pair prior: the marginals :math:`(Q_1, Q_2)` to subtract (distributions
+        of batch_shape (N,), e.g. :class:`~rpm.marginals.MomentMatchedMarginal`); None: the
+        prior's ``likelihood_marginals``, the minibatch mixtures.
     :return: a scalar, or shape (N,) with ``per_instance``.
     """
     if sequence is None:
@@ -251,7 +307,8 @@ def prior_log_ratio(prior, latents, recognitions, plate: str, candidates: Candid
         ratio = prior.sequence_log_ratio(z, q, marginal, candidates, block_size)
         if ratio is not None:
             return ratio if per_instance else ratio.sum()
-        data, args, sites, num = {"z": z}, (q, marginal), ("z",), z.shape[0]
+        sites: tuple[str, ...] = ("z",)
+        data, args, num = {"z": z}, (q, marginal), z.shape[0]
     else:
         (z, z2), (q, q2) = latents, recognitions
         if isinstance(prior, Prior):
@@ -284,6 +341,8 @@ def prior_log_ratio(prior, latents, recognitions, plate: str, candidates: Candid
     )
     if sequence:  # the model's marginal already runs over the candidates (a global batch)
         return log_prior - reduce(marginal.log_prob(z))
+    if marginals is not None:  # the model's own estimate (marginal="gaussian")
+        return log_prior - reduce(marginals[0].log_prob(z)) - reduce(marginals[1].log_prob(z2))
     marginal, marginal2 = likelihood_marginals(prior, q, q2)
     log_marginals = (reduce(marginal_log_prob(marginal, z, candidates, block_size))
                      + reduce(marginal_log_prob(marginal2, z2, candidates, block_size)))
@@ -341,13 +400,12 @@ def elbo(inputs: ObjectiveInputs, num_particles: int = 1, block_size: int | None
         weights = torch.stack([_log_weights(inputs, block_size, per_instance=True)
                                for _ in range(num_particles)])              # (S, N)
         return (torch.logsumexp(weights, dim=0) - math.log(num_particles)).sum()
-    total = 0.0
+    total: torch.Tensor | None = None
     for _ in range(num_particles):
         value = _log_weights(inputs, block_size, per_instance=False)
-        if num_particles == 1:
-            return value
-        total = total + value
-    return total / num_particles
+        total = value if total is None else total + value
+    assert total is not None  # num_particles >= 1
+    return total if num_particles == 1 else total / num_particles
 
 
 def _log_weights(inputs: ObjectiveInputs, block_size: int | None,
@@ -356,16 +414,19 @@ def _log_weights(inputs: ObjectiveInputs, block_size: int | None,
     :func:`elbo`, summed over the batch, or shape (N,) with ``per_instance``."""
     sequence = (inputs.sequence if inputs.sequence is not None
                 else is_sequence_prior(inputs.prior))
-    reduce = (lambda terms: terms) if per_instance else torch.sum
+    reduce = _identity if per_instance else torch.sum
     latents = tuple(_rsample(guide) for guide in inputs.guides)
     if not sequence:  # (z, z2), each (N, D): the guide's sites "z" then "z2"
         return prior_log_ratio(inputs.prior, latents, inputs.recognitions, inputs.plate,
                                inputs.candidates, block_size, sequence=False,
-                               per_instance=per_instance)
+                               per_instance=per_instance, marginals=inputs.marginals)
     (z,) = latents  # (N, J, D): the guide's site "z"
     q, marginal = inputs.recognitions
     terms = None
     if inputs.structured:
+        if not isinstance(inputs.prior, SequencePrior):
+            raise TypeError(f"a structured guide is the posterior of a prior over J views "
+                            f"(rpm.priors.SequencePrior); got {type(inputs.prior).__name__}")
         terms = inputs.prior.posterior_log_ratio(z, q, inputs.guides[0])
     if terms is not None:  # log P + sum log Q(z|x) - log guide, in closed form
         return reduce(terms) - reduce(marginal.log_prob(z))
@@ -375,6 +436,10 @@ def _log_weights(inputs: ObjectiveInputs, block_size: int | None,
     if inputs.structured:
         value = value + reduce(q.log_prob(z).sum(-1) - inputs.guides[0].log_prob(z))
     return value
+
+
+def _identity(terms: torch.Tensor) -> torch.Tensor:
+    return terms
 
 
 def _rsample(guide: TorchDistribution) -> torch.Tensor:
@@ -393,7 +458,7 @@ def rpm_elbo(
     prior, latents: Sequence[torch.Tensor] | torch.Tensor,
     recognitions: Sequence[TorchDistribution] | TorchDistribution | None = None,
     candidates: Candidates | None = None, block_size: int | None = None,
-    pooled_marginal: bool = False, per_instance: bool = False,
+    pooled_marginal: bool = False, per_instance: bool = False, marginal: str = "mixture",
 ) -> torch.Tensor:
     r"""The RPM ELBO of a batch of latents, for plain PyTorch loops on embeddings.
 
@@ -426,11 +491,19 @@ def rpm_elbo(
     :param bool per_instance: return the N instances' terms
         :math:`\log P(z_{i,1:J}) - \sum_j \log Q_j(z_{i,j})`, shape (N,), instead of their sum
         (``prior_log_ratio``): per-example losses, e.g. ``reduction="none"``.
+    :param str marginal: the estimate of the :math:`Q_j`, ``"mixture"`` (the minibatch mixture,
+        Eq. 11) or ``"gaussian"`` (its moment-matched Gaussian,
+        :class:`~rpm.marginals.MomentMatchedMarginal`: an explicit prior's ELBO is then defined
+        for the default Delta recognition; ``candidates`` must be the batch's own).
     :return: a scalar tensor, the ELBO summed over the N instances, or shape (N,).
     """
     check_bool("pooled_marginal", pooled_marginal)
     check_bool("per_instance", per_instance)
-    if recognitions is None and not hook(prior, "accepts_delta_recognition"):
+    check_marginal(marginal, prior)
+    gaussian = marginal == "gaussian"
+    if gaussian and candidates is not None and not candidates.is_local:
+        raise ValueError(GAUSSIAN_IS_LOCAL)
+    if recognitions is None and refuses_delta(prior, marginal):
         raise ValueError(delta_with_density_message("the default Delta recognition", prior)
                          + "; pass the recognition distributions the latents were drawn from")
     if is_sequence_prior(prior):
@@ -444,9 +517,10 @@ def rpm_elbo(
             q = recognitions
         else:
             q = stack_views(list(recognitions))
-        marginal = SequenceMixtureMarginal(q, pooled=pooled_marginal, block_size=block_size,
-                                           candidates=candidates)
-        return prior_log_ratio(prior, z, (q, marginal), "instances", candidates, block_size,
+        marginals = (MomentMatchedMarginal(q, pooled=pooled_marginal) if gaussian else
+                     SequenceMixtureMarginal(q, pooled=pooled_marginal, block_size=block_size,
+                                             candidates=candidates))
+        return prior_log_ratio(prior, z, (q, marginals), "instances", candidates, block_size,
                                sequence=True, per_instance=per_instance)
     if isinstance(latents, torch.Tensor) or len(latents) != 2:
         got = f"a tensor {tuple(latents.shape)}" if isinstance(latents, torch.Tensor) else len(latents)
@@ -454,5 +528,6 @@ def rpm_elbo(
                          f"two tensors (N, D); got {got}")
     z, z2 = latents
     q, q2 = (_delta(z), _delta(z2)) if recognitions is None else recognitions
+    pair_marginals = (MomentMatchedMarginal(q), MomentMatchedMarginal(q2)) if gaussian else None
     return prior_log_ratio(prior, (z, z2), (q, q2), "pairs", candidates, block_size,
-                           sequence=False, per_instance=per_instance)
+                           sequence=False, per_instance=per_instance, marginals=pair_marginals)

@@ -59,8 +59,10 @@ import textwrap
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any, cast
 
 from rpm.experiments.common import COMMAND_LINE, GIVEN_FLAGS, ConfigurationError
+from rpm.training.run_folder import RunFolderError
 
 __all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USAGE", "PROG", "PlainHelpFormatter", "SCRIPT",
            "SUBCOMMANDS", "build_parser", "main", "plain_text"]
@@ -245,18 +247,12 @@ def main(
         _say(f"{prog}: error: the commands need {', '.join(missing)}, not installed (the core "
              f"installs without them); install the experiments extra: {_INSTALL_EXPERIMENTS}")
         return EXIT_USAGE
-    try:
-        # Imported only now: the trainer brings torch with it.
-        from rpm.training.checkpoint import CheckpointError
-        from rpm.training.run_folder import RunFolderError
-        from rpm.training.trainer import NonFiniteLossError, TrainingInterrupted
-    except KeyboardInterrupt:
-        _say(f"{prog}: interrupted (Ctrl-C) during start-up; nothing was written",
-             after_signal=True)
-        return EXIT_INTERRUPTED
+    # The trainer's and the checkpoints' errors are looked up only when an error is caught
+    # (_loaded): importing their modules would import torch before a command has checked its
+    # flags and its --data file, which it does first.
     try:
         return int(run(args))
-    except (ConfigurationError, RunFolderError, CheckpointError) as err:
+    except (ConfigurationError, RunFolderError) + _loaded(_CHECKPOINT, "CheckpointError") as err:
         _say(f"{prog}: error: {_one_line(err)}")
         return EXIT_USAGE
     except OSError as err:
@@ -265,14 +261,15 @@ def main(
              "folder's permissions or free space, then rerun with --resume to continue from the "
              "last checkpoint")
         return EXIT_USAGE
-    except NonFiniteLossError as err:
+    except _loaded(_TRAINER, "NonFiniteLossError") as err:
         _say(f"{prog}: {_one_line(err)}")
         return EXIT_FAILURE
-    except TrainingInterrupted as err:
+    except _loaded(_TRAINER, "TrainingInterrupted") as interrupted:
+        stop = cast(Any, interrupted)  # a TrainingInterrupted: step, checkpoint_path, signal
         if not rank:  # every process of a torchrun stops at the same step: say it once
-            _say(f"{prog}: interrupted at step {err.step}; checkpoint saved to "
-                 f"{err.checkpoint_path}; rerun with --resume to continue", after_signal=True)
-        return 128 + int(err.signal_number)
+            _say(f"{prog}: interrupted at step {stop.step}; checkpoint saved to "
+                 f"{stop.checkpoint_path}; rerun with --resume to continue", after_signal=True)
+        return 128 + int(stop.signal_number)
     except KeyboardInterrupt:
         _say(f"{prog}: interrupted (Ctrl-C) outside training; the checkpoints already saved "
              "are intact: rerun with --resume to continue", after_signal=True)
@@ -280,6 +277,17 @@ def main(
 
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
+
+_CHECKPOINT = "rpm.training.checkpoint"
+_TRAINER = "rpm.training.trainer"
+
+
+def _loaded(module: str, name: str) -> tuple[type[BaseException], ...]:
+    """``(module.name,)`` when ``module`` has been imported, else ``()`` (an ``except`` clause
+    that catches nothing): an exception of a class defined there cannot have been raised before
+    its module was imported, so the lookup never imports it (nor torch with it)."""
+    loaded = sys.modules.get(module)
+    return (getattr(loaded, name),) if loaded is not None else ()
 
 
 def _missing_from_experiments_extra() -> list[str]:

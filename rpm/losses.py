@@ -43,7 +43,10 @@ docstring states its equation and how it reads as an RPM):
   terms approximate or stand in for the Gaussian RPM's (an explicit Gaussian prior with
   moment-matched Gaussian marginals, :math:`\mathcal L/N = \operatorname{mean}_n \log P(z_n,
   z'_n) - \operatorname{mean}_n \log \mathcal N(z_n; m, S) - \operatorname{mean}_n \log
-  \mathcal N(z'_n; m', S')`);
+  \mathcal N(z'_n; m', S')`, ``docs/theory.md#gaussian-rpm``): surrogates of that ELBO, not
+  bounds. Their ``elbo`` returns the ELBO itself for the outputs
+  (:class:`~rpm.priors.GaussianPairPrior`, :class:`~rpm.priors.GaussianStarPrior` with
+  ``marginal="gaussian"``);
 * :class:`DCLLoss`, :class:`DCLWLoss`: the implicit prior's log-ratio with the positive taken
   out of the normaliser's candidates;
 * :class:`HypersphereLoss`: alignment and uniformity, the uniformity the log of the RBF implicit
@@ -69,7 +72,14 @@ from rpm._validation import (
 )
 from rpm.distributed import all_gather_with_grad, collective_device, is_distributed
 from rpm.marginals._candidates import Candidates, LatentQueue
-from rpm.priors import ImplicitPrior, PartnerMixturePrior, PooledImplicitPrior, StarImplicitPrior
+from rpm.priors import (
+    GaussianPairPrior,
+    GaussianStarPrior,
+    ImplicitPrior,
+    PartnerMixturePrior,
+    PooledImplicitPrior,
+    StarImplicitPrior,
+)
 from rpm.priors._base import Energy
 from rpm.priors._energies import CosineEnergy, unit_vectors
 from rpm.priors._multiview import MultiViewImplicitPrior
@@ -137,8 +147,9 @@ class ScaledCosineEnergy(CosineEnergy):
         else:
             self.register_buffer("scale", torch.tensor(1.0 / temperature, dtype=torch.float64))
 
+    # read-only here (held as scale or log_scale); CosineEnergy's kappa is an attribute
     @property
-    def kappa(self) -> torch.Tensor:
+    def kappa(self) -> torch.Tensor:  # type: ignore[override]
         r"""The concentration of :class:`~rpm.priors.CosineEnergy`, the logit scale
         :math:`s = 1/\tau` (:meth:`logit_scale`), a float64 scalar."""
         return self.logit_scale()
@@ -492,9 +503,9 @@ class NTXentLoss(torch.nn.Module):
         :param views: ``out0, out1`` or J outputs (or one list of them), each of shape (N, D).
         :return: a scalar tensor (nats).
         """
-        views = self._views(views)
-        value, _ = self._terms(views)
-        return value / views[0].shape[0]
+        outputs = self._views(views)
+        value, _ = self._terms(outputs)
+        return value / outputs[0].shape[0]
 
     def forward(self, *views: torch.Tensor) -> torch.Tensor:
         r"""The mean loss, :math:`-\mathcal{L}/N + \log(2N - 1)` (NT-Xent), :math:`-\mathcal{L}/N
@@ -506,11 +517,11 @@ class NTXentLoss(torch.nn.Module):
             outputs (or one list of them).
         :return: a scalar tensor (nats), positive.
         """
-        views = self._views(views)
-        _, loss = self._terms(views)
+        outputs = self._views(views)
+        _, loss = self._terms(outputs)
         # lightly's rule: only a batch that will be back-propagated enters the bank
-        if self.bank is not None and torch.is_grad_enabled() and views[0].requires_grad:
-            keys = unit_vectors(views[1].detach())
+        if self.bank is not None and torch.is_grad_enabled() and outputs[0].requires_grad:
+            keys = unit_vectors(outputs[1].detach())
             if self.gather_distributed:
                 keys = all_gather_with_grad(keys)
             # lightly's pointer: fill to the end of the bank, drop the rest, restart at row 0
@@ -714,6 +725,43 @@ def _check_pair(z_a, z_b, names: tuple[str, str], what: str, min_batch: int,
                          f"{z_a.shape[0]} ({names[0]} of shape {tuple(z_a.shape)})")
 
 
+#: The correlation :math:`\rho` of the Gaussian pair prior in the losses' ``elbo`` by default:
+#: each coordinate of one view's output correlated 0.9 with the other view's.
+_DEFAULT_CORRELATION = 0.9
+#: The star prior's scale s in :meth:`LeJEPALoss.elbo` by default: :math:`1/(1 + s^2) = 0.9`,
+#: the same correlation between any two views.
+_DEFAULT_STAR_SCALE = 1.0 / 3.0
+
+
+def _gaussian_pair_elbo(z_a: torch.Tensor, z_b: torch.Tensor,
+                       correlation: float = _DEFAULT_CORRELATION,
+                       what: str = "_gaussian_pair_elbo") -> torch.Tensor:
+    r"""The ELBO per pair of the Gaussian pair RPM on two views' outputs (``docs/theory.md``,
+    Gaussian RPM): Delta recognition at the outputs, :class:`~rpm.priors.GaussianPairPrior`
+    :math:`P(z) = \mathcal N(0, I)`, :math:`P(z'|z) = \mathcal N(\rho z, (1 - \rho^2) I)`,
+    and each view's moment-matched Gaussian marginal (batch mean, 1/N covariance),
+
+    .. math::
+
+        \frac{\mathcal L}{N} = \operatorname{mean}_n \log P_\rho(z_n, z'_n)
+            - \operatorname{mean}_n \log \mathcal N(z_n; m, S)
+            - \operatorname{mean}_n \log \mathcal N(z'_n; m', S'),
+
+    computed by :func:`rpm.inference.rpm_elbo` with ``marginal="gaussian"``; the ELBO that
+    :class:`VICRegLoss` and :class:`BarlowTwinsLoss` are surrogates of.
+
+    :param torch.Tensor z_a: the first views' outputs, shape (N, D), N >= D + 1 (a
+        nonsingular S).
+    :param torch.Tensor z_b: the second views', the same shape.
+    :param float correlation: :math:`\rho \in (-1, 1)`.
+    :param str what: the caller's name in error messages.
+    :return: a scalar tensor (nats).
+    """
+    _check_pair(z_a, z_b, ("z_a", "z_b"), what, 2)
+    prior = GaussianPairPrior(z_a.shape[1], correlation=correlation)
+    return rpm_elbo(prior, [z_a, z_b], marginal="gaussian") / z_a.shape[0]
+
+
 class VICRegLoss(torch.nn.Module):
     r"""VICReg's loss (Bardes, Ponce & LeCun 2022) as lightly's ``VICRegLoss`` computes it, with
     its arguments, defaults and value.
@@ -747,7 +795,8 @@ class VICRegLoss(torch.nn.Module):
     terms approximate the anti-collapse :math:`\tfrac12 \log\det S = \tfrac12 \sum_d \log S_{dd}
     + \tfrac12 \log\det R` (R the correlation matrix): the hinge raises each
     :math:`S_{dd}`, the covariance penalty drives R to I, where :math:`\log\det R \le 0` is
-    largest. They are surrogates, not that bound.
+    largest. So the loss is a **surrogate** of the Gaussian pair RPM's ELBO, not a bound on
+    anything; :meth:`elbo` returns that ELBO for the same outputs.
 
     .. code-block:: python
 
@@ -801,6 +850,27 @@ class VICRegLoss(torch.nn.Module):
         off_diagonal = cov.square().sum((-2, -1)) - cov.diagonal(dim1=-2, dim2=-1).square().sum(-1)
         return (off_diagonal / dim).mean()
 
+    def elbo(self, z_a: torch.Tensor, z_b: torch.Tensor,
+             correlation: float = _DEFAULT_CORRELATION) -> torch.Tensor:
+        r"""The ELBO per pair of the Gaussian pair RPM whose surrogate the loss is: Delta
+        recognition at the outputs, :class:`~rpm.priors.GaussianPairPrior` with correlation
+        :math:`\rho` and the moment-matched marginals (``rpm.inference.rpm_elbo(...,
+        marginal="gaussian")``),
+
+        .. math::
+
+            \frac{\mathcal L}{N} = \operatorname{mean}_n \log P_\rho(z_n, z'_n)
+                + D (1 + \log 2\pi) + \tfrac12 \log\det S + \tfrac12 \log\det S'.
+
+        Over this process's batch (``gather_distributed`` does not apply).
+
+        :param torch.Tensor z_a: the first views' outputs, shape (N, D), N >= D + 1.
+        :param torch.Tensor z_b: the second views', the same shape.
+        :param float correlation: :math:`\rho \in (-1, 1)` (default 0.9).
+        :return: a scalar tensor (nats).
+        """
+        return _gaussian_pair_elbo(z_a, z_b, correlation, "VICRegLoss.elbo")
+
 
 class BarlowTwinsLoss(torch.nn.Module):
     r"""Barlow Twins' loss (Zbontar et al. 2021, Algorithm 1) as lightly's ``BarlowTwinsLoss``
@@ -821,9 +891,10 @@ class BarlowTwinsLoss(torch.nn.Module):
     average of the processes' matrices); without an initialised ``torch.distributed`` nothing
     is gathered.
 
-    **Probabilistic reading.** A surrogate of the Gaussian RPM's ELBO (see
-    :class:`VICRegLoss`), not a bound: standardising pins the moment-matched marginals to unit
-    variance, the diagonal term is the Gaussian pair prior's invariance as :math:`\rho \to 1`
+    **Probabilistic reading.** A **surrogate** of the Gaussian pair RPM's ELBO (see
+    :class:`VICRegLoss`; :meth:`elbo` returns it), not a bound: standardising pins the
+    moment-matched marginals to unit variance, the diagonal term is the Gaussian pair prior's
+    invariance as :math:`\rho \to 1`
     (for unit variances :math:`1 - C_{dd} = \tfrac12 \operatorname{mean}_n (\tilde z_{nd} -
     \tilde z'_{nd})^2`), and the off-diagonal term drives the cross-correlation, and with it the
     correlation R of each view, to I, where the anti-collapse :math:`\tfrac12 \log\det R` is
@@ -857,6 +928,19 @@ class BarlowTwinsLoss(torch.nn.Module):
         invariance = (1.0 - diagonal).square().sum()
         redundancy = cross.square().sum() - diagonal.square().sum()
         return invariance + self.lambda_param * redundancy
+
+    def elbo(self, z_a: torch.Tensor, z_b: torch.Tensor,
+             correlation: float = _DEFAULT_CORRELATION) -> torch.Tensor:
+        r"""The ELBO per pair of the Gaussian pair RPM whose surrogate the loss is, for the
+        outputs as given (not standardised), the same as :meth:`VICRegLoss.elbo`. Over this
+        process's batch.
+
+        :param torch.Tensor z_a: the first views' outputs, shape (N, D), N >= D + 1.
+        :param torch.Tensor z_b: the second views', the same shape.
+        :param float correlation: :math:`\rho \in (-1, 1)` (default 0.9).
+        :return: a scalar tensor (nats).
+        """
+        return _gaussian_pair_elbo(z_a, z_b, correlation, "BarlowTwinsLoss.elbo")
 
 
 class SIGReg(torch.nn.Module):
@@ -974,7 +1058,9 @@ class LeJEPALoss(torch.nn.Module):
     (SimVAE's: :math:`z_v = y + s\, \epsilon_v`, :math:`y \sim \mathcal N(0, I)`) conditional
     :math:`-\log \mathcal N(z_v; y, s^2 I)` with the shared latent y estimated by the global
     views' centroid; SIGReg stands for the marginal terms of the Gaussian RPM (see
-    :class:`SIGReg`).
+    :class:`SIGReg`). So the loss is a **surrogate** of the Gaussian star RPM's ELBO, not a
+    bound; :meth:`elbo` returns that ELBO (:class:`~rpm.priors.GaussianStarPrior`, y
+    integrated out) for the same outputs.
 
     :param float lambda_param: :math:`\lambda \in [0, 1]`, the weight of SIGReg.
     :param bool gather_distributed: SIGReg over the global batch.
@@ -1003,6 +1089,13 @@ class LeJEPALoss(torch.nn.Module):
         :param torch.Tensor global_proj: the global views' outputs, shape (V_g, N, D), V_g >= 1.
         :return: a scalar tensor.
         """
+        views = self._views(local_proj, global_proj)                            # (V, N, D)
+        invariance = (global_proj.mean(0) - views).square().mean()
+        return self.lambda_param * self.sigreg(views) + (1.0 - self.lambda_param) * invariance
+
+    @staticmethod
+    def _views(local_proj: torch.Tensor, global_proj: torch.Tensor) -> torch.Tensor:
+        """The V views, global then local, (V, N, D), after checking the shapes."""
         for name, proj in (("local_proj", local_proj), ("global_proj", global_proj)):
             if not isinstance(proj, torch.Tensor) or proj.dim() != 3 or proj.shape[0] < 1:
                 got = tuple(proj.shape) if isinstance(proj, torch.Tensor) else type(proj).__name__
@@ -1012,9 +1105,32 @@ class LeJEPALoss(torch.nn.Module):
             raise ValueError(f"LeJEPALoss needs local_proj and global_proj with the same batch "
                              f"and feature dimensions (N, D); got {tuple(local_proj.shape)} and "
                              f"{tuple(global_proj.shape)}")
-        views = torch.cat([global_proj, local_proj])                            # (V, N, D)
-        invariance = (global_proj.mean(0) - views).square().mean()
-        return self.lambda_param * self.sigreg(views) + (1.0 - self.lambda_param) * invariance
+        return torch.cat([global_proj, local_proj])
+
+    def elbo(self, *, local_proj: torch.Tensor, global_proj: torch.Tensor,
+             scale: float = _DEFAULT_STAR_SCALE) -> torch.Tensor:
+        r"""The ELBO per instance of the Gaussian star RPM whose surrogate the loss is: Delta
+        recognition at the V outputs of each instance, :class:`~rpm.priors.GaussianStarPrior`
+        with scale s (the content y integrated out) and each view's moment-matched marginal,
+
+        .. math::
+
+            \frac{\mathcal L}{N} = \operatorname{mean}_n \log \mathcal N\big(\operatorname{vec}
+                z_{n,1:V};\ 0,\ \mathbf 1 \mathbf 1^\top \otimes I + s^2 I\big)
+                + \sum_v \Big[\tfrac D2 (1 + \log 2\pi) + \tfrac12 \log\det S_v\Big].
+
+        Over this process's batch; V = V_g + V_l >= 2.
+
+        :param torch.Tensor local_proj: the local views' outputs, shape (V_l, N, D).
+        :param torch.Tensor global_proj: the global views' outputs, shape (V_g, N, D).
+        :param float scale: s > 0 (default 1/3: any two views correlated 0.9, as
+            :meth:`VICRegLoss.elbo`'s default).
+        :return: a scalar tensor (nats).
+        """
+        views = self._views(local_proj, global_proj)                            # (V, N, D)
+        latents = views.transpose(0, 1)                                         # (N, V, D)
+        prior = GaussianStarPrior(latents.shape[-1], scale=scale)
+        return rpm_elbo(prior, latents, marginal="gaussian") / latents.shape[0]
 
 
 def _negative_von_mises_fisher_weights(out0: torch.Tensor, out1: torch.Tensor,

@@ -52,17 +52,17 @@ class GeneralizedNormal(TorchDistribution):
 
     :param loc: location :math:`\mu`.
     :param scale: scale :math:`\alpha > 0`.
-    :param shape: shape :math:`\beta > 0` (named ``shape`` as scipy's ``beta``; not a tensor
-        shape).
+    :param beta: the shape parameter :math:`\beta > 0` (scipy's ``beta``; ``shape`` is Pyro's
+        method, ``d.shape()`` the shape of a draw).
     """
 
     arg_constraints = {"loc": constraints.real, "scale": constraints.positive,
-                       "shape": constraints.positive}
+                       "beta": constraints.positive}
     support = constraints.real
     has_rsample = True
 
-    def __init__(self, loc, scale, shape, validate_args=None):
-        self.loc, self.scale, self.shape = broadcast_all(loc, scale, shape)
+    def __init__(self, loc, scale, beta, validate_args=None):
+        self.loc, self.scale, self.beta = broadcast_all(loc, scale, beta)
         super().__init__(self.loc.shape, torch.Size(), validate_args=validate_args)
 
     def expand(self, batch_shape, _instance=None):
@@ -70,7 +70,7 @@ class GeneralizedNormal(TorchDistribution):
         batch_shape = torch.Size(batch_shape)
         new.loc = self.loc.expand(batch_shape)
         new.scale = self.scale.expand(batch_shape)
-        new.shape = self.shape.expand(batch_shape)
+        new.beta = self.beta.expand(batch_shape)
         super(GeneralizedNormal, new).__init__(batch_shape, torch.Size(), validate_args=False)
         new._validate_args = self._validate_args
         return new
@@ -85,7 +85,7 @@ class GeneralizedNormal(TorchDistribution):
 
     @property
     def variance(self) -> torch.Tensor:
-        inverse = self.shape.reciprocal()
+        inverse = self.beta.reciprocal()
         return self.scale.pow(2) * torch.exp(torch.lgamma(3 * inverse) - torch.lgamma(inverse))
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
@@ -95,9 +95,9 @@ class GeneralizedNormal(TorchDistribution):
         # |0|^beta = 0 with gradient 0 (for beta < 1 the slope at 0 is infinite, and autograd
         # would give inf * 0 = nan): the power is taken of a stand-in 1 at 0, then masked.
         away = standard > 0
-        power = torch.where(away, torch.where(away, standard, 1.0).pow(self.shape), 0.0)
-        return (self.shape.log() - math.log(2.0) - self.scale.log()
-                - torch.lgamma(self.shape.reciprocal()) - power)
+        power = torch.where(away, torch.where(away, standard, 1.0).pow(self.beta), 0.0)
+        return (self.beta.log() - math.log(2.0) - self.scale.log()
+                - torch.lgamma(self.beta.reciprocal()) - power)
 
     def cdf(self, value: torch.Tensor) -> torch.Tensor:
         r""":math:`\tfrac12 + \tfrac12 \operatorname{sign}(x - \mu)\, P(1/\beta, |x-\mu|^\beta /
@@ -106,18 +106,18 @@ class GeneralizedNormal(TorchDistribution):
         if self._validate_args:
             self._validate_sample(value)
         centred = value - self.loc
-        half = 0.5 * torch.special.gammainc(self.shape.reciprocal().detach(),
-                                            (centred.abs() / self.scale).pow(self.shape))
+        half = 0.5 * torch.special.gammainc(self.beta.reciprocal().detach(),
+                                            (centred.abs() / self.scale).pow(self.beta))
         return 0.5 + torch.sign(centred) * half
 
     def entropy(self) -> torch.Tensor:
         r""":math:`1/\beta - \log\beta + \log 2\alpha + \log\Gamma(1/\beta)`."""
-        inverse = self.shape.reciprocal()
-        return inverse - self.shape.log() + torch.log(2 * self.scale) + torch.lgamma(inverse)
+        inverse = self.beta.reciprocal()
+        return inverse - self.beta.log() + torch.log(2 * self.scale) + torch.lgamma(inverse)
 
     def rsample(self, sample_shape=torch.Size()) -> torch.Tensor:
         shape = self._extended_shape(sample_shape)
-        gamma = Gamma(self.shape.reciprocal().expand(shape), torch.ones_like(self.loc).expand(shape))
-        magnitude = gamma.rsample().pow(self.shape.reciprocal())        # |x - mu| / alpha
+        gamma = Gamma(self.beta.reciprocal().expand(shape), torch.ones_like(self.loc).expand(shape))
+        magnitude = gamma.rsample().pow(self.beta.reciprocal())        # |x - mu| / alpha
         sign = torch.randint(0, 2, shape, device=self.loc.device).to(self.loc.dtype) * 2 - 1
         return self.loc + self.scale * sign * magnitude

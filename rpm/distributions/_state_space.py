@@ -91,7 +91,8 @@ class GaussianStateSpace(TorchDistribution):
         is then the marginal density of the observed frames' latents,
         :math:`\log P(z_{t \in \text{observed}})` (the Kalman filter with the missing frames
         removed from the observation model; the missing frames' values are ignored), and the
-        batch shape includes the mask's.
+        batch shape includes the mask's. Held as ``frame_mask`` (``mask`` is Pyro's method
+        that masks the log density, ``d.mask(m)``).
     """
 
     arg_constraints = {
@@ -126,7 +127,7 @@ class GaussianStateSpace(TorchDistribution):
             transition_scale_tril.shape[:-2], observation_matrix.shape[:-2],
             observation_scale_tril.shape[:-2], observation_offset.shape[:-1],
             () if mask is None else mask.shape[:-1])
-        self.mask = check_mask(mask, duration)
+        self.frame_mask = check_mask(mask, duration)
         self.init_loc = init_loc
         self.init_scale_tril = init_scale_tril
         self.transition_matrix = transition_matrix
@@ -154,7 +155,7 @@ class GaussianStateSpace(TorchDistribution):
             setattr(new, name, getattr(self, name))
         new.duration = self.duration
         new.hidden_dim = self.hidden_dim
-        new.mask = self.mask
+        new.frame_mask = self.frame_mask
         super(GaussianStateSpace, new).__init__(batch_shape, self.event_shape, validate_args=False)
         new._validate_args = self._validate_args
         return new
@@ -174,14 +175,14 @@ class GaussianStateSpace(TorchDistribution):
         params = dict(self._params,
                       observation_scale_tril=self.observation_scale_tril.unsqueeze(-3))
         return kalman_filter(value - self.observation_offset.unsqueeze(-2), **params,
-                             mask=self.mask)
+                             mask=self.frame_mask)
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         if self._validate_args:
             self._validate_sample(value)
         log_prob = kalman_log_prob(value - self.observation_offset.unsqueeze(-2), **dict(
             self._params, observation_scale_tril=self.observation_scale_tril.unsqueeze(-3)),
-            mask=self.mask)
+            mask=self.frame_mask)
         return log_prob.expand(torch.broadcast_shapes(log_prob.shape, self.batch_shape))
 
     def smooth(self, value: torch.Tensor) -> KalmanSmootherResult:
@@ -238,7 +239,7 @@ class StateSpacePosterior(TorchDistribution):
 
     the last term the Kalman likelihood of the pseudo-observations (the normaliser).
 
-    **Missing frames.** With a mask on the prior (``prior.mask``, (N, T), True = observed) a
+    **Missing frames.** With a mask on the prior (``prior.frame_mask``, (N, T), True = observed) a
     missing frame has no pseudo-observation: the filter skips its update, its term
     :math:`\log\mathcal{N}(\mu_t; z_t, \Sigma_t)` is dropped, and both :math:`\log
     P(z_{1:T})` and :math:`\log Q(z_{1:T})` are the densities of the observed frames' latents
@@ -286,8 +287,8 @@ class StateSpacePosterior(TorchDistribution):
         self._gain_bar = post[..., obs_dim:, :obs_dim]
         self._conditional_scale = post[..., obs_dim:, obs_dim:]
         self._observation_scale = r_scale  # chol(R): the conditional of a missing frame
-        self.mask = prior.mask
-        self._filtered = None
+        self.frame_mask = prior.frame_mask
+        self._filtered: KalmanFilterResult | None = None
 
     @property
     def filtered(self) -> KalmanFilterResult:
@@ -295,7 +296,7 @@ class StateSpacePosterior(TorchDistribution):
         if self._filtered is None:
             params = dict(self.prior._params, observation_scale_tril=self._noise_scale)
             offset = self.prior.observation_offset.unsqueeze(-2)
-            self._filtered = kalman_filter(self.loc - offset, **params, mask=self.mask)
+            self._filtered = kalman_filter(self.loc - offset, **params, mask=self.frame_mask)
         return self._filtered
 
     @property
@@ -314,8 +315,8 @@ class StateSpacePosterior(TorchDistribution):
             self._noise_scale, (self.loc.to(torch.float64) - predicted).unsqueeze(-1),
             upper=False).squeeze(-1)
         value = predicted + _matvec(self._gain_bar, white)
-        if self.mask is not None:
-            value = torch.where(self.mask.unsqueeze(-1), value, predicted)
+        if self.frame_mask is not None:
+            value = torch.where(self.frame_mask.unsqueeze(-1), value, predicted)
         return value.to(self.loc.dtype)
 
     def expand(self, batch_shape, _instance=None):
@@ -341,8 +342,8 @@ class StateSpacePosterior(TorchDistribution):
             upper=False).squeeze(-1)
         value = (predicted + _matvec(self._gain_bar, white)
                  + _matvec(self._conditional_scale, noise_z))
-        if self.mask is not None:  # no pseudo-observation: z_t | s_t ~ N(C s_t, R)
-            value = torch.where(self.mask.unsqueeze(-1), value,
+        if self.frame_mask is not None:  # no pseudo-observation: z_t | s_t ~ N(C s_t, R)
+            value = torch.where(self.frame_mask.unsqueeze(-1), value,
                                 predicted + _matvec(self._observation_scale, noise_z))
         return value.to(self.loc.dtype)
 
@@ -356,7 +357,7 @@ class StateSpacePosterior(TorchDistribution):
         if self._validate_args:
             self._validate_sample(value)
         pseudo = Normal(value, self.scale).log_prob(self.loc).sum(-1)  # (..., N, T)
-        if self.mask is not None:
-            pseudo = torch.where(self.mask, pseudo, torch.zeros((), dtype=pseudo.dtype,
+        if self.frame_mask is not None:
+            pseudo = torch.where(self.frame_mask, pseudo, torch.zeros((), dtype=pseudo.dtype,
                                                                  device=pseudo.device))
         return self.prior.log_prob(value) + pseudo.sum(-1) - self.filtered.log_prob

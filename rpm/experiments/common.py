@@ -85,6 +85,7 @@ __all__ = [
     "add_common_arguments",
     "add_training_arguments",
     "at_least_two_frames",
+    "check_batch_size",
     "contrastive_batch_size",
     "derived_seed",
     "check_models_resumable",
@@ -178,6 +179,37 @@ def contrastive_batch_size(text: str) -> int:
             f"expected a batch size >= 2 (the other pairs of the batch are the negatives), "
             f"got {text!r}")
     return value
+
+
+def check_batch_size(batch_size: int, available: int | None, unit: str, *, what: str = "",
+                     minimum: int = 2) -> None:
+    """Refuse a ``--batch-size`` that the model or the data cannot take, before anything is
+    written: fewer than ``minimum`` items (the recognition marginal of an RPM is a mixture over
+    the batch, so one item alone has nothing to contrast), or more than the ``available``
+    distinct training items a batch is drawn from (a larger batch only repeats items, and
+    costs memory and time in proportion).
+
+    :param int batch_size: the value of ``--batch-size``.
+    :param available: the number of distinct training items (pairs, windows, images); None
+        when every step draws fresh samples, so that there is no upper bound.
+    :param str unit: what an item is, plural (``"windows"``), in the messages.
+    :param str what: how ``available`` is counted, in words (``"200 sequences x 76 starts of
+        a --window 25"``), added to the message.
+    :param int minimum: the smallest batch the model takes.
+    :raises ConfigurationError: one line naming the bound and the value to use.
+    """
+    if batch_size < minimum:
+        raise ConfigurationError(
+            f"--batch-size {batch_size}: a batch needs at least {minimum} {unit} (the "
+            "recognition marginal is a mixture over the batch, so a lone one has nothing to "
+            f"contrast); use --batch-size {minimum} or more")
+    if available is not None and batch_size > available:
+        counted = f" ({what})" if what else ""
+        fix = (f"use --batch-size {available} or less, or give more data"
+               if available >= minimum else "give more data")
+        raise ConfigurationError(
+            f"--batch-size {batch_size} is more than the {available} distinct training {unit}"
+            f"{counted}: a larger batch only repeats them; {fix}")
 
 
 def nonnegative_int(text: str) -> int:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_data_file_argument", "command_options", "float_array", "held_out_mask",
+__all__ = ["add_data_file_argument", "check_data_file", "command_options", "float_array", "held_out_mask",
            "held_out_split", "read_arrays"]
 
 
@@ -62,6 +62,20 @@ def read_arrays(path: str | os.PathLike, required: Sequence[str],
         array (the message lists the arrays it has); the messages do not repeat the path, which
         the caller names (``rpm lds: error: --data PATH: ...``).
     """
+    archive = _open_archive(path, required)
+    with archive:
+        found = list(archive.files)
+        try:
+            return {name: archive[name] for name in (*required, *optional) if name in found}
+        except ValueError as err:  # an object array needs pickle
+            raise ValueError(f"{' '.join(str(err).split())}; save numeric arrays "
+                             "only") from None
+
+
+def _open_archive(path: str | os.PathLike, required: Sequence[str]):
+    """The open :class:`numpy.lib.npyio.NpzFile` at ``path`` after checking that it is an
+    archive of named arrays holding ``required`` (no array is read yet); the errors of
+    :func:`read_arrays`."""
     import zipfile
 
     import numpy as np
@@ -79,19 +93,37 @@ def read_arrays(path: str | os.PathLike, required: Sequence[str],
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise ValueError(f"the file holds a single array, not named arrays; write it with "
                          f"numpy.savez(path, {required[0]}=array, ...)")
-    with archive:
-        found = list(archive.files)
-        missing = [name for name in required if name not in found]
-        if missing:
-            raise ValueError(
-                f"the file has no array {', '.join(repr(m) for m in missing)} (it has "
-                f"{', '.join(repr(f) for f in found) or 'none'}); save it with "
-                f"numpy.savez(path, {missing[0]}=array, ...)")
-        try:
-            return {name: archive[name] for name in (*required, *optional) if name in found}
-        except ValueError as err:  # an object array needs pickle
-            raise ValueError(f"{' '.join(str(err).split())}; save numeric arrays "
-                             "only") from None
+    found = list(archive.files)
+    missing = [name for name in required if name not in found]
+    if missing:
+        archive.close()
+        raise ValueError(
+            f"the file has no array {', '.join(repr(m) for m in missing)} (it has "
+            f"{', '.join(repr(f) for f in found) or 'none'}); save it with "
+            f"numpy.savez(path, {missing[0]}=array, ...)")
+    return archive
+
+
+def check_data_file(args: argparse.Namespace, required: Sequence[str]) -> None:
+    """Refuse a ``--data`` file that cannot be read, is not an archive of named arrays or lacks
+    one of ``required``, with NumPy alone: a command calls it first, before torch is imported,
+    so that a wrong file is refused at once. The arrays' layouts and values are checked later
+    by the command's own checks, still before the run folder is written. Without ``--data``
+    (``args.data`` None) it does nothing.
+
+    :param args: the parsed flags.
+    :param required: the names of the arrays the command needs.
+    :raises ConfigurationError: ``--data PATH: what is wrong; how to fix it``, one line.
+    """
+    from rpm.experiments.common import ConfigurationError
+
+    path = getattr(args, "data", None)
+    if path is None:
+        return
+    try:
+        _open_archive(path, required).close()
+    except ValueError as err:
+        raise ConfigurationError(f"--data {path}: {err}") from None
 
 
 def float_array(name: str, value: Any, ndims: Iterable[int], layout: str, dtype=None):

@@ -5,13 +5,18 @@ Each model a command trains lives in a subfolder of the run folder (``DIR/NAME/`
 ``DIR/seed{s}/NAME/`` for ``rpm digits --num-seeds K``) with its checkpoint, and with
 ``model.json``, the *model record*::
 
-    {"format": "rpm-model", "version": 1, "command": "lds", "arguments": {...}}
+    {"format": "rpm-model", "version": 1, "command": "lds", "arguments": {...},
+     "input_shape": [5]}
 
 ``arguments`` are the keyword arguments from which the command's ``model_from_arguments``
 builds the untrained network: everything the architecture depends on, the sizes read from the
 data (the colour channels, the observation dimension) included, so that the model is rebuilt
 without the data and without ``config.json``. The command builds the model it trains from the
 same record (one construction path), so a loaded model is the trained one.
+``input_shape`` is the shape of one input the encoder was trained on (a frame, an image, an
+observation vector: the axes after the batch axis); the loaded model refuses inputs of another
+shape (:func:`load`). Records written before the field existed have none: their models load
+and take any shape their layers accept, unchecked.
 
 :func:`load` reads the record, rebuilds the model with the command's builder (named in code by
 the command, :data:`BUILDERS`: a record never names code to import), loads the weights of the
@@ -26,6 +31,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,24 +61,61 @@ BUILDERS = {
 _CHECKPOINT = "checkpoint.pt"
 
 
-def write_model_record(folder: str | os.PathLike, command: str, arguments: dict) -> Path:
+def write_model_record(folder: str | os.PathLike, command: str, arguments: dict,
+                       input_shape: Sequence[int]) -> Path:
     """Write the model record ``folder/model.json`` (module docstring), atomically.
 
     :param path-like folder: the model's folder inside the run folder (created if missing).
     :param str command: the command that trains it, a key of :data:`BUILDERS`.
     :param dict arguments: the keyword arguments of the command's ``model_from_arguments``
         (JSON: numbers, strings, booleans, lists, dicts).
+    :param input_shape: the shape of one input of the encoder, without the batch axis (``(D,)``
+        for vectors, ``(C, H, W)`` for images).
     :returns: the record's path.
-    :raises ValueError: for a command without a builder.
+    :raises ValueError: for a command without a builder, or an ``input_shape`` that is not a
+        sequence of positive integers.
     :raises TypeError: if ``arguments`` is not JSON-serialisable.
     """
     from rpm.experiments.common import write_json_atomic
 
     if command not in BUILDERS:
         raise ValueError(f"command must be one of {sorted(BUILDERS)}, got {command!r}")
+    shape = _input_shape(input_shape)
+    if shape is None:
+        raise ValueError(f"input_shape must be a sequence of positive integers (one input's "
+                         f"shape without the batch axis), got {input_shape!r}")
     record = {"format": _FORMAT, "version": _VERSION, "command": command,
-              "arguments": dict(arguments)}
+              "arguments": dict(arguments), "input_shape": list(shape)}
     return write_json_atomic(Path(folder) / MODEL_RECORD, record)
+
+
+def _input_shape(value: Any) -> tuple[int, ...] | None:
+    """``value`` as a shape of positive integers, or None if it is not one."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        return None
+    shape = tuple(int(n) if hasattr(n, "__index__") and not isinstance(n, bool) else n
+                  for n in value)
+    if not shape or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0
+                            for n in shape):
+        return None
+    return shape
+
+
+def _refuse_other_shapes(network: torch.nn.Module, shape: tuple[int, ...]) -> None:
+    """Makes every encoder of ``network`` (the recognition models of an :class:`rpm.RPM`, or the
+    network itself) refuse a batch whose items are not of ``shape``: one ValueError naming
+    both shapes, from a forward pre-hook, before any layer runs."""
+    def check(module: torch.nn.Module, args: tuple) -> None:
+        x: Any = args[0] if args else None
+        if hasattr(x, "shape") and tuple(x.shape[1:]) != shape:
+            raise ValueError(
+                f"this model was trained on inputs of shape {shape} (a batch: (N, "
+                f"{', '.join(map(str, shape))})), got inputs of shape {tuple(x.shape[1:])} (a "
+                f"batch of shape {tuple(x.shape)}); resize or reshape them to {shape}")
+
+    encoders = getattr(network, "modules_list", None)
+    for encoder in encoders if encoders is not None else [network]:
+        encoder.register_forward_pre_hook(check)
 
 
 def model_names(run_folder: str | os.PathLike) -> list[str]:
@@ -98,6 +141,9 @@ def _read_model_record(path: Path, command: str) -> dict:
         raise RunFolderError(f"{path} has model record version {record.get('version')!r}, this "
                              f"rpm reads version {_VERSION}: load it with the rpm that wrote it, "
                              "or re-run the command")
+    if "input_shape" in record and _input_shape(record["input_shape"]) is None:
+        raise RunFolderError(f"{path} records input_shape {record['input_shape']!r}, not a list "
+                             "of positive integers: re-run the command to write it again")
     if record.get("command") != command:
         raise RunFolderError(f"{path} records a model of `rpm {record.get('command')}` in a run "
                              f"of `rpm {command}`: the folder was assembled by hand; re-run the "
@@ -147,9 +193,14 @@ def load(run_folder: str | os.PathLike, model: str | None = None,
     * the ``DigitsEncoder``: ``model.encode(x)``, images (N, 1, s, s), the latents z, shape
       (N, D).
 
+    Inputs must have the shape the encoder was trained on (the record's ``input_shape``): a
+    batch of another frame or image size, e.g. 64 x 64 frames for a model trained on 32 x 32,
+    raises a ValueError naming both shapes. A run whose records predate ``input_shape`` loads
+    all the same, without that check (``trained["input_shape"]`` is None).
+
     ``model.config`` is the run's configuration (its ``config.json``: the command's flags),
     ``model.trained`` says what was loaded: ``command``, ``model`` (the name in the run
-    folder), ``step`` (the checkpoint's optimiser steps) and ``folder``.
+    folder), ``step`` (the checkpoint's optimiser steps), ``folder`` and ``input_shape``.
 
     :param path-like run_folder: the ``--out`` folder of an ``rpm`` command.
     :param str model: which model, for runs that train several (``rpm bouncing-balls``'
@@ -215,7 +266,10 @@ def load(run_folder: str | os.PathLike, model: str | None = None,
     network = builder(model_record["arguments"])
     network.load_state_dict(state["module"])
     network = network.to(target).eval()
+    input_shape = _input_shape(model_record.get("input_shape", ()))
+    if input_shape is not None:
+        _refuse_other_shapes(network, input_shape)
     network.config = config
     network.trained = {"command": command, "model": name, "step": state.get("step"),
-                       "folder": str(folder)}
+                       "folder": str(folder), "input_shape": input_shape}
     return network

@@ -39,7 +39,7 @@ from pyro.poutine.runtime import Message, am_i_wrapped, apply_stack
 
 from rpm._objective import elbo as objective_elbo
 from rpm._validation import check_bool, check_positive_int, check_positive_int_or_none
-from rpm.models._base import RPMBase
+from rpm.models._base import RPMBase, mismatched_model_and_guide
 from rpm.models._checked_batches import full_checks, values_valid
 from rpm.nn import pyro_method
 from rpm.priors._energy_range import DeferredValuesError, deferred_value_checks
@@ -55,8 +55,12 @@ def _owning_model(model, guide) -> RPMBase | None:
     :meth:`~rpm.models._base.RPMBase.objective_inputs` describes them (:func:`_describes`); else
     None (a plain Pyro program, one wrapped in handlers such as ``poutine.scale(m.model, 2)``,
     or a subclass that redefines ``model`` or ``guide`` only: Pyro's ``Trace_ELBO`` runs it)."""
-    owner = getattr(model, "__self__", None)
-    if not (isinstance(owner, RPMBase) and getattr(guide, "__self__", None) is owner):
+    owner: object = getattr(model, "__self__", None)
+    guide_owner: object = getattr(guide, "__self__", None)
+    if isinstance(owner, RPMBase) and isinstance(guide_owner, RPMBase) and guide_owner is not owner:
+        raise mismatched_model_and_guide(
+            owner, (id(guide_owner), type(guide_owner).__name__, guide_owner.name))
+    if not isinstance(owner, RPMBase) or guide_owner is not owner:
         return None
     cls = type(owner)
     described = _DESCRIBED.get(cls)

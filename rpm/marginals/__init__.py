@@ -1,4 +1,5 @@
-r"""Minibatch-mixture estimates of the recognition marginal Q(z) (Eq. 11 of Aitchison & Ganev).
+r"""Estimates of the recognition marginal Q(z) (Eq. 11 of Aitchison & Ganev): the minibatch
+mixtures and their moment-matched Gaussian (:class:`MomentMatchedMarginal`).
 
 The kernels that evaluate them live in :mod:`rpm.ops` (:func:`~rpm.ops.gaussian_mixture_log_prob`,
 :func:`~rpm.ops.distribution_mixture_log_prob`). The candidates of the normalisers (the batch, the
@@ -12,6 +13,7 @@ from rpm.marginals._mixture_marginal import (
     delta_mixture_log_prob,
     recognition_components,
 )
+from rpm.marginals._moment_matched import MomentMatchedMarginal
 from rpm.marginals._sequence_marginal import SequenceMixtureMarginal
 
 __all__ = [
@@ -19,6 +21,7 @@ __all__ = [
     "ConcatenatedBatch",
     "LatentQueue",
     "MixtureMarginal",
+    "MomentMatchedMarginal",
     "SequenceMixtureMarginal",
     "delta_mixture_log_prob",
     "recognition_components",

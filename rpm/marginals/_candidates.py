@@ -91,6 +91,10 @@ class LatentQueue(torch.nn.Module):
         way); :class:`rpm.losses.NTXentLoss` keeps its bank out, as lightly does.
     """
 
+    memory: torch.Tensor  # buffers, registered below
+    filled: torch.Tensor
+    head: torch.Tensor
+
     def __init__(self, size: int, dim: int, persistent: bool = True):
         super().__init__()
         self.size = check_positive_int("size", size)

@@ -50,8 +50,9 @@ class ConcatenatedBatch(TorchDistribution):
         """The support of the first batch's components (the second's must be the same)."""
         return self.first.support
 
+    # torch declares has_rsample a class attribute; a property, as in torch's own Independent
     @property
-    def has_rsample(self) -> bool:
+    def has_rsample(self) -> bool:  # type: ignore[override]
         return self.first.has_rsample and self.second.has_rsample
 
     @property

@@ -209,7 +209,11 @@ class MixtureMarginal(TorchDistribution):
         components = fast_components(q)
         self.family = "generic" if components is None else (
             "delta" if components[1] is None else "gaussian")
-        self.loc, self.scale = (None, None) if components is None else components
+        # (N, D) each; scale None for Delta components, both None for another family
+        self.loc: torch.Tensor | None = None
+        self.scale: torch.Tensor | None = None
+        if components is not None:
+            self.loc, self.scale = components
         self.exclude_self = exclude_self
         super().__init__(q.batch_shape, q.event_shape, validate_args=validate_args)
 
@@ -223,16 +227,16 @@ class MixtureMarginal(TorchDistribution):
         """True for the empirical (Delta) mixture, which has no density on R^D (and for
         components of another family whose support is discrete)."""
         if self.family == "generic":
-            return self.q.support.is_discrete
+            return _support(self.q).is_discrete
         return self.family == "delta"
 
     @property
     def support(self) -> constraints.Constraint:
         """``Atoms`` of the Delta components (discrete), ``real_vector`` for Gaussian
         components, else the components' own support."""
-        if self.family == "delta":
-            return Atoms(self.loc)
-        return constraints.real_vector if self.family == "gaussian" else self.q.support
+        if self.loc is None:  # another family
+            return _support(self.q)
+        return Atoms(self.loc) if self.scale is None else constraints.real_vector
 
     def expand(self, batch_shape, _instance=None):
         """The same mixture for ``batch_shape`` independent draws; with ``exclude_self`` the
@@ -272,26 +276,35 @@ class MixtureMarginal(TorchDistribution):
             elements, :func:`~rpm.ops.distribution_mixture_log_prob`).
         :return: shape (M,).
         """
-        if self.family == "delta":
+        if self.loc is None:  # another family
+            return distribution_mixture_log_prob(self.q, rows, self.exclude_self, block_size)
+        if self.scale is None:  # Delta
             return delta_mixture_log_prob(rows, self.loc, self.exclude_self)
-        if self.family == "gaussian":
-            return gaussian_mixture_log_prob(rows, self.loc, self.scale, self.exclude_self,
-                                             block_size=block_size)
-        return distribution_mixture_log_prob(self.q, rows, self.exclude_self, block_size)
+        return gaussian_mixture_log_prob(rows, self.loc, self.scale, self.exclude_self,
+                                         block_size=block_size)
 
     def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
         shape = self._extended_shape(sample_shape)  # sample_shape + batch_shape + (D,)
         num_components = self.num_components
         with torch.no_grad():
-            if self.family == "generic":
+            if self.loc is None:  # another family
                 return _sample_generic(self.q, shape)
             index = torch.randint(
                 num_components, shape[:-1], device=self.loc.device
             )  # sample_shape + (N,)
             loc = self.loc[index]
-            if self.is_discrete:
+            if self.scale is None:  # Delta
                 return loc
             return loc + self.scale[index] * torch.randn_like(loc)
+
+
+def _support(q: TorchDistribution) -> constraints.Constraint:
+    """The support of the components ``q`` (torch types a distribution's support as optional)."""
+    support = q.support
+    if support is None:
+        raise ValueError(f"{type(q).__name__} declares no support: a mixture of its "
+                         "distributions has none either; give the class a support constraint")
+    return support
 
 
 def _sample_generic(q: TorchDistribution, shape: torch.Size) -> torch.Tensor:

@@ -1,21 +1,30 @@
-r"""The moment-matched Gaussian estimate of the pooled recognition marginal of a batch of
-sequences.
+r"""The moment-matched Gaussian estimate of the recognition marginals of a batch: the
+"estimated marginal" of Aitchison & Ganev's appendix, ``RPM(..., marginal="gaussian")``
+(``docs/theory.md#gaussian-rpm``).
 
-The recognition marginal of a stationary sequence seen through one shared Gaussian encoder is
-the same at every frame, :math:`Q(z) = E_{P_\text{true}(x)}[Q(z|x)]` (Eq. 11 of Aitchison &
-Ganev; ``docs/theory.md``, sequences). The pooled minibatch mixture
-(:class:`~rpm.marginals.SequenceMixtureMarginal` with ``pooled=True``) estimates it by the
-:math:`M = N T` components of the batch. This module estimates it by the Gaussian with the
-mixture's first two moments,
+The recognition marginal of a view, :math:`Q(z) = E_{P_\text{true}(x)}[Q(z|x)]` (Eq. 11 of
+Aitchison & Ganev), is estimated by the minibatch mixture of the batch's M components
+(:class:`~rpm.marginals.MixtureMarginal`, :class:`~rpm.marginals.SequenceMixtureMarginal`).
+This module estimates it by the Gaussian with the mixture's first two moments,
 
 .. math::
 
     Q(z) \approx \mathcal{N}(z;\ m, S), \qquad
     m = \frac1M \sum_k \mu_k, \qquad
     S = \frac1M \sum_k \Big[(\mu_k - m)(\mu_k - m)^\top + \operatorname{diag}\sigma_k^2\Big],
+    \qquad\text{(G2)}
 
 over the components :math:`\mathcal{N}(\mu_k, \operatorname{diag}\sigma_k^2)` of the batch's
-observed frames.
+observed rows (:math:`\sigma_k = 0` for Delta recognition): one Gaussian per view, over the
+view's N instances, or one pooled over the N J views of a batch of J views (``pooled``, for
+exchangeable views: the frames of a stationary sequence through one encoder).
+
+**The normaliser is 1/M, not 1/(M - 1).** (m, S) are the exact moments of the minibatch mixture
+that the Gaussian replaces (the mixture's covariance is a 1/M average), and the maximum-likelihood
+Gaussian of the batch's latents: with Delta recognition :math:`\operatorname{mean}_k \log
+\mathcal{N}(\mu_k; m, S) = -\tfrac D2 (1 + \log 2\pi) - \tfrac12 \log\det S` exactly, the closed
+form of the Gaussian RPM (G4). The unbiased 1/(M - 1) would make S larger by M/(M - 1) and that
+identity false.
 
 **When it is exact.** If the recognition means :math:`\mu(x)` are Gaussian over the data and
 the noise :math:`\sigma` is constant (an affine encoder of a linear-Gaussian system, ``rpm
@@ -29,15 +38,19 @@ not a bound.
 **Why it matters.** Once the M components are separated by more than their widths,
 :math:`-\log` of the mixture at a latent drawn near its own component is about :math:`\log M`
 plus that component's entropy whatever the spread: the mixture rewards at most about
-:math:`\log M` nats per frame of information in the latents (the InfoNCE ceiling). The
-Gaussian's :math:`-\log Q` keeps growing with :math:`\tfrac12 \log\det S`. Measured on
-``rpm lds --size medium`` (latent 5): with the pooled mixture (M = 1600) the encoder's means
-lose the state while the ELBO rises (held-out :math:`R^2` 0.99 -> 0.6); with this estimate
-they keep it (``benchmarks/README.md``).
+:math:`\log M` nats per view of information in the latents (the InfoNCE ceiling). The
+Gaussian's :math:`-\log Q` keeps growing with :math:`\tfrac12 \log\det S`. And with Delta
+recognition it is a density, so an explicit prior's ELBO is well defined where the mixture's
+is not (Appendix B).
 
-**Missing frames.** With the recognition distributions masked over frames (``q.mask(mask)``,
-(N, T) bool, True = observed) only observed frames are components, and a missing frame's term
-is 0, as for the mixture.
+**A singular S.** With Delta recognition S is the covariance of M points in :math:`\mathbb R^D`,
+singular unless M >= D + 1 (and the points span the space): such a batch is refused, naming the
+batch size needed. Gaussian recognition adds :math:`\operatorname{diag}\sigma^2 > 0`, so S is
+positive definite for any M >= 1.
+
+**Missing views.** With the recognition distributions masked over the views (``q.mask(mask)``,
+(N, J) bool, True = observed) only observed views are components (view j's Gaussian runs over
+its :math:`N_j` observed instances), and a missing view's term is 0, as for the mixture.
 """
 
 from __future__ import annotations
@@ -46,79 +59,157 @@ import torch
 from pyro.distributions import MultivariateNormal, TorchDistribution
 from torch.distributions import constraints
 
+from rpm._validation import check_bool
+from rpm.marginals._mixture_marginal import recognition_components
 from rpm.marginals._sequence_marginal import sequence_components, sequence_mask
 
 __all__ = ["MomentMatchedMarginal"]
 
 
 class MomentMatchedMarginal(TorchDistribution):
-    r""":math:`\prod_t \mathcal{N}(z_t;\ m, S)`, the moment-matched Gaussian of the pooled
-    minibatch mixture at every frame (module docstring).
+    r"""The moment-matched Gaussian :math:`\mathcal{N}(m, S)` of each view's minibatch mixture
+    (G2, module docstring), as the marginals of a batch.
 
-    ``batch_shape`` (N,) (one draw per sequence of the model's plate), ``event_shape`` (T, D);
-    ``log_prob`` of a value (N, T, D) is :math:`\sum_t \log\mathcal{N}(z_{n,t}; m, S)` over
-    the observed frames, shape (N,); :meth:`view_log_prob` gives the terms, shape (N, T).
+    * One view (q with batch_shape (N,), event_shape (D,), a view of a pair): ``batch_shape``
+      (N,), ``event_shape`` (D,); ``log_prob`` of a value (N, D) is
+      :math:`\log\mathcal{N}(z_n; m, S)`, shape (N,).
+    * J views (q with batch_shape (N, J)): ``batch_shape`` (N,), ``event_shape`` (J, D);
+      ``log_prob`` of a value (N, J, D) is :math:`\sum_j \log\mathcal{N}(z_{n,j}; m_j, S_j)`
+      over the observed views, shape (N,), each view with its own moments (or, ``pooled``,
+      every view with the moments of all N J rows); :meth:`view_log_prob` gives the terms,
+      shape (N, J).
 
-    :param q: Gaussian recognition distributions, ``Normal(loc, scale).to_event(1)`` with
-        batch_shape (N, T) and event_shape (D,), optionally masked over frames.
+    S uses the normaliser 1/M (the mixture's moments, the maximum-likelihood Gaussian; module
+    docstring). The moments are this batch's: a global batch or a queue of earlier latents does
+    not enter.
+
+    :param q: the recognition distributions, ``Normal(loc, scale).to_event(1)`` or
+        ``Delta(v, event_dim=1)``, batch_shape (N,) or (N, J), event_shape (D,); J views
+        optionally masked over the views.
+    :param bool pooled: J views: one Gaussian of all N J rows for every view (default False:
+        one per view).
+    :raises ValueError: for Delta recognition with fewer rows than D + 1 in a view (or, pooled,
+        in all), for latents that span fewer than D dimensions (a singular S), for a view with
+        no observed instance, or ``pooled`` with one view.
     """
 
     arg_constraints: dict = {}
-    support = constraints.independent(constraints.real, 2)
     has_rsample = False
 
-    def __init__(self, q: TorchDistribution, validate_args=None):
-        loc, scale = sequence_components(q)
-        if scale is None:
-            raise ValueError("the moment-matched marginal needs Gaussian recognition "
-                             "(rpm.GaussianRecognition); Delta recognition has no covariance "
-                             "to add: use the mixture marginal (SequenceMixtureMarginal)")
+    def __init__(self, q: TorchDistribution, pooled: bool = False, validate_args=None):
+        self.pooled = check_bool("pooled", pooled)
+        self.frame_mask = None  # (N, J) bool, or None: every view observed
+        if len(q.batch_shape) == 1:  # one view: batch (N,), event (D,)
+            if pooled:
+                raise ValueError("pooled=True pools the moments over J views; q holds one view "
+                                 f"(batch_shape {tuple(q.batch_shape)}): pass pooled=False")
+            loc, scale = recognition_components(q)
+            loc, scale = loc.unsqueeze(1), None if scale is None else scale.unsqueeze(1)
+        else:
+            loc, scale = sequence_components(q)  # (N, J, D) each
+            self.frame_mask = sequence_mask(q)
+        self.single_view = len(q.batch_shape) == 1
         self.loc, self.scale = loc, scale
-        self.mask = sequence_mask(q)  # (N, T) bool, or None: every frame observed
-        num_sequences, num_views, dim = loc.shape
-        means, variances = loc.reshape(-1, dim), scale.reshape(-1, dim).square()  # (N T, D)
-        if self.mask is not None:
-            keep = self.mask.expand(num_sequences, num_views).reshape(-1)
-            if not bool(keep.any()):
-                raise ValueError("every frame of the batch is missing: the marginal has no "
-                                 "component; drop such batches")
-            means, variances = means[keep], variances[keep]
-        centre = means.mean(0)  # m, (D,)
-        deviations = means - centre
-        covariance = (deviations.T @ deviations / len(means)
-                      + torch.diag(variances.mean(0)))  # S, (D, D)
-        self.gaussian = MultivariateNormal(centre, covariance_matrix=covariance)
-        super().__init__(torch.Size([num_sequences]), torch.Size([num_views, dim]),
-                         validate_args=validate_args)
+        num, num_views, dim = loc.shape
+        means, variances = loc, None if scale is None else scale.square()
+        observed = (torch.ones(num, num_views, dtype=torch.bool, device=loc.device)
+                    if self.frame_mask is None else self.frame_mask.expand(num, num_views))
+        if pooled:  # one group of all N J rows
+            groups = [(means.reshape(-1, dim), None if variances is None
+                       else variances.reshape(-1, dim), observed.reshape(-1), "the batch")]
+        else:
+            groups = [(means[:, j], None if variances is None else variances[:, j],
+                       observed[:, j], "the batch" if self.single_view else f"view {j}")
+                      for j in range(num_views)]
+        centres, covariances = [], []
+        for rows, row_variances, keep, name in groups:
+            centre, covariance = _moments(rows, row_variances, keep,
+                                          self.frame_mask is not None, name)
+            centres.append(centre)
+            covariances.append(covariance)
+        if len(groups) == 1:  # batch (): the same Gaussian for every row and view
+            centre, covariance = centres[0], covariances[0]
+        else:  # batch (J,): view j's Gaussian
+            centre, covariance = torch.stack(centres), torch.stack(covariances)
+        scale_tril, info = torch.linalg.cholesky_ex(covariance)
+        if bool((info != 0).any()):
+            count = num * num_views if pooled else num
+            raise ValueError(
+                f"the moment-matched marginal's covariance S is singular: the {count} latents of "
+                f"a view span fewer than D = {dim} dimensions (a collapsed encoder, or repeated "
+                "rows); marginal='gaussian' needs latents that vary in every direction (or "
+                "Gaussian recognition, whose noise keeps S positive definite)")
+        self.gaussian = MultivariateNormal(centre, scale_tril=scale_tril)
+        event_shape = torch.Size([dim]) if self.single_view else torch.Size([num_views, dim])
+        super().__init__(torch.Size([num]), event_shape, validate_args=validate_args)
+
+    @property
+    def support(self):
+        return constraints.independent(constraints.real, len(self.event_shape))
 
     @property
     def covariance_matrix(self) -> torch.Tensor:
-        """S, (D, D)."""
+        """S: (D, D) for one view or pooled, (J, D, D) per view."""
         return self.gaussian.covariance_matrix
 
     @property
     def mean(self) -> torch.Tensor:
-        """m at every frame, (N, T, D)."""
+        """m at every row, (N, D) or (N, J, D)."""
         return self.gaussian.loc.expand(self.batch_shape + self.event_shape)
 
     def expand(self, batch_shape, _instance=None):
         if torch.Size(batch_shape) != self.batch_shape:
             raise ValueError(
-                f"the marginals of {self.batch_shape[0]} sequences cannot be expanded to "
-                f"{tuple(batch_shape)}; use a plate of the number of sequences")
+                f"the marginals of {self.batch_shape[0]} instances cannot be expanded to "
+                f"{tuple(batch_shape)}; use a plate of the number of instances")
         return self
 
+    def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
+        """Draws from the Gaussians, shape ``sample_shape + (N, D)`` or ``(N, J, D)``."""
+        shape = torch.Size(sample_shape) + self.batch_shape
+        if not self.single_view and self.gaussian.batch_shape == ():
+            shape = shape + self.event_shape[:1]  # pooled: one Gaussian for the J views
+        return self.gaussian.sample(shape)
+
     def view_log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        r""":math:`\log\mathcal{N}(z_{n,t}; m, S)` for a value (N, T, D); 0 at missing frames;
-        returns (N, T)."""
-        if value.shape[-3:] != self.loc.shape:
+        r""":math:`\log\mathcal{N}(z_{n,j}; m_j, S_j)` for a value (N, J, D), 0 at missing views,
+        shape (N, J); for one view :math:`\log\mathcal{N}(z_n; m, S)` of a value (N, D), (N,)."""
+        shape = self.batch_shape + self.event_shape
+        if value.shape[-len(shape):] != shape:
             raise ValueError(f"the marginals are evaluated at the batch's latents, shape "
-                             f"{tuple(self.loc.shape)}; got {tuple(value.shape)}")
-        terms = self.gaussian.log_prob(value)  # (..., N, T)
-        if self.mask is not None:
-            terms = torch.where(self.mask, terms, torch.zeros((), dtype=terms.dtype,
-                                                              device=terms.device))
+                             f"{tuple(shape)}; got {tuple(value.shape)}")
+        terms = self.gaussian.log_prob(value)  # (..., N, J) or (..., N)
+        if self.frame_mask is not None:
+            terms = torch.where(self.frame_mask, terms,
+                                torch.zeros((), dtype=terms.dtype, device=terms.device))
         return terms
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        return self.view_log_prob(value).sum(-1)
+        terms = self.view_log_prob(value)
+        return terms if self.single_view else terms.sum(-1)
+
+
+def _moments(means: torch.Tensor, variances: torch.Tensor | None, keep: torch.Tensor,
+             masked: bool, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(m, S) of G2 over the rows ``keep`` of ``means`` (M, D) and ``variances`` (M, D) (None:
+    Delta recognition), with the checks of the module docstring."""
+    dim = means.shape[-1]
+    if masked:
+        if not bool(keep.any()):
+            raise ValueError(f"every frame of {name} is missing: its marginal has no component; "
+                             "drop such batches")
+        means = means[keep]
+        variances = None if variances is None else variances[keep]
+    count = means.shape[0]
+    if variances is None and count < dim + 1:
+        raise ValueError(
+            f"marginal='gaussian' with Delta recognition needs at least D + 1 = {dim + 1} rows "
+            f"in each view's moments: the covariance of the {count} latents of {name} in D = "
+            f"{dim} dimensions is singular; use a batch of N >= {dim + 1} (or Gaussian "
+            "recognition)")
+    centre = means.mean(0)  # m, (D,)
+    deviations = means - centre
+    covariance = deviations.T @ deviations / count  # (D, D)
+    if variances is not None:
+        covariance = covariance + torch.diag(variances.mean(0))
+    return centre, covariance

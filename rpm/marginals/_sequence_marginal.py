@@ -122,7 +122,7 @@ class SequenceMixtureMarginal(TorchDistribution):
         supplies the mixture components (every process's sequences); None: this batch.
 
     With ``q`` masked over frames (``q.mask(mask)``, mask (N, T), True = observed) the missing
-    frames are no components and their terms are 0 (module docstring); :attr:`mask` holds it.
+    frames are no components and their terms are 0 (module docstring); ``frame_mask`` holds it.
     """
 
     arg_constraints: dict = {}
@@ -133,14 +133,14 @@ class SequenceMixtureMarginal(TorchDistribution):
         check_bool("pooled", pooled)
         self.q = q
         self.loc, self.scale = sequence_components(q)
-        self.mask = sequence_mask(q)  # (N, T) bool, or None: every frame observed
+        self.frame_mask = sequence_mask(q)  # (N, T) bool, or None: every frame observed
         self.pooled = pooled
         self.block_size = block_size
         num_sequences, num_views, dim = self.loc.shape
         # The mixture components: this batch's, or every process's (M, T, D).
         self.components = (self.loc, self.scale)
         if candidates is not None and candidates.is_global:
-            if self.mask is not None:
+            if self.frame_mask is not None:
                 raise ValueError("missing frames (a mask) are not supported with a global batch; "
                                  "train with global_batch=False or without a mask")
             if self.scale is None:
@@ -182,7 +182,8 @@ class SequenceMixtureMarginal(TorchDistribution):
         new._validate_args = self._validate_args
         return new
 
-    def _mixture(self, points: torch.Tensor, loc: torch.Tensor, scale) -> torch.Tensor:
+    def _mixture(self, points: torch.Tensor, loc: torch.Tensor,
+                 scale: torch.Tensor | None) -> torch.Tensor:
         if scale is None:
             return delta_mixture_log_prob(points, loc)
         return gaussian_mixture_log_prob(points, loc, scale, block_size=self.block_size)
@@ -196,14 +197,14 @@ class SequenceMixtureMarginal(TorchDistribution):
                 f"(..., {', '.join(map(str, self.loc.shape))}); got {tuple(value.shape)}")
         if value.dim() > 3:  # each row is evaluated on its own: the leading batches as rows
             lead = value.shape[:-3]
-            if self.mask is not None:  # the mask pairs row n with sequence n
+            if self.frame_mask is not None:  # the mask pairs row n with sequence n
                 flat = value.reshape((-1,) + value.shape[-3:])
                 return torch.stack([self.view_log_prob(batch) for batch in flat]).reshape(
                     lead + value.shape[-3:-1])
             rows = self._view_log_prob_rows(value.reshape((-1,) + value.shape[-2:]))
             return rows.reshape(lead + value.shape[-3:-1])
-        if self.mask is not None:
-            return self._masked_view_log_prob(value)
+        if self.frame_mask is not None:
+            return self._masked_view_log_prob(value, self.frame_mask)
         return self._view_log_prob_rows(value)
 
     def _view_log_prob_rows(self, value: torch.Tensor) -> torch.Tensor:
@@ -212,7 +213,7 @@ class SequenceMixtureMarginal(TorchDistribution):
         loc, scale = self.components
         if self.pooled:
             flat = lambda tensor: None if tensor is None else tensor.reshape(-1, dim)  # noqa: E731
-            return self._mixture(flat(value), flat(loc), flat(scale)).reshape(
+            return self._mixture(value.reshape(-1, dim), loc.reshape(-1, dim), flat(scale)).reshape(
                 num_sequences, num_views)
         if scale is not None and self.block_size is None and (
                 value.shape[0] * loc.shape[0] * num_views * dim <= _BROADCAST_LIMIT):
@@ -224,17 +225,18 @@ class SequenceMixtureMarginal(TorchDistribution):
             self._mixture(value[:, t], loc[:, t], None if scale is None else scale[:, t])
             for t in range(num_views)], dim=-1)
 
-    def _masked_view_log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        """view_log_prob with missing frames: components and terms of the observed frames."""
+    def _masked_view_log_prob(self, value: torch.Tensor, frame_mask: torch.Tensor) -> torch.Tensor:
+        """view_log_prob with missing frames (``frame_mask``): components and terms of the
+        observed frames."""
         num_sequences, num_views, dim = value.shape
         loc, scale = self.components
-        mask = self.mask.expand(num_sequences, num_views)
+        mask = frame_mask.expand(num_sequences, num_views)
         if self.pooled:
             keep = mask.reshape(-1)
             flat = lambda tensor: None if tensor is None else tensor.reshape(-1, dim)[keep]  # noqa: E731
             if not bool(keep.any()):
                 return value.new_zeros(num_sequences, num_views)
-            out = self._mixture(value.reshape(-1, dim), flat(loc), flat(scale)).reshape(
+            out = self._mixture(value.reshape(-1, dim), loc.reshape(-1, dim)[keep], flat(scale)).reshape(
                 num_sequences, num_views)
         else:
             columns = []
@@ -256,8 +258,8 @@ class SequenceMixtureMarginal(TorchDistribution):
         shape = self._extended_shape(sample_shape)  # sample_shape + (N, T, D)
         num_sequences, num_views, dim = self.loc.shape
         with torch.no_grad():
-            if self.mask is not None:  # components: the observed frames only
-                weights = self.mask.expand(num_sequences, num_views).to(self.loc.dtype)
+            if self.frame_mask is not None:  # components: the observed frames only
+                weights = self.frame_mask.expand(num_sequences, num_views).to(self.loc.dtype)
                 draws = shape[:-1].numel() // num_views
                 if self.pooled:
                     index = torch.multinomial(weights.reshape(-1), shape[:-1].numel(), True)

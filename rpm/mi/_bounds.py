@@ -191,6 +191,8 @@ class MINE(torch.nn.Module):
     :param float momentum: :math:`\beta \in [0, 1)`.
     """
 
+    running_mean: torch.Tensor  # the buffer m
+
     def __init__(self, momentum: float = 0.99):
         super().__init__()
         momentum = float(momentum)

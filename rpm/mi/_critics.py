@@ -79,6 +79,10 @@ class _Critic(torch.nn.Module):
         self.copies = check_positive_int_or_none("copies", copies)
         self._k = 1 if copies is None else copies
 
+    def _scores(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The K copies' score matrices: x (K, N, x_dim), y (K, N, y_dim) -> (K, N, N)."""
+        raise NotImplementedError(f"{type(self).__name__} must define _scores")
+
     def _stack(self, x: torch.Tensor) -> torch.Tensor:
         return x.unsqueeze(0).expand(self._k, *x.shape)                # (K, N, D)
 
@@ -159,6 +163,7 @@ class JointCritic(_Critic):
                                         *list(_mlp(self._k, hidden, hidden, layers - 1, 1)))
         with torch.no_grad():  # the default initialisation of a layer with x_dim + y_dim inputs
             bound = 1.0 / math.sqrt(x_dim + y_dim)
+            assert self.first_x.bias is not None  # built with bias=True
             for tensor in (self.first_x.weight, self.first_x.bias, self.first_y.weight):
                 tensor.uniform_(-bound, bound)
 

@@ -69,8 +69,10 @@ class GaussianPairPrior(PyroModule):
         super().__init__()
         self.dim = check_positive_int("dim", dim)
         scale = check_positive("scale", scale)
-        self.loc = PyroParam(torch.zeros(2 * dim))
-        self.scale_tril = PyroParam(scale * torch.eye(2 * dim), constraints.lower_cholesky)
+        # PyroModule's __setattr__ turns a PyroParam into the parameter tensor (the stubs cannot say so)
+        self.loc: torch.Tensor = PyroParam(torch.zeros(2 * dim))  # type: ignore[assignment]
+        self.scale_tril: torch.Tensor = PyroParam(  # type: ignore[assignment]
+            scale * torch.eye(2 * dim), constraints.lower_cholesky)
 
     def log_prob(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         """:math:`\\log P(z_i, z'_i)` of z, z2 (N, D) each; returns (N,)."""
@@ -88,10 +90,10 @@ class _Encoder(torch.nn.Module):
         torch.nn.init.orthogonal_(self.affine.weight)
         self.mlp = None
         if hidden:
-            self.mlp = torch.nn.Sequential(torch.nn.Linear(in_dim, hidden), torch.nn.Tanh(),
-                                           torch.nn.Linear(hidden, dim))
-            torch.nn.init.zeros_(self.mlp[-1].weight)
-            torch.nn.init.zeros_(self.mlp[-1].bias)
+            first, readout = torch.nn.Linear(in_dim, hidden), torch.nn.Linear(hidden, dim)
+            torch.nn.init.zeros_(readout.weight)
+            torch.nn.init.zeros_(readout.bias)
+            self.mlp = torch.nn.Sequential(first, torch.nn.Tanh(), readout)
 
     def forward(self, x):
         return self.affine(x) if self.mlp is None else self.affine(x) + self.mlp(x)

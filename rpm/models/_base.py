@@ -5,14 +5,62 @@ param store (:mod:`rpm.nn`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
+
+from pyro.poutine.messenger import Messenger
+from pyro.poutine.runtime import InferDict
 
 from rpm.nn import NamedModule
 
 if TYPE_CHECKING:
     from rpm._objective import ObjectiveInputs
 
-__all__ = ["RPMBase"]
+__all__ = ["GuideOwnerCheck", "RPMBase", "guide_site_infer", "mismatched_model_and_guide"]
+
+#: The key of a guide's sample sites' ``infer`` dict that names the model the guide belongs to:
+#: ``(id(model), type name, name)``. Pyro's replay (``Trace_ELBO``, ``TraceMeanField_ELBO``,
+#: ``JitTrace_ELBO``) copies a guide site's ``infer`` onto the model's site of the same name.
+GUIDE_OWNER = "rpm_guide_of"
+
+
+def guide_site_infer(owner: RPMBase) -> InferDict:
+    """The ``infer`` dict of a sample site of ``owner``'s guide: :data:`GUIDE_OWNER` names
+    ``owner`` (a fresh dict per site, as Pyro's inference algorithms may add keys; a key of its
+    own, which Pyro's typed dict does not list)."""
+    return cast(InferDict, {GUIDE_OWNER: (id(owner), type(owner).__name__, owner.name)})
+
+
+def mismatched_model_and_guide(model_owner: RPMBase, guide_owner: tuple[int, str, str]
+                               ) -> ValueError:
+    """The error of a model run with the guide of another model: ``guide_owner`` is the
+    :data:`GUIDE_OWNER` record of the guide's sites (or of the guide's model itself)."""
+    _, kind, name = guide_owner
+    own = f"{type(model_owner).__name__} {model_owner.name!r}"
+    other = f"{kind} {name!r}"
+    if name == model_owner.name:
+        other += " (another model of the same name)"
+    return ValueError(
+        f"the model of {own} is paired with the guide of {other}: a model scores latents drawn "
+        "from its own recognition models, so a guide from another model gives a meaningless "
+        f"(nan or infinite) ELBO; pass the model and the guide of one model, e.g. "
+        f"SVI(m.model, m.guide, ...) with m the {own} (or both of the {other})")
+
+
+class GuideOwnerCheck(Messenger):
+    """Refuses, in the model of ``owner``, a sample site replayed from the guide of another
+    model (its ``infer`` carries another :data:`GUIDE_OWNER`): entered inside the model, it
+    looks after the replay has copied the guide site's ``infer`` (post-processing). A guide
+    that is not a model's (a hand-written or automatic guide) carries no owner and passes."""
+
+    def __init__(self, owner: RPMBase):
+        super().__init__()
+        self.owner = owner
+
+    def _pyro_post_sample(self, msg: dict) -> None:
+        guide_owner = (msg.get("infer") or {}).get(GUIDE_OWNER)
+        if guide_owner is not None and guide_owner[0] != id(self.owner):
+            raise mismatched_model_and_guide(self.owner, guide_owner)
 
 
 class RPMBase(NamedModule):
@@ -40,6 +88,10 @@ class RPMBase(NamedModule):
     """
 
     default_name = "rpm"
+    # the Pyro program of the contract above, defined by each subclass (declared here for type
+    # checkers only: rpm.inference._elbo looks up which class defines them)
+    model: Callable[..., Any]
+    guide: Callable[..., Any]
 
     def objective_inputs(self, *args, global_batch: bool = False,
                          block_size: int | None = None) -> ObjectiveInputs:

@@ -72,6 +72,7 @@ def _network(module: NamedModule) -> torch.nn.Module:
     A frozen parameter (``requires_grad=False``, e.g. a pretrained backbone) is left out of
     the registration, as intended; Pyro's warning about it at every step is silenced here."""
     net = module._modules["net"]
+    assert net is not None  # the constructor sets it (_check_network)
     scope = _registration_scope()
     if scope is not None:
         for seen in scope:
@@ -200,12 +201,13 @@ class GaussianRecognition(NamedModule):
         self._training_calls = 0
         self.floor_warned = False
 
-    def _check_floor(self, scale: torch.Tensor) -> None:
-        """The floor check of the class docstring."""
-        if self.floor_warned or not (torch.is_grad_enabled() and self._modules["net"].training):
+    def _check_floor(self, scale: torch.Tensor, floor: float) -> None:
+        """The floor check of the class docstring (``floor`` is ``min_scale``)."""
+        net = self._modules["net"]
+        if self.floor_warned or not (torch.is_grad_enabled() and net is not None and net.training):
             return
         calls, self._training_calls = self._training_calls, self._training_calls + 1
-        if calls % self.floor_check_every or not _scale_at_floor(scale, self.min_scale):
+        if calls % self.floor_check_every or not _scale_at_floor(scale, floor):
             return
         self.floor_warned = True
         warnings.warn(
@@ -241,7 +243,7 @@ class GaussianRecognition(NamedModule):
                     "softplus or exp (plus a small floor) to keep it positive"
                 )
         if self.min_scale is not None:
-            self._check_floor(scale)
+            self._check_floor(scale, self.min_scale)
         return Normal(loc, scale).to_event(1)
 
 

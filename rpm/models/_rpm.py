@@ -29,6 +29,7 @@ sequence) and unordered ones (augmentations) are the same model with different p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import pyro
@@ -39,15 +40,19 @@ from pyro.nn import PyroModule
 from torch.distributions import Distribution
 
 from rpm._objective import (
+    GAUSSIAN_IS_LOCAL,
     ObjectiveInputs,
+    check_marginal,
     likelihood_factor,
     likelihood_marginals,
+    refuses_delta,
 )
 from rpm._validation import check_bool
 from rpm.marginals._candidates import Candidates, LatentQueue
 from rpm.marginals._mixture_marginal import recognition_components
+from rpm.marginals._moment_matched import MomentMatchedMarginal
 from rpm.marginals._sequence_marginal import SequenceMixtureMarginal, stack_components
-from rpm.models._base import RPMBase
+from rpm.models._base import GuideOwnerCheck, RPMBase, guide_site_infer
 from rpm.models._checked_batches import (
     check_values,
     full_checks,
@@ -152,6 +157,25 @@ class RPM(RPMBase):
     all N J views instead: when the views are exchangeable (a stationary video through one
     shared encoder) it estimates the same Q with J times as many components.
 
+    **The estimate of the marginals.** ``marginal="mixture"`` (the default) is the minibatch
+    mixture above (Eq. 11). ``marginal="gaussian"`` replaces each :math:`Q_j` by the Gaussian
+    with that mixture's mean and covariance (the "estimated marginal" of Aitchison & Ganev's
+    appendix, :class:`~rpm.marginals.MomentMatchedMarginal`, normaliser 1/N; pooled over the
+    views with ``pooled_marginal=True``), in the likelihood factors, the traced ELBO and
+    :class:`~rpm.RPMELBO` alike. It is a density even for Delta recognition, so an explicit prior
+    with a deterministic encoder has a well-defined ELBO (``docs/theory.md#gaussian-rpm``):
+    for a Gaussian prior (:class:`~rpm.priors.GaussianPairPrior`,
+    :class:`~rpm.priors.GaussianStarPrior`)
+
+    .. math::
+
+        \frac{\mathcal L}{N} = \operatorname{mean}_n \log P(z_{n,1:J})
+            - \sum_j \operatorname{mean}_n \log \mathcal N(z_{n,j}; m_j, S_j).
+
+    It needs N >= D + 1 instances for Delta recognition (a nonsingular S), the batch's own
+    moments (no queue or global batch), and a prior that is a density of its own (an implicit
+    prior cancels the mixture analytically and is refused).
+
     **Encoders.** One recognition model for every view, one per view (a list of J), or one
     per group (a list of G and ``groups``); how the views reach them is ``encoder_calls``
     (``rpm.models._views``: one call per view, the pair default, or one call per group on the
@@ -206,6 +230,7 @@ class RPM(RPMBase):
         above).
     :param str guide: a prior over J views: ``"recognition"`` (Eq. 14) or ``"structured"`` (the prior's
         posterior).
+    :param str marginal: ``"mixture"`` (default) or ``"gaussian"`` (see above).
     :param queue: a :class:`~rpm.marginals._candidates.LatentQueue` or None.
     :param name: the prefix of the model's parameters in Pyro's param store; by default
         ``"rpm"``, ``"rpm_1"``, ... (unique in the process, :class:`~rpm.models._base.RPMBase`).
@@ -213,14 +238,15 @@ class RPM(RPMBase):
         ``ImplicitPrior(energy)``), or a prior class that mixes the two protocols or still sets
         rpm 0.1's ``joint_views`` (``rpm.priors._base.is_sequence_prior``).
     :raises ValueError: for a deterministic encoder (Delta, no noise) with a prior that is an
-        explicit continuous density (Appendix B of Aitchison & Ganev), or a structured guide the
-        prior does not have.
+        explicit continuous density under the mixture marginal (Appendix B of Aitchison &
+        Ganev), a structured guide the prior does not have, or an unknown ``marginal`` (or
+        ``"gaussian"`` with an implicit prior or a queue).
     """
 
     def __init__(self, recognition, prior, recognition2=None, *, groups: list[int] | None = None,
                  encoder_calls: str = "per_view", pooled_marginal: bool = False,
                  guide: str = "recognition", queue: LatentQueue | None = None,
-                 name: str | None = None):
+                 marginal: str = "mixture", name: str | None = None):
         super().__init__(name)
         per_view = isinstance(recognition, (list, tuple, torch.nn.ModuleList))
         modules = list(recognition) if per_view else [recognition]
@@ -257,6 +283,9 @@ class RPM(RPMBase):
         check_bool("pooled_marginal", pooled_marginal)
         if guide not in _GUIDES:
             raise ValueError(f"guide must be one of {_GUIDES}, got {guide!r}")
+        check_marginal(marginal, prior)
+        if marginal == "gaussian" and queue is not None:
+            raise ValueError(GAUSSIAN_IS_LOCAL)
         if queue is not None:
             if not isinstance(queue, LatentQueue):
                 raise TypeError(f"queue must be an rpm.inference.LatentQueue, got {queue!r}")
@@ -286,8 +315,9 @@ class RPM(RPMBase):
         self.encoder_calls = encoder_calls
         self.pooled_marginal = pooled_marginal
         self.guide_kind = guide
+        self.marginal_kind = marginal
         self.queue = queue
-        if not hook(prior, "accepts_delta_recognition"):
+        if refuses_delta(prior, marginal):
             for index, module in enumerate(modules):
                 if isinstance(module, DeltaRecognition) and module.is_deterministic:
                     label = "recognition" if index == 0 else f"recognition{index + 1}"
@@ -360,7 +390,7 @@ class RPM(RPMBase):
             f"{type(self).__name__} takes J >= 2 views (x_1, ..., x_J) or a list of them (or, "
             f"under a prior over J views, one tensor (N, J, ...) of stacked views); got none")
 
-    def _groups(self, num_views: int, modules: list) -> list[int]:
+    def _groups(self, num_views: int, modules: Sequence) -> list[int]:
         if self.groups is not None:
             if len(self.groups) != num_views:
                 raise ValueError(f"groups names a recognition model for {len(self.groups)} views "
@@ -405,9 +435,9 @@ class RPM(RPMBase):
         return [zeroed(view, mask[:, j]) for j, view in enumerate(views)], None
 
     def _encode(self, args: tuple, mask: torch.Tensor | None = None
-                ) -> tuple[list[TorchDistribution] | None, TorchDistribution | None]:
+                ) -> tuple[list[TorchDistribution], TorchDistribution | None]:
         """A pair prior: the two views' recognition distributions (each batch (N,)) and None;
-        a prior over J views: None and the J views' as one distribution (batch (N, J)), masked over the
+        a prior over J views: [] and the J views' as one distribution (batch (N, J)), masked over the
         views by ``mask`` (N, J) when given (Pyro's ``q.mask(mask)``).
 
         The structural checks run on the first batch of each signature (shapes, dtypes and
@@ -469,7 +499,7 @@ class RPM(RPMBase):
                 f"the prior was built for latent dimension {prior_dim} but the encoder outputs "
                 f"dimension {dim}; make them agree (e.g. dim={dim})"
             )
-        if not hook(prior, "accepts_delta_recognition"):
+        if refuses_delta(prior, self.marginal_kind):
             for j, delta in enumerate(deltas):
                 if delta:
                     name = "recognition" if groups[j] == 0 else f"recognition{groups[j] + 1}"
@@ -490,7 +520,7 @@ class RPM(RPMBase):
             parts = recognise_views(names, views, modules, groups, self.encoder_calls,
                                     batch_size, components=sequence, check=check)
         if sequence:
-            return None, stack_components(parts)
+            return [], stack_components(parts)
         return parts, None
 
     def recognise(self, *args, mask: torch.Tensor | None = None):
@@ -507,10 +537,25 @@ class RPM(RPMBase):
         return Candidates(global_batch=global_batch, queue=self.queue)
 
     def marginal(self, q: TorchDistribution, block_size: int | None = None,
-                 candidates: Candidates | None = None) -> SequenceMixtureMarginal:
-        r"""A prior over J views' recognition marginals :math:`\prod_j Q_j` (per view or pooled)."""
+                 candidates: Candidates | None = None
+                 ) -> SequenceMixtureMarginal | MomentMatchedMarginal:
+        r"""A prior over J views' recognition marginals :math:`\prod_j Q_j` (per view or pooled;
+        the mixtures, or their moment-matched Gaussians under ``marginal="gaussian"``)."""
+        if self.marginal_kind == "gaussian":
+            _check_local(candidates)
+            return MomentMatchedMarginal(q, pooled=self.pooled_marginal)
         return SequenceMixtureMarginal(q, pooled=self.pooled_marginal, block_size=block_size,
                                        candidates=candidates)
+
+    def pair_marginals(self, q: TorchDistribution, q2: TorchDistribution,
+                       candidates: Candidates | None = None) -> tuple:
+        r"""A pair prior's marginals :math:`(Q_1, Q_2)`: the prior's
+        (:meth:`~rpm.priors.Prior.likelihood_marginals`, the minibatch mixtures by default), or
+        under ``marginal="gaussian"`` each view's moment-matched Gaussian."""
+        if self.marginal_kind == "gaussian":
+            _check_local(candidates)
+            return MomentMatchedMarginal(q), MomentMatchedMarginal(q2)
+        return likelihood_marginals(self.prior, q, q2)
 
     def guide_distribution(self, q: TorchDistribution) -> TorchDistribution:
         """A prior over J views' guide distribution of ``"z"``: batch_shape (N,), event_shape (J, D)."""
@@ -535,7 +580,15 @@ class RPM(RPMBase):
         r"""The generative model of Eq. 9-10 (class docstring): a pair prior's sites
         ``"z"``, ``"z2"`` and likelihood factors ``"x"``, ``"x2"``; a prior over J views' site
         ``"z"`` (event (J, D)) and the factor ``"x"`` (over the observed views of ``mask``,
-        (N, J) bool, when given)."""
+        (N, J) bool, when given).
+
+        Run with the guide of another model (Pyro's replay of a guide's trace: ``Trace_ELBO``,
+        ``TraceMeanField_ELBO``, ``JitTrace_ELBO``), it raises a :class:`ValueError` naming
+        both models: the guide's sites record their model (:meth:`guide`)."""
+        with GuideOwnerCheck(self):
+            return self._model(args, mask)
+
+    def _model(self, args: tuple, mask: torch.Tensor | None):
         encoded, q = self._encode(args, mask)
         batch_size = (encoded[0] if q is None else q).batch_shape[0]
         joint_over_batch = hook(self.prior, "joint_over_batch")
@@ -560,7 +613,7 @@ class RPM(RPMBase):
             with pairs:
                 z, z2 = self.sample_prior(q, q2)
             rows, rows2 = z, z2
-        marginal, marginal2 = likelihood_marginals(self.prior, q, q2)
+        marginal, marginal2 = self.pair_marginals(q, q2)
         with pairs:
             pyro.factor("x", likelihood_factor(q.log_prob(rows), marginal.log_prob(rows)))
             pyro.factor("x2", likelihood_factor(q2.log_prob(rows2), marginal2.log_prob(rows2)))
@@ -572,24 +625,26 @@ class RPM(RPMBase):
         plate, or as whole-batch events for a prior that is
         :attr:`~rpm.priors._base.PriorBase.joint_over_batch` (the same draws, the same log-density
         summed over the instances); for a prior over J views optionally the prior's structured
-        posterior. With ``mask`` the log-density is that of the observed views' latents."""
+        posterior. With ``mask`` the log-density is that of the observed views' latents.
+        Each sample site's ``infer`` records this model (``rpm.models._base.GUIDE_OWNER``), so
+        that another model's :meth:`model` refuses these draws."""
         encoded, q = self._encode(args, mask)
         batch_size = (encoded[0] if q is None else q).batch_shape[0]
         joint_over_batch = hook(self.prior, "joint_over_batch")
         if q is not None:
             guide = self.guide_distribution(q)
             if joint_over_batch:
-                return pyro.sample("z", guide.to_event(1))
+                return pyro.sample("z", guide.to_event(1), infer=guide_site_infer(self))
             with pyro.plate(_JOINT_PLATE, batch_size):
-                return pyro.sample("z", guide)
+                return pyro.sample("z", guide, infer=guide_site_infer(self))
         q, q2 = encoded
         if joint_over_batch:
-            z = pyro.sample("z", q.to_event(1))
-            z2 = pyro.sample("z2", q2.to_event(1))
+            z = pyro.sample("z", q.to_event(1), infer=guide_site_infer(self))
+            z2 = pyro.sample("z2", q2.to_event(1), infer=guide_site_infer(self))
         else:
             with pyro.plate(_PAIR_PLATE, batch_size):
-                z = pyro.sample("z", q)
-                z2 = pyro.sample("z2", q2)
+                z = pyro.sample("z", q, infer=guide_site_infer(self))
+                z2 = pyro.sample("z2", q2, infer=guide_site_infer(self))
         return z, z2
 
     # -- what the objective needs (rpm._objective) -------------------------------------
@@ -604,9 +659,11 @@ class RPM(RPMBase):
         encoded, q = self._encode(args, mask)
         prior = self._child("prior")
         if q is None:
-            return ObjectiveInputs(prior=prior, guides=tuple(encoded),
-                                   recognitions=tuple(encoded), plate=_PAIR_PLATE,
-                                   candidates=candidates, sequence=False)
+            pair = tuple(encoded)
+            marginals = (self.pair_marginals(pair[0], pair[1], candidates)
+                         if self.marginal_kind == "gaussian" else None)
+            return ObjectiveInputs(prior=prior, guides=pair, recognitions=pair, plate=_PAIR_PLATE,
+                                   candidates=candidates, sequence=False, marginals=marginals)
         marginal = self.marginal(q, block_size=block_size, candidates=candidates)
         guide = self.guide_distribution(q)
         return ObjectiveInputs(prior=prior, guides=(guide,), recognitions=(q, marginal),
@@ -652,6 +709,12 @@ class RPM(RPMBase):
         if q is not None:
             return q.mean
         return torch.stack([dist.mean for dist in encoded], dim=1)
+
+def _check_local(candidates: Candidates | None) -> None:
+    """Refuses a global batch or a queue under ``marginal="gaussian"``."""
+    if candidates is not None and not candidates.is_local:
+        raise ValueError(GAUSSIAN_IS_LOCAL)
+
 
 def _masked(parts: tuple, mask: torch.Tensor) -> tuple:
     """A prior over J views' recognition distributions masked over the views (``q.mask(mask)``)."""

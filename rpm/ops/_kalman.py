@@ -390,8 +390,8 @@ def _parallel_filter(z, mask, init_loc, init_scale_tril, transition_matrix, tran
         _time_first(z.expand(*batch_shape, num_steps, obs_dim), 1, nb),
         None if mask is None else _time_first(mask, 0, nb),
         init_loc.expand(*batch_shape, hidden_dim),
-        *(_pad(t, 2, nb) for t in (init_scale_tril, transition_matrix, transition_scale_tril,
-                                   observation_matrix)),
+        _pad(init_scale_tril, 2, nb), _pad(transition_matrix, 2, nb),
+        _pad(transition_scale_tril, 2, nb), _pad(observation_matrix, 2, nb),
         _time_first(obs_scale, 2, nb))
     cov_shape = (*cov_batch, num_steps, hidden_dim, hidden_dim)
     return KalmanFilterResult(
@@ -473,7 +473,9 @@ def _backward_pass(filtered: KalmanFilterResult, transition_matrix, transition_s
 
 
 def _scan_inputs(filtered: KalmanFilterResult, transition_matrix, transition_scale_tril,
-                 compute_dtype, batch_dims: int):
+                 compute_dtype, batch_dims: int
+                 ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                  torch.Tensor], torch.Size]:
     """The filter's output time first with ``batch_dims`` batch dimensions, for the scans; and
     the batch shape of the smoothed covariances."""
     transition_matrix = transition_matrix.to(compute_dtype)

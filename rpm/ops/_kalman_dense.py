@@ -76,10 +76,10 @@ class _Joint:
         a, c = transition_matrix, observation_matrix
         hidden_dim, obs_dim = a.shape[-1], c.shape[-2]
         eye = torch.eye(hidden_dim, dtype=a.dtype, device=a.device)
-        powers = [eye.expand_as(a)]
+        power_list = [eye.expand_as(a)]
         for _ in range(num_steps - 1):
-            powers.append(a @ powers[-1])
-        powers = torch.stack(powers, -3)  # A^k, (*cov, T, H, H)
+            power_list.append(a @ power_list[-1])
+        powers = torch.stack(power_list, -3)  # A^k, (*cov, T, H, H)
         steps = torch.arange(num_steps, device=a.device)
         lag = steps[:, None] - steps[None, :]  # t - u, (T, T)
         roots = torch.cat([

@@ -71,10 +71,10 @@ def _abs_power(magnitude: torch.Tensor, q: float) -> torch.Tensor:
     if twice != round(twice) or not 0.0 <= q <= 16.0:
         return magnitude.pow_(q)
     whole = int(q)
+    if whole == 0:  # q = 0 or 1/2
+        return magnitude.sqrt_() if q else magnitude.fill_(1.0)
     root = magnitude.sqrt() if twice % 2 == 1 else None
-    if whole == 0:
-        return root
-    result = None
+    result: torch.Tensor | None = None
     base = magnitude
     while whole:  # binary exponentiation: base^whole
         if whole & 1:
@@ -82,6 +82,7 @@ def _abs_power(magnitude: torch.Tensor, q: float) -> torch.Tensor:
         whole >>= 1
         if whole:
             base = base.square() if base is magnitude else base.square_()
+    assert result is not None  # whole >= 1 has a set bit
     return result if root is None else result.mul_(root)
 
 

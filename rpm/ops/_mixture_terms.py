@@ -180,6 +180,7 @@ class MixtureTerms:
         with torch.no_grad():
             anchors, assignment = choose_anchors(loc, scale.detach().reciprocal().square())
         self.anchors = anchors  # (A, D), constants
+        self.perm: torch.Tensor | None
         if anchors.shape[0] > 1:
             assignment, perm = torch.sort(assignment, stable=True)
             self.perm = perm  # (N,): position -> original component

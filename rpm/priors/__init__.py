@@ -34,6 +34,7 @@ from rpm.priors._explicit import (
     LinearDynamicsPrior,
     RandomWalkEnergy,
 )
+from rpm.priors._gaussian import GaussianPairPrior, GaussianStarPrior
 from rpm.priors._implicit import ImplicitPrior
 from rpm.priors._multiview import MultiViewImplicitPrior, PartnerMixturePrior, StarImplicitPrior
 from rpm.priors._pooled import PooledImplicitPrior
@@ -46,7 +47,9 @@ __all__ = [
     "BilinearEnergy",
     "CosineEnergy",
     "Energy",
+    "GaussianPairPrior",
     "GaussianRandomWalkPrior",
+    "GaussianStarPrior",
     "GeneralizedNormalRandomWalkPrior",
     "ImplicitPrior",
     "LaplaceRandomWalkPrior",

@@ -37,6 +37,9 @@ no method: a prior follows one (``is_sequence_prior``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import torch
 from pyro import poutine
 from pyro.distributions import TorchDistribution, Unit
@@ -119,7 +122,9 @@ class PriorBase(NamedModule):
     #: prior's :math:`P(z) = Q(z)`, :math:`P(z'|z) \propto Q(z') e^{f}`), so that
     #: deterministic (Delta) encoders give a well-defined ELBO. False for densities on
     #: :math:`\mathbb{R}^{J D}`, which need Q(z) to have a density too (Appendix B of
-    #: Aitchison & Ganev): :class:`~rpm.RPM` then refuses ``DeltaRecognition`` without noise.
+    #: Aitchison & Ganev): :class:`~rpm.RPM` then refuses ``DeltaRecognition`` without noise
+    #: under the minibatch-mixture marginal (its moment-matched Gaussian,
+    #: ``marginal="gaussian"``, is a density and accepts it).
     accepts_delta_recognition: bool = False
 
     #: The latent dimension D the prior was built for, or None for any; :class:`~rpm.RPM`
@@ -596,7 +601,8 @@ def delta_with_density_message(what: str, prior) -> str:
         "Q(z) is then a discrete distribution on the batch points and log P(z) - log Q(z) is "
         "ill-defined (Appendix B of Aitchison & Ganev). Use DeltaRecognition(net, "
         "noise_scale=1e-2) (any eps > 0) or a GaussianRecognition, or an implicit prior "
-        "(ImplicitPrior, MarkovImplicitPrior)"
+        "(ImplicitPrior, MarkovImplicitPrior), or keep it and use the moment-matched Gaussian "
+        "marginal, a density: marginal='gaussian'"
     )
 
 
@@ -692,7 +698,7 @@ def _run_prior(prior, args: tuple, sites: tuple[str, ...]):
     return result, tracer.trace
 
 
-def _check_latent_size(name: str, nodes: list[dict], args: tuple) -> None:
+def _check_latent_size(name: str, nodes: Sequence[Mapping[str, Any]], args: tuple) -> None:
     """Raises ValueError when a site's latent size (the last axis of its event) is not the
     recognition's D (``args[0]``, the first view's distributions, event_shape (D,))."""
     q = args[0] if args else None
@@ -700,7 +706,7 @@ def _check_latent_size(name: str, nodes: list[dict], args: tuple) -> None:
         return
     dim = q.event_shape[0]
     for node in nodes:
-        event_shape = getattr(node["fn"], "event_shape", ())
+        event_shape: tuple[int, ...] = getattr(node["fn"], "event_shape", ())
         if len(event_shape) and event_shape[-1] != dim:
             raise ValueError(
                 f"the prior {name} declares site {node['name']!r} with latents of size "
@@ -710,7 +716,7 @@ def _check_latent_size(name: str, nodes: list[dict], args: tuple) -> None:
             )
 
 
-def _check_returned_values(name: str, returned: tuple, nodes: list[dict]) -> None:
+def _check_returned_values(name: str, returned: tuple, nodes: Sequence[Mapping[str, Any]]) -> None:
     """Raises ValueError unless ``returned[i]`` is the value of site ``nodes[i]`` (the sites in
     the order ``"z"``, ``"z2"``): the model uses the returned values as the latents of the
     views' likelihood factors, so values in another order would pair each view's likelihood

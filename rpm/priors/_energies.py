@@ -26,6 +26,7 @@ neural          :math:`f_\theta(z, z')` (an MLP)                 a learned energ
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from pyro.distributions import constraints
@@ -157,7 +158,8 @@ class CosineEnergy(Energy):
         super().__init__()
         kappa_tensor = positive_hyperparameter("kappa", kappa)
         if learn_kappa:
-            self.kappa = PyroParam(kappa_tensor, constraints.positive)
+            self.kappa: torch.Tensor = PyroParam(  # type: ignore[assignment]  # PyroParam -> tensor
+                kappa_tensor, constraints.positive)
         else:
             self.register_buffer("kappa", kappa_tensor)
 
@@ -203,7 +205,8 @@ class RBFEnergy(Energy):
         super().__init__()
         value = positive_hyperparameter("lengthscale", lengthscale)
         if learn_lengthscale:
-            self.lengthscale = PyroParam(value, constraints.positive)
+            self.lengthscale: torch.Tensor = PyroParam(  # type: ignore[assignment]  # PyroParam -> tensor
+                value, constraints.positive)
         else:
             self.register_buffer("lengthscale", value)
 
@@ -248,7 +251,7 @@ class AnisotropicEnergy(Energy):
         super().__init__()
         self.dim = check_positive_int("dim", dim)
         self.normalize = normalize
-        self.concentration = PyroParam(
+        self.concentration: torch.Tensor = PyroParam(  # type: ignore[assignment]  # PyroParam -> tensor
             positive_hyperparameter("init", init) * torch.ones(dim, dtype=torch.float64),
             constraints.softplus_positive,
         )
@@ -329,7 +332,8 @@ class LpEnergy(Energy):
             )
         tau_tensor = positive_hyperparameter("tau", tau)
         if learn_tau:
-            self.tau = PyroParam(tau_tensor, constraints.positive)
+            self.tau: torch.Tensor = PyroParam(  # type: ignore[assignment]  # PyroParam -> tensor
+                tau_tensor, constraints.positive)
         else:
             self.register_buffer("tau", tau_tensor)
 
@@ -397,9 +401,11 @@ class NeuralEnergy(Energy):
         super().__init__()
         self.dim = check_positive_int("dim", dim)
         hidden = check_positive_int("hidden", hidden)
-        self.first = PyroModule[torch.nn.Linear](dim, hidden)  # W_a z + b_1
-        self.second = PyroModule[torch.nn.Linear](dim, hidden, bias=False)  # W_b z'
-        self.out = PyroModule[torch.nn.Linear](hidden, 1)
+        # Pyro types PyroModule[Linear] as a PyroModule class, not a Linear one
+        linear: Callable[..., torch.nn.Linear] = PyroModule[torch.nn.Linear]  # type: ignore[assignment]
+        self.first = linear(dim, hidden)  # W_a z + b_1
+        self.second = linear(dim, hidden, bias=False)  # W_b z'
+        self.out = linear(hidden, 1)
 
     def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         self.check_latents(z, z2)

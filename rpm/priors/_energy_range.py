@@ -160,7 +160,7 @@ def check_implicit_log_ratio(
     """
     if not is_validation_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
         return
-    unique = []
+    unique: list[torch.Tensor] = []
     for z in latents:
         for seen in unique:
             if z is seen:
@@ -170,7 +170,7 @@ def check_implicit_log_ratio(
     dtype = ratio.dtype
     pending = _DEFERRED.get()
     deferred = bool(pending)
-    finite, positive = _take(pending, unique) if deferred else ((), ())
+    finite, positive = _take(pending, unique) if pending else ([], [])
     # the reductions read back together: the loss's sum, the smallest and largest row norm of
     # the latents in their dtype (NaN where a row holds one; infinite where the squares
     # overflow, which happens only far outside the window below), the inputs' largest |x|,

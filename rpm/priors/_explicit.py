@@ -49,11 +49,15 @@ class _RandomWalkPrior(Prior):
     :param float step: initial scale of the step > 0 (likewise), the parameter ``step``.
     """
 
+    dim: int  # given to the constructor (PriorBase's None: a prior for any dimension)
+
     def __init__(self, dim: int, scale: float = 1.0, step: float = 0.1):
         super().__init__()
         self.dim = check_positive_int("dim", dim)
-        self.scale = PyroParam(positive_hyperparameter("scale", scale), constraints.positive)
-        self.step = PyroParam(positive_hyperparameter("step", step), constraints.positive)
+        self.scale: torch.Tensor = PyroParam(  # type: ignore[assignment]  # PyroParam -> tensor
+            positive_hyperparameter("scale", scale), constraints.positive)
+        self.step: torch.Tensor = PyroParam(  # type: ignore[assignment]  # PyroParam -> tensor
+            positive_hyperparameter("step", step), constraints.positive)
 
     def step_distribution(self, loc: torch.Tensor) -> TorchDistribution:
         r"""The distribution of :math:`z'` given :math:`z` = ``loc``, per coordinate: batch_shape
@@ -136,11 +140,12 @@ class GeneralizedNormalRandomWalkPrior(_RandomWalkPrior):
     def __init__(self, dim: int, scale: float = 1.0, step: float = 0.1, shape: float = 1.0,
                  learn_shape: bool = True):
         super().__init__(dim, scale, step)
-        shape = positive_hyperparameter("shape", shape)
+        initial = positive_hyperparameter("shape", shape)
         if learn_shape:
-            self.shape = PyroParam(shape, constraints.positive)
+            self.shape: torch.Tensor = PyroParam(  # type: ignore[assignment]  # PyroParam -> tensor
+                initial, constraints.positive)
         else:
-            self.register_buffer("shape", shape)
+            self.register_buffer("shape", initial)
 
     def step_distribution(self, loc):
         return GeneralizedNormal(loc, self.step.to(loc.dtype), self.shape.to(loc.dtype))
@@ -202,15 +207,17 @@ class LinearDynamicsPrior(Prior):
     :param float noise: :math:`\Sigma` starts at ``noise^2 I`` (likewise).
     """
 
+    dim: int  # given to the constructor (PriorBase's None: a prior for any dimension)
+
     def __init__(self, dim: int, scale: float = 1.0, noise: float = 0.1):
         super().__init__()
         self.dim = check_positive_int("dim", dim)
         eye = torch.eye(dim, dtype=torch.float64)
         self.transition = torch.nn.Parameter(eye.clone())  # A, (D, D)
-        self.initial_scale_tril = PyroParam(
+        self.initial_scale_tril: torch.Tensor = PyroParam(  # type: ignore[assignment]  # PyroParam -> tensor
             positive_hyperparameter("scale", scale) * eye, constraints.lower_cholesky
         )  # chol(S)
-        self.noise_scale_tril = PyroParam(
+        self.noise_scale_tril: torch.Tensor = PyroParam(  # type: ignore[assignment]  # PyroParam -> tensor
             positive_hyperparameter("noise", noise) * eye, constraints.lower_cholesky
         )  # chol(Sigma)
 

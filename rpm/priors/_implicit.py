@@ -182,8 +182,9 @@ class ImplicitPrior(Prior):
     #: The normaliser may take a queue's latents as extra candidates (MoCo).
     accepts_queue = True
 
+    # read-only, the energy's: PriorBase's dim is a plain attribute that other priors set
     @property
-    def dim(self) -> int | None:
+    def dim(self) -> int | None:  # type: ignore[override]
         """The energy's latent dimension (None for an energy built for any)."""
         return self.energy.dim if isinstance(self.energy, Energy) else None
 
@@ -240,21 +241,22 @@ class ImplicitPrior(Prior):
             the candidate latents themselves, shape (M, D); default the batch's z2.
         :param block_size: block edge of the streamed normaliser; ``None`` decides by size.
         """
-        negatives = candidates
         if isinstance(candidates, Candidates):
             negatives = None if candidates.is_local else candidates.negatives(z2)
-        candidates = z2 if negatives is None else negatives
+        else:
+            negatives = candidates
+        rows = z2 if negatives is None else negatives
         energy = self._modules.get("energy")  # a PyroModule's __getattr__ would only return it
         if not isinstance(energy, PyroModule):
             energy = self.energy  # a plain module: registered with Pyro by the access
-        ratio = self._log_ratio(z, z2, candidates, negatives is None, block_size, energy)
-        check_implicit_log_ratio(type(self).__name__, energy, [z, z2, candidates], ratio)
+        ratio = self._log_ratio(z, z2, rows, negatives is None, block_size, energy)
+        check_implicit_log_ratio(type(self).__name__, energy, [z, z2, rows], ratio)
         return ratio
 
     def log_ratio_sum(
         self, z: torch.Tensor, z2: torch.Tensor, q=None, q2=None,
         candidates: Candidates | torch.Tensor | None = None, block_size: int | None = None,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | None:
         r"""The sum over the N pairs of :meth:`log_ratio`. With the batch's own z2 as the
         candidates and the dense (N, N) matrix :math:`F_{ij} = f(z_i, z'_j)`, it is the trace
         of the row-wise log-softmax (its diagonal summed),
@@ -266,14 +268,16 @@ class ImplicitPrior(Prior):
 
         read without forming the N terms (the range check reads the sum); otherwise (other
         candidates, a streamed normaliser, or a subclass that redefines :meth:`log_ratio`) the
-        sum of :meth:`log_ratio`.
+        sum of :meth:`log_ratio` (None when a subclass's :meth:`log_ratio` is None).
         """
         energy = self._modules.get("energy")
         own = candidates is None or (isinstance(candidates, Candidates) and candidates.is_local)
         if (type(self).log_ratio is not ImplicitPrior.log_ratio or not own
                 or not isinstance(energy, PyroModule)
                 or use_streaming(z.shape[0], z2.shape[0], z.device, block_size)):
-            return super().log_ratio_sum(z, z2, q, q2, candidates, block_size)
+            # Prior.log_ratio_sum's sum, of this class's candidates (tensors too)
+            ratio: torch.Tensor | None = self.log_ratio(z, z2, q, q2, candidates, block_size)
+            return None if ratio is None else ratio.sum()
         num_pairs = z.shape[0]
         # the per-pair kernel without its offset, summed; N log N added once to the sum
         total = diagonal_log_softmax(energy(z, z2)).sum() + num_pairs * math.log(num_pairs)
@@ -281,7 +285,7 @@ class ImplicitPrior(Prior):
         return total
 
     def _log_ratio(self, z: torch.Tensor, z2: torch.Tensor, candidates: torch.Tensor,
-                   own: bool, block_size: int | None, energy: Energy | None = None
+                   own: bool, block_size: int | None, energy: torch.nn.Module | None = None
                    ) -> torch.Tensor:
         """:meth:`log_ratio` with the candidates given (``own``: they are z2)."""
         if energy is None:
@@ -299,8 +303,7 @@ class ImplicitPrior(Prior):
                 normalizer = _streamed_log_normalizer(factors, block_size)
             else:
                 # forward on tiles; the positives come from the same tiles for the batch's own z2
-                normalizer, positive = blocked_energy_logsumexp(
+                normalizer, tiled = blocked_energy_logsumexp(
                     energy, z, candidates, block_size, positive_shift=0 if own else None)
-                if positive is None:
-                    positive = energy_paired(energy, z, z2, block_size)
+                positive = energy_paired(energy, z, z2, block_size) if tiled is None else tiled
         return positive - normalizer + math.log(candidates.shape[0])

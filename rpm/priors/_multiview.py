@@ -148,8 +148,9 @@ class MultiViewImplicitPrior(SequencePrior):
         self.centres = centres
         self.queue = queue
 
+    # read-only, the energy's: PriorBase's dim is a plain attribute that other priors set
     @property
-    def dim(self) -> int | None:
+    def dim(self) -> int | None:  # type: ignore[override]
         """The energy's latent dimension (None for an energy built for any)."""
         return energy_dim(self.energy)
 

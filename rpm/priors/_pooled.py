@@ -117,7 +117,7 @@ def pooled_recognition(q: TorchDistribution, q2: TorchDistribution) -> TorchDist
     if fast is None or fast2 is None:
         return ConcatenatedBatch(q, q2)
     (loc, scale), (loc2, scale2) = fast, fast2
-    if scale is None:
+    if scale is None or scale2 is None:  # both Delta (checked above)
         return Delta(torch.cat([loc, loc2]), event_dim=1)
     return Independent(Normal(torch.cat([loc, loc2]), torch.cat([scale, scale2])), 1)
 
@@ -255,6 +255,28 @@ def pooled_marginal(q: TorchDistribution, q2: TorchDistribution) -> MixtureMargi
     return MixtureMarginal(pooled_recognition(q, q2)).expand(q.batch_shape)
 
 
+def _global_pool(candidates: Candidates | torch.Tensor | None, z: torch.Tensor, z2: torch.Tensor
+                 ) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, int]:
+    """The global batch ``(Z, Z')`` that (z, z2) are rows ``offset`` on of (``pool`` and
+    ``offset`` of :func:`pooled_log_ratios`), or (None, 0) for the batch's own pairs; a queue
+    or a tensor of candidates is refused."""
+    if isinstance(candidates, Candidates):
+        if candidates.appended() is not None:
+            raise ValueError(
+                "PooledImplicitPrior (NT-Xent) has no queue form: its candidates are the "
+                "batch's pooled latents. For a queue of earlier latents (MoCo) or explicit "
+                "negatives use ImplicitPrior")
+        if candidates.is_global:
+            return (candidates.gather(z), candidates.gather(z2)), candidates.offset(z.shape[0])
+    elif candidates is not None:
+        raise ValueError(
+            "PooledImplicitPrior takes its global batch from an rpm.inference.Candidates "
+            "(RPMELBO(global_batch=True) under torch.distributed), not from a tensor of "
+            "candidates: its candidates are the pooled latents of both views"
+        )
+    return None, 0
+
+
 class PooledImplicitPrior(ImplicitPrior):
     r"""The pooled implicit prior, whose RPM ELBO is SimCLR's NT-Xent (module docstring).
 
@@ -305,21 +327,30 @@ class PooledImplicitPrior(ImplicitPrior):
             )
         self.direction = direction
 
-    def forward(self, q: TorchDistribution, q2: TorchDistribution):
+    def forward(self, q: TorchDistribution, q2: TorchDistribution,
+                candidates: Candidates | None = None):
         """Declares ``"z"``, ``"z2"`` (each one event of shape (N, D), outside the plate over
         the pairs: :attr:`joint_over_batch`) and the factors of the class docstring; returns
-        ``(z, z2)``."""
-        pool = pooled_marginal(q, q2)
-        z = pyro.sample("z", pool.to_event(1))
-        z2 = pyro.sample("z2", pool.to_event(1))
+        ``(z, z2)``. ``candidates`` as for :meth:`log_ratio` (a global batch pools every
+        process's pairs in the normalisers; a queue is refused)."""
+        marginal = pooled_marginal(q, q2)
+        z = pyro.sample("z", marginal.to_event(1))
+        z2 = pyro.sample("z2", marginal.to_event(1))
         weight = 0.5 if self.direction == "both" else 1.0
-        # Each direction's log P(partners | anchors) - log Q_pool(partners): its tilt.
+
+        def tilt(z: torch.Tensor, z2: torch.Tensor, direction: str) -> torch.Tensor:
+            """One direction's log P(partners | anchors) - log Q_pool(partners), summed."""
+            pool, offset = _global_pool(candidates, z, z2)
+            forward, backward = pooled_log_ratios(self.energy, z, z2, direction, pool=pool,
+                                                  offset=offset)
+            ratio = forward if direction == "forward" else backward
+            assert ratio is not None  # the direction asked for
+            return weight * ratio
+
         if self.direction != "backward":
-            tilt_factor("z_to_z2", lambda z, z2: weight * pooled_log_ratios(
-                self.energy, z, z2, "forward")[0], z, z2)
+            tilt_factor("z_to_z2", lambda z, z2: tilt(z, z2, "forward"), z, z2)
         if self.direction != "forward":
-            tilt_factor("z2_to_z", lambda z, z2: weight * pooled_log_ratios(
-                self.energy, z, z2, "backward")[1], z, z2)
+            tilt_factor("z2_to_z", lambda z, z2: tilt(z, z2, "backward"), z, z2)
         return z, z2
 
     def likelihood_marginals(
@@ -341,7 +372,7 @@ class PooledImplicitPrior(ImplicitPrior):
 
     def log_ratio(
         self, z: torch.Tensor, z2: torch.Tensor, q=None, q2=None,
-        candidates: Candidates | None = None, block_size: int | None = None,
+        candidates: Candidates | torch.Tensor | None = None, block_size: int | None = None,
     ) -> torch.Tensor:
         r"""Per-pair ELBO terms after the analytic cancellation of the marginals (shape (N,)):
 
@@ -358,33 +389,15 @@ class PooledImplicitPrior(ImplicitPrior):
             :class:`~rpm.marginals._candidates.Candidates` with a global batch: both views'
             latents are then gathered from every process, the candidates are the 2M - 1 other
             latents of the global batch of M pairs, and the return value is this process's share
-            (summed over the processes, the single-process value of the concatenated batch).
+            (summed over the processes, the single-process value of the concatenated batch). A
+            queue or a tensor of candidates is refused (ValueError).
         :param block_size: block edge of the streamed normaliser; ``None`` decides by size.
         """
-        pool, offset = None, 0
-        if isinstance(candidates, Candidates):
-            if candidates.appended() is not None:
-                raise ValueError(
-                    "PooledImplicitPrior (NT-Xent) has no queue form: its candidates are the "
-                    "batch's pooled latents. For a queue of earlier latents (MoCo) or explicit "
-                    "negatives use ImplicitPrior")
-            if candidates.is_global:
-                pool = (candidates.gather(z), candidates.gather(z2))
-                offset = candidates.offset(z.shape[0])
-        elif candidates is not None:
-            raise ValueError(
-                "PooledImplicitPrior takes its global batch from an rpm.inference.Candidates "
-                "(RPMELBO(global_batch=True) under torch.distributed), not from a tensor of "
-                "candidates: its candidates are the pooled latents of both views"
-            )
+        pool, offset = _global_pool(candidates, z, z2)
         forward, backward = pooled_log_ratios(self.energy, z, z2, self.direction, block_size,
                                               pool=pool, offset=offset)
-        if backward is None:
-            ratio = forward
-        elif forward is None:
-            ratio = backward
-        else:
-            ratio = 0.5 * (forward + backward)
+        asked = [r for r in (forward, backward) if r is not None]  # one direction or both
+        ratio = asked[0] if len(asked) == 1 else 0.5 * (asked[0] + asked[1])
         latents = [z, z2] if pool is None else list(pool)
         check_implicit_log_ratio(type(self).__name__, self.energy, latents, ratio)
         return ratio

@@ -33,7 +33,7 @@ import math
 import pyro
 import torch
 from pyro import poutine
-from pyro.distributions import TorchDistribution
+from pyro.distributions import Distribution, TorchDistribution
 from torch.distributions import constraints
 
 from rpm.marginals._candidates import Candidates
@@ -214,6 +214,7 @@ class MarkovChain(_BatchChain):
             with plate:
                 # Inside an outer plate (the model's) this plate sits further left: give the
                 # conditioned values its shape (N, 1, ..., 1, D).
+                assert plate.dim is not None  # set on entering the plate
                 shape = (num_sequences,) + (1,) * (-1 - plate.dim)
                 shaped = {name: value.reshape(shape + value.shape[-1:])
                           for name, value in data.items()}
@@ -226,22 +227,27 @@ class MarkovChain(_BatchChain):
                 f"'z2'; {type(self.pair_prior).__name__} declared {names}")
         result = {}
         for name in names:
-            site = trace.nodes[name]
-            log_prob = site["fn"].log_prob(site["value"])
+            fn, value = trace.nodes[name]["fn"], trace.nodes[name]["value"]
+            assert isinstance(fn, Distribution) and value is not None  # a sample site's
+            log_prob = fn.log_prob(value)
             if log_prob.numel() != num_sequences:
                 raise ValueError(
                     f"MarkovPrior needs the pair prior's site {name!r} to have one log-density "
                     f"per pair ({num_sequences}), got shape {tuple(log_prob.shape)}")
-            result[name] = (site["value"].reshape(num_sequences, -1),
+            result[name] = (value.reshape(num_sequences, -1),
                             log_prob.reshape(num_sequences))
         return result
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         self._check_value(value)
-        total = 0.0
+        total: torch.Tensor | None = None
         for t in range(value.shape[1] - 1):
             step = self._step(t, {"z": value[:, t], "z2": value[:, t + 1]})
-            total = total + step["z2"][1] + (step["z"][1] if t == 0 else 0.0)
+            if total is None:  # log P(z_1) + log P(z_2 | z_1)
+                total = step["z2"][1] + step["z"][1]
+            else:
+                total = total + step["z2"][1]
+        assert total is not None  # T >= 2 views
         return total
 
     def _sample_batch(self) -> torch.Tensor:

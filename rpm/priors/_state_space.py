@@ -199,14 +199,17 @@ class StateSpacePrior(LinearGaussianPrior):
             raise ValueError(f"init_loc must be a number or {state_dim} numbers, got shape "
                              f"{tuple(init_loc.shape)}")
         self.init_loc = torch.nn.Parameter(init_loc.expand(state_dim).clone())  # m_1, (H,)
-        self.init_scale_tril = PyroParam(_cholesky_init("init_scale", init_scale, state_dim),
-                                         constraints.lower_cholesky)  # chol(S_1), (H, H)
+        self.init_scale_tril: torch.Tensor = PyroParam(  # type: ignore[assignment]  # PyroParam -> tensor
+            _cholesky_init("init_scale", init_scale, state_dim),
+            constraints.lower_cholesky)  # chol(S_1), (H, H)
         self.transition_matrix = torch.nn.Parameter(transition)  # A, (H, H)
-        self.transition_scale_tril = PyroParam(
+        # PyroParam -> tensor (PyroModule's __setattr__)
+        self.transition_scale_tril: torch.Tensor = PyroParam(  # type: ignore[assignment]
             _cholesky_init("process_noise", process_noise, state_dim),
             constraints.lower_cholesky)  # chol(Q), (H, H)
         self.observation_matrix = torch.nn.Parameter(torch.eye(dim, state_dim))  # C, (D, H)
-        self.observation_scale_tril = PyroParam(
+        # PyroParam -> tensor (PyroModule's __setattr__)
+        self.observation_scale_tril: torch.Tensor = PyroParam(  # type: ignore[assignment]
             _cholesky_init("observation_noise", observation_noise, dim),
             constraints.lower_cholesky)  # chol(R), (D, D)
 

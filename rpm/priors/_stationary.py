@@ -157,7 +157,10 @@ class StationaryStateSpacePrior(LinearGaussianPrior):
             self.register_buffer("observation_offset", offset)  # b, (D,), fixed
         noise_tril = _cholesky_init("observation_noise", observation_noise, dim)
         if learn_observation_noise:
-            self.observation_scale_tril = PyroParam(noise_tril, constraints.lower_cholesky)  # chol(R)
+            # chol(R)
+            # PyroParam -> tensor (PyroModule's __setattr__)
+            self.observation_scale_tril: torch.Tensor = PyroParam(  # type: ignore[assignment]
+                noise_tril, constraints.lower_cholesky)
         else:
             self.register_buffer("observation_scale_tril", noise_tril)  # chol(R), (D, D), fixed
 

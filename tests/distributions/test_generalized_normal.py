@@ -60,9 +60,9 @@ def test_batch_shape_expand_and_gradients():
     assert shape.grad.item() == pytest.approx((1 / 0.6 + digamma / 0.6**2).item(), rel=1e-10)
 
 
-@pytest.mark.parametrize("bad", [{"scale": 0.0}, {"shape": -1.0}])
+@pytest.mark.parametrize("bad", [{"scale": 0.0}, {"beta": -1.0}])
 def test_bad_parameters_raise(bad):
-    arguments = {"loc": 0.0, "scale": 1.0, "shape": 1.0, **bad}
+    arguments = {"loc": 0.0, "scale": 1.0, "beta": 1.0, **bad}
     with pyro.validation_enabled(True), pytest.raises(ValueError, match=next(iter(bad))):
         GeneralizedNormal(**arguments, validate_args=True)
 

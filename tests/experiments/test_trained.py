@@ -85,7 +85,7 @@ def test_a_run_of_an_older_rpm_is_refused_and_resume_makes_it_loadable(lds_copy,
      RunFolderError, r"differs from the configuration the run was made with: hidden"),
     (lambda out: (out / "rpm" / MODEL_RECORD).write_text("{"), RunFolderError,
      "cannot read the model record"),
-    (lambda out: write_model_record(out / "rpm", "pendulum", {}), RunFolderError,
+    (lambda out: write_model_record(out / "rpm", "pendulum", {}, (3, 8, 8)), RunFolderError,
      "records a model of `rpm pendulum` in a run of `rpm lds`"),
 ])
 def test_a_damaged_run_is_refused_with_one_line(lds_copy, damage, error, message):
@@ -102,7 +102,46 @@ def test_bad_devices_and_records_are_refused(lds_run, monkeypatch):
     with pytest.raises(ValueError, match="CUDA is not available here .*load with device='cpu'"):
         rpm.load(lds_run, device="cuda")
     with pytest.raises(ValueError, match="command must be one of"):
-        write_model_record(lds_run / "x", "toy", {})
+        write_model_record(lds_run / "x", "toy", {}, (5,))
+    for shape in ((), (0, 4), (2.5,), "5", (True,)):
+        with pytest.raises(ValueError, match="input_shape must be a sequence of positive "):
+            write_model_record(lds_run / "x", "lds", {}, shape)
+    assert not (lds_run / "x").exists()
+
+
+def test_the_model_refuses_inputs_of_another_shape_than_it_was_trained_on(lds_run):
+    """The toy run's observations have D = 5 (--size small): the record holds [5], and the
+    loaded model encodes (N, 5) and (N, T, 5) but refuses 6 numbers, naming both shapes."""
+    assert json.loads((lds_run / "rpm" / MODEL_RECORD).read_text())["input_shape"] == [5]
+    model = rpm.load(lds_run)
+    assert model.trained["input_shape"] == (5,)
+    with torch.no_grad():
+        assert model.encode(torch.randn(4, 5)).shape == (4, 3)
+        assert model.encode_views(torch.randn(2, 6, 5)).shape == (2, 6, 3)
+        with pytest.raises(ValueError, match=r"trained on inputs of shape \(5,\) .*got inputs "
+                           r"of shape \(6,\)") as refused:
+            model.encode(torch.randn(4, 6))
+        assert "\n" not in str(refused.value)
+        with pytest.raises(ValueError, match=r"got inputs of shape \(6,\)"):
+            model.encode_views(torch.randn(2, 3, 6))
+
+
+def test_a_record_without_input_shape_loads_unchecked(lds_copy):
+    """A record written before input_shape existed loads the same weights, without the check."""
+    reference = rpm.load(lds_copy)
+    path = lds_copy / "rpm" / MODEL_RECORD
+    record = json.loads(path.read_text())
+    del record["input_shape"]
+    path.write_text(json.dumps(record))
+    model = rpm.load(lds_copy)
+    assert model.trained["input_shape"] is None
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(model.encode(x), reference.encode(x))
+    record["input_shape"] = [5, -1]
+    path.write_text(json.dumps(record))
+    with pytest.raises(RunFolderError, match=r"records input_shape \[5, -1\], not a list"):
+        rpm.load(lds_copy)
 
 
 def test_the_readme_snippet_runs_on_a_run_folder(lds_run, tmp_path, capsys):
@@ -178,6 +217,7 @@ def test_an_lds_run_on_observations_of_another_dimension_loads(tmp_path):
                        "--latent-dim", "2", "--steps", "2", "--batch-size", "2", "--window",
                        "4")
     model, weights = _loaded(out, "lds", {"obs_dim": 7, "dim": 2})
+    assert model.trained["input_shape"] == (7,)
     assert isinstance(model, rpm.RPM) and isinstance(model.prior, rpm.priors.LinearGaussianPrior)
     x = torch.randn(3, 5, 7)
     expected = (x.double() @ weights["recognition.net.linear.weight"].double().T
@@ -199,6 +239,7 @@ def test_a_pendulum_run_on_colour_non_square_videos_loads(tmp_path):
                        "--eval-drop-frames", "0")
     model, weights = _loaded(out, "pendulum", {"encoder": "flat", "in_channels": 3,
                                                "image_size": [10, 14], "latent_dim": 2})
+    assert model.trained["input_shape"] == (3, 10, 14)
     assert isinstance(model, rpm.RPM) and isinstance(model.prior, rpm.priors.LinearGaussianPrior)
     w = {key: value.double() for key, value in _prefixed(weights, "recognition.net.").items()}
     x = torch.rand(2, 5, 3, 10, 14)  # new videos, (N, T, C, H, W)
@@ -221,6 +262,7 @@ def test_an_identifiability_run_on_pairs_of_another_dimension_loads(tmp_path):
     out = _run_on_file(tmp_path, "identifiability", {"views": views.numpy()}, "--dim", "3",
                        "--steps", "3", "--batch-size", "8", "--hidden", "4", "--depth", "1")
     model, weights = _loaded(out, "identifiability", {"dim": 3, "in_dim": 5}, model="cosine")
+    assert model.trained["input_shape"] == (5,)
     assert isinstance(model, rpm.RPM)
     encoder = MLPEncoder(3, 4, 1, "sphere", in_dim=5)
     encoder.load_state_dict(_prefixed(weights, "recognition.net."))
@@ -252,3 +294,9 @@ def test_a_digits_run_on_colour_images_of_another_size_loads(tmp_path):
         z = model.encode(x)
         assert z.shape == (6, 8)
         torch.testing.assert_close(z, encoder(x))
+        # The CNN pools globally, so 24 x 24 images would pass its layers: the record refuses
+        assert model.trained["input_shape"] == (3, 12, 12)
+        assert encoder(torch.rand(2, 3, 24, 24)).shape == (2, 8)
+        with pytest.raises(ValueError, match=r"trained on inputs of shape \(3, 12, 12\) .*got "
+                           r"inputs of shape \(3, 24, 24\)"):
+            model.encode(torch.rand(2, 3, 24, 24))

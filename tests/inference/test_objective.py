@@ -6,9 +6,11 @@ import math
 
 import pytest
 import torch
+from pyro.distributions import Normal
 from pyro.infer import Trace_ELBO
 
 import rpm
+from rpm._objective import ObjectiveInputs, elbo
 from rpm.inference import Candidates, LatentQueue, rpm_elbo
 from rpm.priors import (
     CosineEnergy,
@@ -198,3 +200,14 @@ def test_a_traced_prior_over_the_whole_batch_has_a_sum_and_no_per_instance_terms
     assert rpm_elbo(prior, [z, z2]).item() == pytest.approx(sum(info_nce_terms(z, z2)), rel=1e-12)
     with pytest.raises(ValueError, match="no per-instance terms"):
         rpm_elbo(prior, [z, z2], per_instance=True)
+
+
+def test_a_structured_guide_needs_a_prior_over_j_views():
+    """structured=True takes the closed-form terms of the prior's posterior: a pair prior has
+    none, and the error says which prior is needed."""
+    q = Normal(torch.zeros(N, 3, D), 1.0).to_event(1)
+    inputs = ObjectiveInputs(prior=ImplicitPrior(RBFEnergy()), guides=(q.to_event(1),),
+                             recognitions=(q, None), plate="batch", candidates=None,
+                             structured=True, sequence=True)
+    with pytest.raises(TypeError, match="SequencePrior"):
+        elbo(inputs)

@@ -11,8 +11,8 @@ from pyro.distributions import Delta, Normal
 from pyro.infer import Trace_ELBO
 
 import rpm
-from rpm.experiments.lds.model import GaussianMLPEncoder, MomentMatchedSequenceRPM, build_sequence_model
-from rpm.marginals._moment_matched import MomentMatchedMarginal
+from rpm.experiments.lds.model import GaussianMLPEncoder, build_sequence_model
+from rpm.marginals import MomentMatchedMarginal
 from rpm.ops import gaussian_mixture_log_prob
 
 
@@ -46,7 +46,7 @@ def _recognition(num=4, length=3, dim=2, seed=0):
 
 def test_log_prob_is_the_gaussian_of_the_mixture_moments():
     loc, scale, value = _recognition()
-    marginal = MomentMatchedMarginal(Normal(loc, scale).to_event(1))
+    marginal = MomentMatchedMarginal(Normal(loc, scale).to_event(1), pooled=True)
     assert marginal.batch_shape == (4,) and marginal.event_shape == (3, 2)
     expected = _loop_log_prob(loc, scale, value, np.ones((4, 3), dtype=bool))
     np.testing.assert_allclose(marginal.log_prob(value).numpy(), expected, rtol=1e-10)
@@ -58,12 +58,13 @@ def test_missing_frames_are_no_components_and_have_no_term():
     mask = torch.rand(5, 4, generator=torch.Generator().manual_seed(2)) > 0.4
     mask[0, 0] = True
     q = Normal(loc, scale).to_event(1).mask(mask)
-    marginal = MomentMatchedMarginal(q)
+    marginal = MomentMatchedMarginal(q, pooled=True)
     expected = _loop_log_prob(loc, scale, value, mask.numpy())
     np.testing.assert_allclose(marginal.log_prob(value).numpy(), expected, rtol=1e-10)
     assert torch.all(marginal.view_log_prob(value)[~mask] == 0)
     with pytest.raises(ValueError, match="every frame of the batch is missing"):
-        MomentMatchedMarginal(Normal(loc, scale).to_event(1).mask(torch.zeros(5, 4, dtype=torch.bool)))
+        none_observed = torch.zeros(5, 4, dtype=torch.bool)
+        MomentMatchedMarginal(Normal(loc, scale).to_event(1).mask(none_observed), pooled=True)
 
 
 def test_it_is_the_population_mixture_of_gaussian_means():
@@ -79,7 +80,7 @@ def test_it_is_the_population_mixture_of_gaussian_means():
              + torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64))
     scale = torch.full_like(means, 0.5)
     q = Normal(means.reshape(100, 200, dim), scale.reshape(100, 200, dim)).to_event(1)
-    marginal = MomentMatchedMarginal(q)
+    marginal = MomentMatchedMarginal(q, pooled=True)
     points = (torch.randn(100, 1, dim, generator=generator, dtype=torch.float64) @ root.T
               + torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64))
     mixture = gaussian_mixture_log_prob(points[:, 0], means, scale)
@@ -91,9 +92,37 @@ def test_it_is_the_population_mixture_of_gaussian_means():
     assert (truth.log_prob(points[:, 0]) - moment).abs().mean() < 0.04
 
 
-def test_delta_recognition_is_refused():
-    with pytest.raises(ValueError, match="Gaussian recognition"):
-        MomentMatchedMarginal(Delta(torch.zeros(2, 3, 2), event_dim=1))
+def test_per_view_delta_and_one_view_forms_against_loops():
+    """Per view (each view its own moments over the N instances), Delta recognition (no
+    noise term), and one view of a pair (batch (N,), event (D,)): each against the loop."""
+    loc, scale, value = _recognition(num=6, length=3, dim=2, seed=4)
+    observed = np.ones((6, 1), dtype=bool)
+    for recognition, noise in ((Normal(loc, scale).to_event(1), scale), (Delta(loc, event_dim=1),
+                                                                       torch.zeros_like(scale))):
+        per_view = MomentMatchedMarginal(recognition).view_log_prob(value)
+        assert per_view.shape == (6, 3)
+        for j in range(3):
+            expected = _loop_log_prob(loc[:, j:j + 1], noise[:, j:j + 1], value[:, j:j + 1],
+                                      observed)
+            np.testing.assert_allclose(per_view[:, j].numpy(), expected, rtol=1e-10)
+    one_view = MomentMatchedMarginal(Delta(loc[:, 1], event_dim=1))
+    assert one_view.batch_shape == (6,) and one_view.event_shape == (2,)
+    expected = _loop_log_prob(loc[:, 1:2], torch.zeros_like(scale[:, 1:2]), value[:, 1:2], observed)
+    np.testing.assert_allclose(one_view.log_prob(value[:, 1]).numpy(), expected, rtol=1e-10)
+
+
+def test_a_singular_covariance_is_refused_naming_the_batch_size():
+    """Delta recognition: N points in D dimensions have a singular covariance unless N >= D + 1
+    (and they span the space); Gaussian recognition's noise keeps S positive definite."""
+    with pytest.raises(ValueError, match=r"N >= 4"):
+        MomentMatchedMarginal(Delta(torch.randn(3, 2, 3), event_dim=1))
+    MomentMatchedMarginal(Delta(torch.randn(4, 2, 3), event_dim=1))  # N = D + 1 suffices
+    flat = torch.randn(8, 1).expand(8, 3) * torch.tensor([1.0, 2.0, 3.0])  # rank one
+    with pytest.raises(ValueError, match="span fewer than D = 3"):
+        MomentMatchedMarginal(Delta(flat, event_dim=1))
+    MomentMatchedMarginal(Normal(torch.zeros(2, 3), 0.1).to_event(1))  # N = 2 < D + 1: fine
+    with pytest.raises(ValueError, match="pooled=False"):
+        MomentMatchedMarginal(Delta(torch.randn(5, 3), event_dim=1), pooled=True)
 
 
 def test_rpm_elbo_equals_trace_elbo_and_uses_the_gaussian():
@@ -103,7 +132,7 @@ def test_rpm_elbo_equals_trace_elbo_and_uses_the_gaussian():
     torch.set_default_dtype(torch.float64)
     encoder = GaussianMLPEncoder(4, 2, hidden=0, noise=0.2)
     model = build_sequence_model(encoder, 2, marginal="gaussian")
-    assert isinstance(model, MomentMatchedSequenceRPM)
+    assert model.marginal_kind == "gaussian" and model.pooled_marginal
     x = torch.randn(6, 5, 4)
     pyro.set_rng_seed(7)
     trace = Trace_ELBO().differentiable_loss(model.model, model.guide, x)

@@ -169,3 +169,13 @@ def test_blocks_are_cache_sized_on_the_cpu_and_whole_batches_on_an_accelerator()
     assert _rows_per_block(4096, 10, None, "cuda") == (1 << 26) // 40960 == 1638
     assert _rows_per_block(10**9, 10, None, "cuda") == 1
     assert _rows_per_block(4096, 10, 7, "cuda") == 7
+
+
+@pytest.mark.parametrize("q", [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.5, 7.0, 16.0, -0.5, 0.3, 17.0])
+def test_abs_power_is_pow_for_every_exponent(q):
+    """The multiplication chains of the integer and half-integer exponents (and q = 0: 1) agree
+    with torch.pow in float64."""
+    from rpm.ops._lp_distances import _abs_power
+
+    magnitude = torch.rand(50, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) * 3
+    torch.testing.assert_close(_abs_power(magnitude.clone(), q), magnitude.pow(q), rtol=1e-13, atol=0)

@@ -14,7 +14,7 @@ from pyro import poutine
 from pyro.infer import Predictive, Trace_ELBO
 
 import rpm
-from rpm.marginals import MixtureMarginal
+from rpm.marginals import Candidates, LatentQueue, MixtureMarginal
 from rpm.marginals._mixture_marginal import Atoms
 from rpm.priors import (
     AnisotropicEnergy,
@@ -284,6 +284,29 @@ def test_factors_are_the_tilts_of_the_loop(direction, batch):
     if direction == "forward":
         (grad,) = torch.autograd.grad(trace.nodes["z_to_z2"]["log_prob"], z2)
         assert (grad.abs().sum(-1) > 0).all()
+
+
+def test_called_with_candidates_as_an_implicit_prior(batch):
+    """ImplicitPrior's forward takes (q, q2, candidates), and so does the pooled prior's: the
+    batch's own candidates leave every site's log-density as without them; a queue is refused
+    as log_ratio refuses it."""
+    recognition = RECOGNITION["gaussian"]()
+    q, q2 = recognition(batch[0]), recognition(batch[1])
+    z, z2 = torch.randn(N, D), torch.randn(N, D)
+    prior = PooledImplicitPrior(CosineEnergy(kappa=3.0))
+
+    def log_probs(*candidates):
+        conditioned = poutine.condition(prior, data={"z": z, "z2": z2})
+        trace = poutine.trace(conditioned).get_trace(q, q2, *candidates)
+        trace.compute_log_prob()
+        return [trace.nodes[name]["log_prob"] for name in ("z", "z2", "z_to_z2", "z2_to_z")]
+
+    for got, expected in zip(log_probs(Candidates()), log_probs(), strict=True):
+        assert torch.equal(got, expected)
+    queue = LatentQueue(size=4, dim=D)
+    queue.push(torch.randn(3, D))
+    with pytest.raises(ValueError, match="no queue form"):
+        log_probs(Candidates(queue=queue))
 
 
 def test_vectorised_particles_with_delta_encoders_equal_one_particle(batch):

@@ -91,6 +91,7 @@ from rpm.experiments.common import (
     add_common_arguments,
     add_training_arguments,
     at_least_two_frames,
+    check_batch_size,
     check_models_resumable,
     derived_seed,
     environment,
@@ -297,12 +298,9 @@ def _check_arguments(args: argparse.Namespace) -> int:
             f"{max(0, num_train - args.window + 1)} windows; use a smaller --window or more "
             "--frames"
         )
-    if args.batch_size > num_train - 1:
-        raise ConfigurationError(
-            f"--batch-size {args.batch_size} is larger than the {num_train - 1} pairs of "
-            f"consecutive training frames; use --batch-size {max(2, num_train - 1)} or less, "
-            "or more --frames"
-        )
+    check_batch_size(args.batch_size, num_train - 1, "pairs",
+                     what=f"of consecutive frames among the {num_train} training frames of "
+                     f"--frames {args.frames}")
     if args.ball_diameter >= args.image_size / 2:
         raise ConfigurationError(
             f"--ball-diameter {args.ball_diameter} is too large for --image-size "
@@ -570,7 +568,7 @@ def _train_prior(name: str, args: argparse.Namespace, frames, centres, num_train
     arguments = model_arguments(name, args, frames.shape[1])
     model = model_from_arguments(arguments).to(frames.device)
     if distributed.is_main_process():  # what rpm.load rebuilds the model from
-        write_model_record(out, "bouncing-balls", arguments)
+        write_model_record(out, "bouncing-balls", arguments, frames.shape[1:])
     sequence = _is_state_space(model)
     rp_gssm = sequence and getattr(args, "state_space_objective", "rpm") == "rp-gssm"
     # the network of the 6 position numbers (of the state-space prior's Gaussian encoder: the means)

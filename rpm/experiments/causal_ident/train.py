@@ -174,7 +174,7 @@ def train_row(name: str, spec: ViewSpec, published: tuple, args: argparse.Namesp
     seed_everything(args.seed)  # the same encoder initialisation in every row
     arguments = model_arguments(args)
     model = model_from_arguments(arguments).to(device)
-    write_model_record(out, "causal-ident", arguments)
+    write_model_record(out, "causal-ident", arguments, (3, args.size, args.size))
     z_eval, x_eval = held_out["eval"]
     z_test, x_test = held_out["test"]
     untrained = factor_scores(z_test, _representation(model, x_test, device), nonlinear=False)

@@ -76,7 +76,7 @@ def train_row(name: str, args: argparse.Namespace, process: ContentStyleProcess,
                  "depth": args.depth, "prior": args.prior, "lengthscale": args.lengthscale,
                  "noise_scale": args.noise_scale}
     model = model_from_arguments(arguments).to(process.device)
-    write_model_record(out, "content-style", arguments)  # what rpm.load rebuilds it from
+    write_model_record(out, "content-style", arguments, (dim,))  # what rpm.load rebuilds it from
     z_eval, x_eval = held_out["eval"]
     z_test, x_test = held_out["test"]
     untrained = block_scores(z_test, _representation(model, x_test), process.content_dim,

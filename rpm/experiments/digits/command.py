@@ -81,6 +81,7 @@ from rpm.experiments.common import (
     Run,
     add_common_arguments,
     add_training_arguments,
+    check_batch_size,
     environment,
     open_run,
     positive_float,
@@ -90,9 +91,13 @@ from rpm.experiments.common import (
     torch_threads,
     write_json_atomic,
 )
-from rpm.experiments.data_file import add_data_file_argument
+from rpm.experiments.data_file import add_data_file_argument, check_data_file
 
-__all__ = ["FLOORS", "METHODS", "add_parser", "run"]
+__all__ = ["ARRAYS", "FLOORS", "METHODS", "add_parser", "run"]
+
+#: The arrays of ``rpm digits --data``: required, then optional (checked before torch is
+#: imported: :func:`~rpm.experiments.data_file.check_data_file`).
+ARRAYS = (("images",), ("labels", "held_out"))
 
 # Written out so that the parser is built without importing torch; a test checks them against
 # rpm.experiments.digits.model.METHODS.
@@ -178,9 +183,9 @@ def _validate(args: argparse.Namespace) -> None:
             load_data(args.data, args.batch_size, args.methods)
         except ValueError as err:
             raise ConfigurationError(f"--data {args.data}: {err}") from None
-    elif args.batch_size > 1347:
-        raise ConfigurationError(f"--batch-size {args.batch_size} is more than the 1347 training "
-                                 "images: use at most 1347 (default 256)")
+    else:
+        check_batch_size(args.batch_size, 1347, "images",
+                         what="the training part of the fixed split of the 1797 digits")
     if "temperature" in getattr(args, GIVEN_FLAGS, ()) and not set(args.methods) & set(_COSINE):
         raise ConfigurationError(f"--temperature is the cosine energy's, but the methods are "
                                  f"{', '.join(args.methods)}: drop --temperature")
@@ -190,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
     """Runs the experiment described in the module docstring; returns the exit status 0."""
     import contextlib
 
+    check_data_file(args, ARRAYS[0])  # before torch: a wrong file is refused at once
     from rpm import distributed
 
     with torch_threads(args.threads):

@@ -23,13 +23,12 @@ import torch
 from rpm.data.digits import Digits, DigitsSplit
 from rpm.experiments.common import resolve_device, torch_threads
 from rpm.experiments.data_file import command_options, float_array, held_out_mask, read_arrays
+from rpm.experiments.digits.command import ARRAYS
 from rpm.experiments.digits.train import train_method
 from rpm.experiments.lds.fitting import run_folder
 
 __all__ = ["ARRAYS", "DigitsFit", "check_arrays", "check_methods", "fit", "load_data"]
 
-#: The arrays of ``rpm digits --data``: required, then optional.
-ARRAYS = (("images",), ("labels", "held_out"))
 #: The share of the images held out by the default split.
 TEST_FRACTION = 0.25
 #: Training images every class needs (the largest label count of the curve).

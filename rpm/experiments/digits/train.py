@@ -231,7 +231,7 @@ def train_method(name: str, args: argparse.Namespace, data, device, out: Path,
     module, encoder = method_from_arguments(arguments)
     module = module.to(device)
     if distributed.is_main_process():  # what rpm.load rebuilds the module from
-        write_model_record(out, "digits", arguments)
+        write_model_record(out, "digits", arguments, images.shape[1:])
     transform = method_views(name)
     labelled = data.train.labels is not None
     if labelled:

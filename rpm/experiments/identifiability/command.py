@@ -88,10 +88,14 @@ from rpm.experiments.common import (
     torch_threads,
     write_json_atomic,
 )
-from rpm.experiments.data_file import add_data_file_argument
+from rpm.experiments.data_file import add_data_file_argument, check_data_file
 
-__all__ = ["CONDITIONALS", "ENCODER_SPACES", "ENERGIES", "MARGINALS", "SPACES", "add_parser",
-           "run"]
+__all__ = ["ARRAYS", "CONDITIONALS", "ENCODER_SPACES", "ENERGIES", "MARGINALS", "SPACES",
+           "add_parser", "run"]
+
+#: The arrays of ``rpm identifiability --data``: required, then optional (checked before torch is
+#: imported: :func:`~rpm.experiments.data_file.check_data_file`).
+ARRAYS = (("views",), ("latents", "held_out"))
 
 # The choices of the flags, written out so that the parser is built without importing torch
 # (``python -m rpm --help`` stays fast); tests check them against the library's own tuples
@@ -268,6 +272,7 @@ def _warnings(runs: dict) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the experiment described in the module docstring; returns the exit status 0."""
+    check_data_file(args, ARRAYS[0])  # before torch: a wrong file is refused at once
     with torch_threads(args.threads):
         return _run(args)
 

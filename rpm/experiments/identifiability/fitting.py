@@ -22,6 +22,7 @@ import torch
 
 from rpm.experiments.common import GIVEN_FLAGS, resolve_device, torch_threads
 from rpm.experiments.data_file import command_options, float_array, held_out_split, read_arrays
+from rpm.experiments.identifiability.command import ARRAYS
 from rpm.experiments.identifiability.data import ArrayPairStream
 from rpm.experiments.identifiability.train import train_energy
 from rpm.experiments.lds.fitting import run_folder
@@ -29,8 +30,6 @@ from rpm.experiments.lds.fitting import run_folder
 __all__ = ["ARRAYS", "GENERATION_FLAGS", "IdentifiabilityFit", "PairData", "check_arrays", "fit",
            "load_data", "train_and_score"]
 
-#: The arrays of ``rpm identifiability --data``: required, then optional.
-ARRAYS = (("views",), ("latents", "held_out"))
 #: The flags of the generated pairs, which ``--data`` replaces.
 GENERATION_FLAGS = ("space", "marginal", "marginal_param", "conditional", "conditional_param",
                     "gennorm_beta", "concentrations", "eval_samples")

@@ -129,7 +129,7 @@ def train_energy(name: str, args: argparse.Namespace, stream: Callable, held_out
     model = model_from_arguments(arguments, compile=args.compile).to(device)
     energy = model.prior.energy
     if distributed.is_main_process():  # what rpm.load rebuilds the model from
-        write_model_record(out, "identifiability", arguments)
+        write_model_record(out, "identifiability", arguments, (arguments["in_dim"],))
     if held_out is not None:
         z_eval, x_eval = held_out["eval"]
         z_test, x_test = held_out["test"]

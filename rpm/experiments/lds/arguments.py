@@ -6,9 +6,15 @@ from __future__ import annotations
 
 import argparse
 
-from rpm.experiments.common import add_training_arguments, at_least_two_frames, positive_float
+from rpm.experiments.common import (
+    add_training_arguments,
+    at_least_two_frames,
+    check_batch_size,
+    positive_float,
+)
 
-__all__ = ["add_state_space_model_arguments", "add_window_training_arguments"]
+__all__ = ["add_state_space_model_arguments", "add_window_training_arguments",
+           "check_window_batch_size"]
 
 
 def add_state_space_model_arguments(group, *, marginal: str = "pooled", prior: str = "free") -> None:
@@ -44,3 +50,20 @@ def add_window_training_arguments(parser: argparse.ArgumentParser, *, steps: int
                       "end only"})
     train.add_argument("--window", type=at_least_two_frames, default=window,
                        help=f"frames per window (default: {window})")
+
+
+def check_window_batch_size(batch_size: int, sequences: int, length: int, window: int) -> None:
+    """Refuse a ``--batch-size`` of windows below 2 or above the distinct training windows,
+    ``sequences * (length - window + 1)`` (every start of a window in every training sequence;
+    :func:`~rpm.experiments.common.check_batch_size`).
+
+    :param int batch_size: windows per step.
+    :param int sequences: training sequences.
+    :param int length: frames per sequence, >= ``window``.
+    :param int window: frames per window.
+    :raises ConfigurationError: one line.
+    """
+    starts = length - window + 1
+    check_batch_size(batch_size, sequences * starts, "windows",
+                     what=f"{sequences} training sequences x {starts} starts of a --window "
+                     f"{window} in {length} frames")

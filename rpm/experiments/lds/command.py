@@ -16,9 +16,9 @@ The model (:mod:`rpm.experiments.lds.model`): a Gaussian encoder :math:`Q(z_t|x_
 an affine encoder; :math:`\sigma` = ``--recognition-noise``), a learned linear-Gaussian
 state-space prior over the frames of a window (H = D, A started at 0.9 I) with the structured
 guide, and the marginals :math:`Q_t` estimated by the Gaussian with the mean and covariance of
-the batch's frames' recognition mixture (``--marginal gaussian``,
-``rpm.marginals._moment_matched.MomentMatchedMarginal``: exact in population for an affine
-encoder of these linear-Gaussian data; the pooled mixture of ``--marginal pooled`` caps the
+the batch's frames' recognition mixture (``--marginal gaussian``, ``rpm.RPM(...,
+marginal="gaussian")``, ``rpm.marginals.MomentMatchedMarginal``: exact in population for an
+affine encoder of these linear-Gaussian data; the pooled mixture of ``--marginal pooled`` caps the
 information it rewards at about log M nats a frame, and at latent 5 and 10 the encoder's means
 lose the state under it). Training
 (:mod:`rpm.experiments.lds.train`): ``--steps`` Adam steps on ``--batch-size`` windows of
@@ -67,13 +67,18 @@ from rpm.experiments.common import (
     torch_threads,
     write_json_atomic,
 )
-from rpm.experiments.data_file import add_data_file_argument
+from rpm.experiments.data_file import add_data_file_argument, check_data_file
 from rpm.experiments.lds.arguments import (
     add_state_space_model_arguments,
     add_window_training_arguments,
+    check_window_batch_size,
 )
 
-__all__ = ["SIZES", "add_parser", "run"]
+__all__ = ["ARRAYS", "SIZES", "add_parser", "run"]
+
+#: The arrays of ``rpm lds --data``: required, then optional (checked before torch is
+#: imported: :func:`~rpm.experiments.data_file.check_data_file`).
+ARRAYS = (("observations",), ("states", "held_out", "transition_matrix"))
 
 #: The choices of ``--size`` (the keys of :data:`rpm.data.lds.LDS_SIZES`, written out so that
 #: the parser does not import torch).
@@ -125,20 +130,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _validate(args: argparse.Namespace) -> None:
     if args.data is not None:
-        _check_data_flags(args)
-        return
-    if args.window > args.length:
-        raise ConfigurationError(f"--window {args.window} is longer than the sequences "
-                                 f"(--length {args.length}): use --window {args.length} or less")
-    if args.batch_size * args.window < 2:
-        raise ConfigurationError("a batch needs at least 2 frames for the marginals")
-    if args.sequences * args.length < 20:
-        raise ConfigurationError(f"--sequences {args.sequences} of --length {args.length} are "
-                                 "too few frames for the affine R^2 fit: use more sequences")
+        num_train, length = _check_data_flags(args)
+    else:
+        if args.window > args.length:
+            raise ConfigurationError(f"--window {args.window} is longer than the sequences "
+                                     f"(--length {args.length}): use --window {args.length} or "
+                                     "less")
+        if args.sequences * args.length < 20:
+            raise ConfigurationError(f"--sequences {args.sequences} of --length {args.length} "
+                                     "are too few frames for the affine R^2 fit: use more "
+                                     "sequences")
+        num_train, length = args.sequences, args.length
+    check_window_batch_size(args.batch_size, num_train, length, args.window)
 
 
-def _check_data_flags(args: argparse.Namespace) -> None:
-    """--data: no flag of the generated data, and the file's arrays pass their checks."""
+def _check_data_flags(args: argparse.Namespace) -> tuple[int, int]:
+    """--data: no flag of the generated data, and the file's arrays pass their checks; returns
+    the number of training sequences and their length."""
     from rpm.experiments.lds.fitting import GENERATION_FLAGS, load_data
 
     given = [flag for flag in GENERATION_FLAGS if flag in getattr(args, GIVEN_FLAGS, ())]
@@ -147,13 +155,15 @@ def _check_data_flags(args: argparse.Namespace) -> None:
             f"{', '.join('--' + flag.replace('_', '-') for flag in given)} describe(s) the "
             f"generated data, but --data {args.data} gives the sequences: drop it")
     try:
-        load_data(args.data, args.window)
+        data, _ = load_data(args.data, args.window)
     except ValueError as err:
         raise ConfigurationError(f"--data {args.data}: {err}") from None
+    return data.num_train, data.observations.shape[1]
 
 
 def run(args: argparse.Namespace) -> int:
     """Runs the experiment described in the module docstring; returns the exit status 0."""
+    check_data_file(args, ARRAYS[0])  # before torch: a wrong file is refused at once
     with torch_threads(args.threads), open_run(args, may_change=("eval_every",),
                                                may_grow=("steps",), validate=_validate) as run:
         return _train_and_report(args, run, resolve_device(args.device))

@@ -23,6 +23,7 @@ import torch
 import rpm
 from rpm.experiments.common import resolve_device, seed_everything, torch_threads
 from rpm.experiments.data_file import command_options, float_array, read_arrays
+from rpm.experiments.lds.command import ARRAYS
 from rpm.experiments.lds.evaluate import (
     Inference,
     eigenvalue_error,
@@ -38,8 +39,6 @@ from rpm.experiments.trained import write_model_record
 __all__ = ["ARRAYS", "GENERATION_FLAGS", "SequenceFit", "check_arrays", "fit", "load_data",
            "model_arguments", "train_and_score", "train_scored"]
 
-#: The arrays of ``rpm lds --data``: required, then optional.
-ARRAYS = (("observations",), ("states", "held_out", "transition_matrix"))
 #: The flags of the generated data, which ``--data`` replaces.
 GENERATION_FLAGS = ("size", "sequences", "test_sequences", "length")
 #: The default split holds out the last N // 3 sequences (100 of the generated 300).
@@ -143,7 +142,7 @@ def train_and_score(data: SequenceData, args, out: Path, device: torch.device,
     arguments = model_arguments(args, obs_dim=x.shape[-1], latent_dim=latent)
     seed_everything(args.seed)
     model = model_from_arguments(arguments).to(device)
-    write_model_record(out, "lds", arguments)  # what rpm.load rebuilds it from
+    write_model_record(out, "lds", arguments, x.shape[2:])  # what rpm.load rebuilds it from
 
     def scores() -> dict:
         return _scores(model, x, states, transition_matrix, num_train)

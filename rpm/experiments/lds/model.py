@@ -34,11 +34,10 @@ from torch import nn
 
 import rpm
 from rpm._validation import check_choice, check_int, check_positive, check_positive_int
-from rpm.marginals._moment_matched import MomentMatchedMarginal
 from rpm.priors import StateSpacePrior, StationaryStateSpacePrior
 
-__all__ = ["MARGINALS", "PRIORS", "GaussianMLPEncoder", "MomentMatchedSequenceRPM",
-           "build_sequence_model", "model_from_arguments"]
+__all__ = ["MARGINALS", "PRIORS", "GaussianMLPEncoder", "build_sequence_model",
+           "model_from_arguments"]
 
 #: The state-space priors of ``--prior``: the free chain (the default) and the stationary,
 #: scale-pinned one.
@@ -80,22 +79,6 @@ class GaussianMLPEncoder(nn.Module):
         return loc, self.log_scale.exp().expand_as(loc)
 
 
-class MomentMatchedSequenceRPM(rpm.RPM):
-    r"""A :class:`~rpm.RPM` whose marginals :math:`Q_t` are the moment-matched Gaussian
-    of the pooled minibatch mixture (``rpm.marginals._moment_matched.MomentMatchedMarginal``)
-    in the likelihood factor :math:`\sum_t [\log Q(z_t|x_t) - \log Q_t(z_t)]` (Eq. 10 per
-    view) and in :class:`~rpm.RPMELBO`; everything else is :class:`~rpm.RPM`'s.
-    Gaussian recognition only; no global batch or queue (the moments are this batch's)."""
-
-    def marginal(self, q, block_size: int | None = None, candidates=None) -> MomentMatchedMarginal:
-        r""":math:`\prod_t \mathcal{N}(z_t; m, S)` of the batch's recognition distributions
-        ``q`` (batch_shape (N, T), event_shape (D,)); ``block_size`` is not used."""
-        if candidates is not None and not candidates.is_local:
-            raise ValueError("the moment-matched marginal is estimated from this batch alone: "
-                             "train without global_batch and without a queue")
-        return MomentMatchedMarginal(q)
-
-
 def build_sequence_model(encoder: nn.Module, dim: int, state_dim: int | None = None,
                          decay: float = 0.9, marginal: str = "pooled",
                          prior: str = "free") -> rpm.RPM:
@@ -114,8 +97,10 @@ def build_sequence_model(encoder: nn.Module, dim: int, state_dim: int | None = N
         ``decay`` I; C, its offset and R learned), or ``"free"``:
         :class:`~rpm.priors.StateSpacePrior` with every parameter free.
     :param float decay: the start of A, in (0, 1).
-    :param str marginal: the estimate of the marginals :math:`Q_t`: ``"pooled"``,
-        ``"per-view"`` or ``"gaussian"`` (module docstring).
+    :param str marginal: the estimate of the marginals :math:`Q_t`: ``"pooled"`` (the mixture
+        over all frames), ``"per-view"`` (the mixture over each view's N frames) or
+        ``"gaussian"`` (the moment-matched Gaussian of all frames, ``rpm.RPM(...,
+        marginal="gaussian", pooled_marginal=True)``; module docstring).
     """
     check_positive_int("dim", dim)
     state_dim = dim if state_dim is None else check_positive_int("state_dim", state_dim)
@@ -132,11 +117,9 @@ def build_sequence_model(encoder: nn.Module, dim: int, state_dim: int | None = N
         with torch.no_grad():
             chain.transition_matrix.mul_(decay)
     recognition = rpm.GaussianRecognition(encoder)
-    if marginal == "gaussian":
-        return MomentMatchedSequenceRPM(recognition, chain, pooled_marginal=True,
-                                        guide="structured", encoder_calls="concat")
-    return rpm.RPM(recognition, chain, guide="structured", pooled_marginal=marginal == "pooled",
-                   encoder_calls="concat")
+    return rpm.RPM(recognition, chain, guide="structured", pooled_marginal=marginal != "per-view",
+                   encoder_calls="concat",
+                   marginal="gaussian" if marginal == "gaussian" else "mixture")
 
 
 def model_from_arguments(arguments: dict) -> rpm.RPM:

@@ -44,6 +44,7 @@ from rpm.experiments.common import (
     ConfigurationError,
     add_common_arguments,
     add_training_arguments,
+    check_batch_size,
     check_models_resumable,
     environment,
     nonnegative_int,
@@ -138,6 +139,11 @@ def _validate(args: argparse.Namespace) -> None:
     if args.test_videos * args.frames < 4 * args.objects + 2:
         raise ConfigurationError("the test set (--test-videos x --frames) is too small for the "
                                  "MCC; use more frames")
+    starts = args.frames - (args.window - 1) * args.delta_t  # of a window in each video
+    check_batch_size(args.batch_size, args.videos * starts, "windows" if args.window > 2 else "pairs",
+                     what=f"--videos {args.videos} x {starts} starts of a window of --window "
+                     f"{args.window} frames --delta-t {args.delta_t} apart in --frames "
+                     f"{args.frames}")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -46,7 +46,8 @@ def train_prior(name: str, args: argparse.Namespace, video: MaskVideo, test: Mas
                  "channels": args.channels, "hidden": args.hidden, "window": args.window}
     model = model_from_arguments(arguments).to(device)
     walk = model.prior.energy.walk
-    write_model_record(out, "masks", arguments)  # what rpm.load rebuilds it from
+    write_model_record(out, "masks", arguments,
+                       (1, args.image_size, args.image_size))  # what rpm.load rebuilds it from
     frames = video.frames.reshape(-1, 1, args.image_size, args.image_size).to(device)
     test_frames = test.frames.reshape(-1, 1, args.image_size, args.image_size).to(device).float()
     test_factors = test.factors.reshape(-1, test.dim).to(device)

@@ -78,13 +78,18 @@ from rpm.experiments.common import (
     torch_threads,
     write_json_atomic,
 )
-from rpm.experiments.data_file import add_data_file_argument
+from rpm.experiments.data_file import add_data_file_argument, check_data_file
 from rpm.experiments.lds.arguments import (
     add_state_space_model_arguments,
     add_window_training_arguments,
+    check_window_batch_size,
 )
 
-__all__ = ["add_parser", "check_model_flags", "run"]
+__all__ = ["ARRAYS", "add_parser", "check_model_flags", "run"]
+
+#: The arrays of ``rpm pendulum --data``: required, then optional (checked before torch is
+#: imported: :func:`~rpm.experiments.data_file.check_data_file`).
+ARRAYS = (("observations",), ("states", "held_out"))
 
 #: The name of the model's folder in the run folder.
 MODEL = "rpm"
@@ -183,9 +188,11 @@ def _validate(args: argparse.Namespace) -> None:
                 f"{', '.join('--' + flag.replace('_', '-') for flag in given)} describe(s) the "
                 f"generated videos, but --data {args.data} gives them: drop it")
         try:
-            load_data(args.data, args.window, args.latent_dim)
+            data = load_data(args.data, args.window, args.latent_dim)
         except ValueError as err:
             raise ConfigurationError(f"--data {args.data}: {err}") from None
+        check_window_batch_size(args.batch_size, data.num_train, data.observations.shape[1],
+                                args.window)
         return
     if args.window > args.length:
         raise ConfigurationError(f"--window {args.window} is longer than the videos (--length "
@@ -196,10 +203,12 @@ def _validate(args: argparse.Namespace) -> None:
     if args.sequences * args.length < args.latent_dim + 2:
         raise ConfigurationError("too few training frames for the affine R^2 fit: use more "
                                  "--sequences")
+    check_window_batch_size(args.batch_size, args.sequences, args.length, args.window)
 
 
 def run(args: argparse.Namespace) -> int:
     """Runs the experiment described in the module docstring; returns the exit status 0."""
+    check_data_file(args, ARRAYS[0])  # before torch: a wrong file is refused at once
     with torch_threads(args.threads), open_run(args, may_change=("eval_every", "eval_drop_frames"),
                                                may_grow=("steps",), validate=_validate) as run:
         return _train_and_report(args, run, resolve_device(args.device))

@@ -25,6 +25,7 @@ from rpm.experiments.data_file import command_options, read_arrays
 from rpm.experiments.lds.evaluate import heldout_r2, infer_states
 from rpm.experiments.lds.fitting import SequenceFit, run_folder, train_scored
 from rpm.experiments.lds.sequences import SequenceData, sequence_data
+from rpm.experiments.pendulum.command import ARRAYS
 from rpm.experiments.pendulum.missing_frames import evaluate_missing_frames
 from rpm.experiments.pendulum.model import model_from_arguments
 from rpm.experiments.pendulum.readout import knn_heldout_r2
@@ -33,8 +34,6 @@ from rpm.experiments.trained import write_model_record
 __all__ = ["ARRAYS", "GENERATION_FLAGS", "STATE_NAMES", "check_arrays", "fit", "load_data",
            "model_arguments", "train_and_score"]
 
-#: The arrays of ``rpm pendulum --data``: required, then optional.
-ARRAYS = (("observations",), ("states", "held_out"))
 #: The flags of the generated videos, which ``--data`` replaces.
 GENERATION_FLAGS = ("distractors", "sequences", "test_sequences", "length", "image_size", "noise")
 #: The default split holds out the last N // 5 videos (50 of the generated 250).
@@ -126,7 +125,7 @@ def train_and_score(data: SequenceData, args, out, device: torch.device,
                                 image_size=tuple(frames.shape[-2:]))
     seed_everything(args.seed)
     model = model_from_arguments(arguments).to(device)
-    write_model_record(out, "pendulum", arguments)  # what rpm.load rebuilds it from
+    write_model_record(out, "pendulum", arguments, frames.shape[2:])  # what rpm.load rebuilds it from
 
     def scores() -> dict:
         return _scores(model, frames, states, num_train, state_names)

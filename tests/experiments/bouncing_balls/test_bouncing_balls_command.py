@@ -118,7 +118,7 @@ def test_sgd_trains_the_encoder(tmp_path, capsys):
         (["--momentum", "1"], "argument --momentum: expected a momentum in [0, 1), got '1'"),
         (["--prior", "gaussian"], "argument --prior: invalid choice: 'gaussian'"),
         (["--test-frames", "48"], "--test-frames 48 leaves 0 of the --frames 48 for training"),
-        (["--batch-size", "40"], "--batch-size 40 is larger than the 31 pairs"),
+        (["--batch-size", "40"], "--batch-size 40 is more than the 31 distinct training pairs"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(tmp_path, capsys, argv, message):

@@ -25,7 +25,7 @@ def _run(tmp_path, *argv, name="run"):
 
 @pytest.mark.parametrize("argv, message", [
     (["--batch-size", "1"], "batch size >= 2"),
-    (["--batch-size", "2000"], "more than the 1347 training images"),
+    (["--batch-size", "2000"], "more than the 1347 distinct training images"),
     (["--methods", "simclr"], "expected distinct methods"),
     (["--methods", "rbf,rbf"], "expected distinct methods"),
     (["--methods", "rbf", "--temperature", "0.5"], "drop --temperature"),

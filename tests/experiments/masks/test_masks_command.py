@@ -97,7 +97,7 @@ def test_rpm_load_gives_each_prior_s_model_in_eval_mode(tmp_path):
         model = rpm.load(out, model=name)
         assert isinstance(model, rpm.RPM) and not model.training
         assert model.trained == {"command": "masks", "model": name, "step": 30,
-                                 "folder": str(out)}
+                                 "folder": str(out), "input_shape": (1, 16, 16)}
         weights = load_checkpoint(out / name / "checkpoint.pt")["module"]
         encoder = MaskEncoder(16, 4, 8, 32).eval()
         encoder.load_state_dict({key[len("recognition.net."):]: value for key, value
