@@ -150,8 +150,11 @@ class ScaleFloorWarning(UserWarning):
     standard deviations :math:`\sigma_d(x_n)` of the batch are within 10% of the floor
     :math:`\sigma_\text{min}` that the network cannot go below: the encoder has become
     deterministic up to the floor, and its scale carries no information. Under an implicit
-    prior this is the optimum, not a bug (``docs/theory.md#stochastic-encoders``): use
-    :class:`DeltaRecognition`, or an explicit prior if the scale should mean something.
+    prior this is the optimum of the ELBO, not a bug (``docs/theory.md#stochastic-encoders``):
+    use :class:`DeltaRecognition`, or, if the scale should mean something, an explicit prior
+    or the importance-weighted ELBO with an energy of fixed width
+    (``RPMELBO(num_particles=S, importance_weighted=True)``,
+    ``docs/theory.md#calibrated-posteriors``).
     Silence it with ``warnings.filterwarnings("ignore", category=rpm.models.ScaleFloorWarning)``.
     """
 
@@ -213,8 +216,10 @@ class GaussianRecognition(NamedModule):
         warnings.warn(
             f"GaussianRecognition: at least half of the learned scales are at their floor "
             f"min_scale={self.min_scale:g} (the encoder is deterministic up to the floor); under an "
-            "implicit prior that is the optimum (docs/theory.md#stochastic-encoders): use "
-            "DeltaRecognition, or an explicit prior for a scale that carries information",
+            "implicit prior that is the ELBO's optimum (docs/theory.md#stochastic-encoders): use "
+            "DeltaRecognition, or for a scale that carries information an explicit prior or "
+            "RPMELBO(num_particles=S, importance_weighted=True) with a fixed-width energy "
+            "(docs/theory.md#calibrated-posteriors)",
             ScaleFloorWarning, stacklevel=2)
 
     def forward(self, x: torch.Tensor) -> TorchDistribution:
