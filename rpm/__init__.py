@@ -22,6 +22,7 @@ _LAZY = {
     "RPM": "rpm.models",
     "RPMELBO": "rpm.inference",
     "ScaleFloorWarning": "rpm.models",
+    "VonMisesFisherRecognition": "rpm.models",
     "load": "rpm.experiments.trained",
 }
 _SUBPACKAGES = frozenset({"data", "distributed", "distributions", "evaluation", "experiments",
@@ -37,6 +38,7 @@ __all__ = [
     "RPM",
     "RPMELBO",
     "ScaleFloorWarning",
+    "VonMisesFisherRecognition",
     "load",
     "marginals",
     "priors",
@@ -70,4 +72,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs
         DiscreteRPM,
         GaussianRecognition,
         ScaleFloorWarning,
+        VonMisesFisherRecognition,
     )

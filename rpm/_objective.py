@@ -44,6 +44,7 @@ This module reads the priors and marginals only; :mod:`rpm.models` builds on it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import pyro
@@ -359,56 +360,86 @@ def _instance_terms(prior, terms: torch.Tensor, num: int) -> torch.Tensor:
 
 # -- the ELBO ----------------------------------------------------------------------------------------
 
-def elbo(inputs: ObjectiveInputs, num_particles: int = 1,
-         block_size: int | None = None) -> torch.Tensor:
-    r"""The ELBO summed over the batch, averaged over ``num_particles`` reparameterised samples.
+def elbo(inputs: ObjectiveInputs, num_particles: int = 1, block_size: int | None = None,
+         importance_weighted: bool = False) -> torch.Tensor:
+    r"""The ELBO summed over the batch, from ``num_particles`` reparameterised samples.
+
+    With :math:`r^s_i = \log P(z^s_{i,1:J}) - \sum_j \log Q_j(z^s_{i,j})
+    + \sum_j \log Q(z^s_{i,j}|x_{i,j}) - \log Q(z^s_{i,1:J}|x_{i,1:J})` the log weight of
+    instance i in particle s (the last two terms cancelling for the recognition guide, Eq.
+    14-15, and kept for a structured one), the particles are averaged outside the logarithm,
 
     .. math::
 
-        \mathcal{L} = \frac1S \sum_{s=1}^S \sum_i \Big[\log P(z^s_{i,1:J})
-            - \sum_j \log Q_j(z^s_{i,j})
-            + \sum_j \log Q(z^s_{i,j}|x_{i,j}) - \log Q(z^s_{i,1:J}|x_{i,1:J})\Big],
+        \mathcal{L} = \frac1S \sum_{s=1}^S \sum_i r^s_i,
 
-    the last two terms cancelling for the recognition guide (Eq. 14-15) and kept for a
-    structured one. The samples are drawn from ``inputs.guides`` in order, as the model's guide
-    draws them, so with the same random numbers this equals ``-Trace_ELBO`` on the model.
+    or, with ``importance_weighted``, inside it, per instance,
+
+    .. math::
+
+        \mathcal{L}_\text{IW} = \sum_i \log \frac1S \sum_{s=1}^S e^{r^s_i}
+
+    (the importance-weighted bound of Burda et al. (2016) of each instance; under the
+    implicit prior with a finite positive concentration, MC-InfoNCE of Kirchhof et al. (2023),
+    ``docs/theory.md#calibrated-posteriors``). Both are the ELBO for S = 1. Each particle is a
+    draw of the whole batch: the implicit prior's normaliser of particle s runs over that
+    particle's candidates :math:`z'^s_j`. The samples are drawn from ``inputs.guides`` in
+    order, as the model's guide draws them, so with the same random numbers
+    :math:`\mathcal{L}` equals ``-Trace_ELBO`` on the model.
 
     :param ObjectiveInputs inputs: a batch's inputs
         (:meth:`rpm.RPM.objective_inputs <rpm.models._rpm.RPM.objective_inputs>`).
     :param int num_particles: S.
     :param block_size: block edge for the O(N^2) kernels; None decides by size.
+    :param bool importance_weighted: average the particles' weights inside the logarithm.
     :return: a scalar tensor.
     """
     if num_particles != 1:
         check_positive_int("num_particles", num_particles)
-    sequence = (inputs.sequence if inputs.sequence is not None
-                else is_sequence_prior(inputs.prior))
+    if importance_weighted and num_particles > 1:
+        weights = torch.stack([_log_weights(inputs, block_size, per_instance=True)
+                               for _ in range(num_particles)])              # (S, N)
+        return (torch.logsumexp(weights, dim=0) - math.log(num_particles)).sum()
     total: torch.Tensor | None = None
     for _ in range(num_particles):
-        latents = tuple(_rsample(guide) for guide in inputs.guides)
-        if sequence:
-            (z,) = latents  # (N, J, D): the guide's site "z"
-            q, marginal = inputs.recognitions
-            terms = None
-            if inputs.structured:
-                if not isinstance(inputs.prior, SequencePrior):
-                    raise TypeError(f"a structured guide is the posterior of a prior over J views "
-                                    f"(rpm.priors.SequencePrior); got {type(inputs.prior).__name__}")
-                terms = inputs.prior.posterior_log_ratio(z, q, inputs.guides[0])
-            if terms is not None:  # log P + sum log Q(z|x) - log guide, in closed form
-                value = terms.sum() - marginal.log_prob(z).sum()
-            else:
-                value = prior_log_ratio(inputs.prior, z, inputs.recognitions, inputs.plate,
-                                        inputs.candidates, block_size, sequence=True)
-                if inputs.structured:
-                    value = value + (q.log_prob(z).sum(-1) - inputs.guides[0].log_prob(z)).sum()
-        else:  # (z, z2), each (N, D): the guide's sites "z" then "z2"
-            value = prior_log_ratio(inputs.prior, latents, inputs.recognitions, inputs.plate,
-                                    inputs.candidates, block_size, sequence=False,
-                                    marginals=inputs.marginals)
+        value = _log_weights(inputs, block_size, per_instance=False)
         total = value if total is None else total + value
     assert total is not None  # num_particles >= 1
     return total if num_particles == 1 else total / num_particles
+
+
+def _log_weights(inputs: ObjectiveInputs, block_size: int | None,
+                 per_instance: bool) -> torch.Tensor:
+    r"""One particle: latents drawn from the guides, and the log weights :math:`r_i` of
+    :func:`elbo`, summed over the batch, or shape (N,) with ``per_instance``."""
+    sequence = (inputs.sequence if inputs.sequence is not None
+                else is_sequence_prior(inputs.prior))
+    reduce = _identity if per_instance else torch.sum
+    latents = tuple(_rsample(guide) for guide in inputs.guides)
+    if not sequence:  # (z, z2), each (N, D): the guide's sites "z" then "z2"
+        return prior_log_ratio(inputs.prior, latents, inputs.recognitions, inputs.plate,
+                               inputs.candidates, block_size, sequence=False,
+                               per_instance=per_instance, marginals=inputs.marginals)
+    (z,) = latents  # (N, J, D): the guide's site "z"
+    q, marginal = inputs.recognitions
+    terms = None
+    if inputs.structured:
+        if not isinstance(inputs.prior, SequencePrior):
+            raise TypeError(f"a structured guide is the posterior of a prior over J views "
+                            f"(rpm.priors.SequencePrior); got {type(inputs.prior).__name__}")
+        terms = inputs.prior.posterior_log_ratio(z, q, inputs.guides[0])
+    if terms is not None:  # log P + sum log Q(z|x) - log guide, in closed form
+        return reduce(terms) - reduce(marginal.log_prob(z))
+    value = prior_log_ratio(inputs.prior, z, inputs.recognitions, inputs.plate,
+                            inputs.candidates, block_size, sequence=True,
+                            per_instance=per_instance)
+    if inputs.structured:
+        value = value + reduce(q.log_prob(z).sum(-1) - inputs.guides[0].log_prob(z))
+    return value
+
+
+def _identity(terms: torch.Tensor) -> torch.Tensor:
+    return terms
 
 
 def _rsample(guide: TorchDistribution) -> torch.Tensor:

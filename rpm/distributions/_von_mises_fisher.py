@@ -22,8 +22,9 @@ drawn
 
 * for :math:`D = 3` by inverting its CDF: :math:`\Omega = -\log(1 + U (e^{-2\kappa} - 1)) /
   \kappa`, :math:`U \sim \mathcal U(0, 1)`, differentiated by autograd;
-* otherwise by Wood's rejection sampler (in the cancellation-free form of
-  ``rpm.data.synthetic.vmf``): :math:`b = (D-1) / (2\kappa + \sqrt{4\kappa^2 + (D-1)^2})`,
+* otherwise by Wood's rejection sampler in its cancellation-free form (:func:`wood_envelope`,
+  :func:`wood_proposal`, :func:`wood_log_accept_bound`, which ``rpm.data.synthetic.vmf``'s
+  seeded data sampler shares): :math:`b = (D-1) / (2\kappa + \sqrt{4\kappa^2 + (D-1)^2})`,
   :math:`x_0 = (1-b)/(1+b)`, proposals :math:`\Omega = 2bG_1 / (bG_1 + G_2)` with
   :math:`G_{1,2} \sim \mathrm{Gamma}(\tfrac{D-1}2)`, accepted when
   :math:`\kappa(1 - x_0 - \Omega) + (D-1)[\log(1 + x_0\Omega/(1 - x_0)) - \log(1 + x_0)]
@@ -61,6 +62,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from pyro.distributions import TorchDistribution, constraints
 from torch.autograd.function import once_differentiable
@@ -253,24 +255,60 @@ def _reflect_e1_to(loc: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     return -sign * reflected
 
 
+def wood_envelope(kappa, dim: int):
+    r"""The constants of Wood's sampler for concentration :math:`\kappa` on :math:`S^{D-1}`:
+    :math:`b = (D-1) / (2\kappa + \sqrt{4\kappa^2 + (D-1)^2})`, :math:`x_0 = (1-b)/(1+b)` and
+    :math:`1 - x_0 = 2b/(1+b)` (without the cancellation of :math:`1 - x_0` at large
+    :math:`\kappa`). The one home of these formulas: :class:`VonMisesFisher` (a tensor of
+    concentrations) and ``rpm.data.synthetic.vmf`` (one Python float) both use it.
+
+    :param kappa: :math:`\kappa > 0`, a float or a tensor.
+    :param int dim: D.
+    :return: ``(b, x0, one_minus_x0)``, of the type of ``kappa``.
+    """
+    m = dim - 1
+    sqrt = torch.sqrt if isinstance(kappa, torch.Tensor) else math.sqrt
+    b = m / (2 * kappa + sqrt(4 * kappa**2 + m**2))
+    return b, (1 - b) / (1 + b), 2 * b / (1 + b)
+
+
+def wood_proposal(b, g1: torch.Tensor, g2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Wood's proposal :math:`(\Omega, 2 - \Omega)` from two :math:`\mathrm{Gamma}((D-1)/2)`
+    variates, :math:`\Omega = 2bG_1 / (bG_1 + G_2)`, :math:`2 - \Omega = 2G_2 / (bG_1 + G_2)`:
+    ratios of non-negative terms, so :math:`\Omega` never leaves :math:`[0, 2]`."""
+    scaled = b * g1
+    denominator = scaled + g2
+    return 2 * scaled / denominator, 2 * g2 / denominator
+
+
+def wood_log_accept_bound(omega, kappa, dim: int, x0, one_minus_x0):
+    r"""The acceptance threshold of Wood's sampler (a proposal is kept when
+    :math:`\log U` is at most this),
+    :math:`\kappa(1 - x_0 - \omega) + (D-1)[\log(1 + x_0\omega/(1 - x_0)) - \log(1 + x_0)]`.
+
+    :param omega: the proposals :math:`\Omega`, a tensor or a NumPy value.
+    :param kappa: :math:`\kappa`, with ``x0`` and ``one_minus_x0`` from :func:`wood_envelope`
+        (floats, or tensors broadcasting with ``omega``).
+    :param int dim: D.
+    """
+    log1p_proposal = torch.log1p if isinstance(omega, torch.Tensor) else np.log1p
+    log1p_constant = torch.log1p if isinstance(x0, torch.Tensor) else math.log1p
+    return (kappa * (one_minus_x0 - omega)
+            + (dim - 1) * (log1p_proposal(x0 * omega / one_minus_x0) - log1p_constant(x0)))
+
+
 def _wood_cosine(kappa: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Wood's rejection sampler for :math:`\Omega = 1 - \mu^\top x` (module docstring), one
     draw per entry of ``kappa`` (float64, no gradient). Returns :math:`(\Omega, 2 - \Omega)`,
     each of the shape of ``kappa``, both free of cancellation."""
-    m = dim - 1
-    b = m / (2 * kappa + torch.sqrt(4 * kappa**2 + m**2))
-    x0 = (1 - b) / (1 + b)
-    one_minus_x0 = 2 * b / (1 + b)
-    gamma = Gamma(torch.full_like(kappa, m / 2), torch.ones_like(kappa))
+    b, x0, one_minus_x0 = wood_envelope(kappa, dim)
+    gamma = Gamma(torch.full_like(kappa, (dim - 1) / 2), torch.ones_like(kappa))
     omega = torch.zeros_like(kappa)
     two_minus_omega = torch.zeros_like(kappa)
     done = torch.zeros_like(kappa, dtype=torch.bool)
     for _ in range(_MAX_ROUNDS):
-        g1, g2 = gamma.sample(), gamma.sample()
-        scaled = b * g1
-        proposal, proposal_complement = 2 * scaled / (scaled + g2), 2 * g2 / (scaled + g2)
-        bound = (kappa * (one_minus_x0 - proposal)
-                 + m * (torch.log1p(x0 * proposal / one_minus_x0) - torch.log1p(x0)))
+        proposal, proposal_complement = wood_proposal(b, gamma.sample(), gamma.sample())
+        bound = wood_log_accept_bound(proposal, kappa, dim, x0, one_minus_x0)
         accept = ~done & (torch.rand_like(kappa).log() <= bound)
         omega = torch.where(accept, proposal, omega)
         two_minus_omega = torch.where(accept, proposal_complement, two_minus_omega)

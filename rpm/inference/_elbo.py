@@ -194,7 +194,8 @@ def _evaluate(module: RPMBase, elbo: RPMELBO, args: tuple, kwargs: dict) -> torc
 def _objective(module: RPMBase, elbo: RPMELBO, args: tuple, kwargs: dict) -> torch.Tensor:
     inputs = module.objective_inputs(*args, global_batch=elbo.global_batch,
                                      block_size=elbo.block_size, **kwargs)
-    return objective_elbo(inputs, num_particles=elbo.num_particles, block_size=elbo.block_size)
+    return objective_elbo(inputs, num_particles=elbo.num_particles, block_size=elbo.block_size,
+                          importance_weighted=elbo.importance_weighted)
 
 
 class RPMELBO(ELBO):
@@ -231,7 +232,21 @@ class RPMELBO(ELBO):
     with each encoder evaluated twice. Handlers of named sites (``condition``, ``replay``,
     ``do``) act on a program they wrap, not on a call they are active around.
 
-    :param int num_particles: number of samples per step (averaged).
+    :param int num_particles: S, the number of samples of the batch's latents per step;
+        their ELBOs are averaged (Pyro's ``num_particles``), or, with ``importance_weighted``,
+        their weights are averaged inside the logarithm, per pair.
+    :param bool importance_weighted: the importance-weighted bound of each pair,
+        :math:`\sum_i \log \frac1S \sum_s e^{r^s_i}` with :math:`r^s_i = \log P(z^s_i,
+        z'^s_i) - \log Q(z^s_i) - \log Q(z'^s_i)` the log weight of pair i in particle s
+        (Burda et al. 2016; ``rpm._objective.elbo``), in place of
+        :math:`\frac1S \sum_s \sum_i r^s_i`. Under the implicit prior with a finite
+        positive concentration (e.g. ``ImplicitPrior(CosineEnergy(kappa, learn_kappa=True))``)
+        and a :class:`~rpm.VonMisesFisherRecognition`, this is MC-InfoNCE (Kirchhof et al.
+        2023), whose optimum keeps the posterior's width where the averaged ELBO drives it to
+        zero (``docs/theory.md#calibrated-posteriors``). It is evaluated for the bound model
+        and guide of one model only (Pyro's ``RenyiELBO(alpha=0)`` weights whole traces, i.e.
+        the whole batch at once, not each pair). The same as the plain ELBO for S = 1 or
+        deterministic encoders.
     :param bool global_batch: under ``torch.distributed``, use every rank's batch: the
         mixture marginals and the implicit prior's negatives are gathered from all ranks
         (:func:`~rpm.distributed.all_gather_with_grad`) while each rank keeps its own pairs.
@@ -244,13 +259,15 @@ class RPMELBO(ELBO):
     """
 
     def __init__(self, num_particles: int = 1, global_batch: bool = False,
-                 block_size: int | None = None):
+                 block_size: int | None = None, importance_weighted: bool = False):
         num_particles = check_positive_int("num_particles", num_particles)
         global_batch = check_bool("global_batch", global_batch)
+        importance_weighted = check_bool("importance_weighted", importance_weighted)
         block_size = check_positive_int_or_none("block_size", block_size)
         super().__init__(num_particles=num_particles)
         self.global_batch = global_batch
         self.block_size = block_size
+        self.importance_weighted = importance_weighted
 
     def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
         """The negative ELBO as a differentiable scalar tensor; ``args`` are the model's data
@@ -270,6 +287,12 @@ class RPMELBO(ELBO):
                 "RPMELBO(global_batch=True) evaluates the bound model and guide of an rpm.RPM "
                 "without Pyro handlers around them (other than poutine.scale by one number); "
                 f"got model={model!r}, guide={guide!r}: call it with model.model, model.guide")
+        if self.importance_weighted and self.num_particles > 1:
+            raise NotImplementedError(
+                "RPMELBO(importance_weighted=True) weights each pair of the bound model and guide "
+                "of an rpm.RPM, called without Pyro handlers around them (other than "
+                f"poutine.scale by one number); got model={model!r}, guide={guide!r}: call it "
+                "with model.model, model.guide")
         elbo = Trace_ELBO(num_particles=self.num_particles, vectorize_particles=False)
         return elbo.differentiable_loss(model, guide, *args, **kwargs)
 

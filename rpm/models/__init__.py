@@ -1,6 +1,6 @@
-"""Models: recognition models Q(z|x), the RPM itself, the RPM with a discrete latent
-(:class:`DiscreteRPM`), and the contract through which :class:`~rpm.RPMELBO` evaluates a model
-(:class:`RPMBase`, :class:`ObjectiveInputs`)."""
+"""Models: recognition models Q(z|x) (Gaussian, Delta, von Mises-Fisher, categorical), the RPM
+itself, the RPM with a discrete latent (:class:`DiscreteRPM`), and the contract through which
+:class:`~rpm.RPMELBO` evaluates a model (:class:`RPMBase`, :class:`ObjectiveInputs`)."""
 
 from rpm._objective import ObjectiveInputs
 from rpm.models._base import RPMBase
@@ -10,6 +10,7 @@ from rpm.models._recognition import (
     DeltaRecognition,
     GaussianRecognition,
     ScaleFloorWarning,
+    VonMisesFisherRecognition,
 )
 from rpm.models._rpm import RPM
 
@@ -22,4 +23,5 @@ __all__ = [
     "RPM",
     "RPMBase",
     "ScaleFloorWarning",
+    "VonMisesFisherRecognition",
 ]

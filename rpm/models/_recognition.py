@@ -8,6 +8,10 @@ batch_shape (N,) and event_shape (D,):
 * :class:`DeltaRecognition`: :math:`Q(z|x) = \delta(z - \mu(x))`, the usual deterministic SSL
   encoder; with ``noise_scale`` :math:`\epsilon > 0` it is :math:`\mathcal{N}(\mu(x), \epsilon^2 I)`,
   the smoothing that makes Q(z) absolutely continuous (Appendix B of Aitchison & Ganev).
+* :class:`VonMisesFisherRecognition`: :math:`Q(z|x) = \mathrm{vMF}(\mu(x), \kappa(x))` on the
+  unit sphere :math:`S^{D-1}`, reparameterised, the probabilistic encoder of Kirchhof, Kasneci
+  & Oh (2023), whose concentration is the encoder's certainty
+  (``docs/theory.md#calibrated-posteriors``).
 
 :class:`CategoricalRecognition` is the discrete factor of Walker et al. (2023),
 :math:`f(Z|x) = \operatorname{softmax}(g(x))_Z` over K classes: batch_shape (N,), event_shape
@@ -41,11 +45,14 @@ from pyro.poutine.runtime import am_i_wrapped
 
 from rpm._pyro_compat import pyro_name
 from rpm._validation import check_int
+from rpm.distributions import VonMisesFisher
 from rpm.models._checked_batches import checks_skipped
 from rpm.nn import NamedModule, _registration_scope
 from rpm.ops._finite import all_finite
+from rpm.priors._energies import unit_vectors
 
-__all__ = ["CategoricalRecognition", "DeltaRecognition", "GaussianRecognition", "ScaleFloorWarning"]
+__all__ = ["CategoricalRecognition", "DeltaRecognition", "GaussianRecognition", "ScaleFloorWarning",
+           "VonMisesFisherRecognition"]
 
 
 def _network(module: NamedModule) -> torch.nn.Module:
@@ -143,8 +150,11 @@ class ScaleFloorWarning(UserWarning):
     standard deviations :math:`\sigma_d(x_n)` of the batch are within 10% of the floor
     :math:`\sigma_\text{min}` that the network cannot go below: the encoder has become
     deterministic up to the floor, and its scale carries no information. Under an implicit
-    prior this is the optimum, not a bug (``docs/theory.md#stochastic-encoders``): use
-    :class:`DeltaRecognition`, or an explicit prior if the scale should mean something.
+    prior this is the optimum of the ELBO, not a bug (``docs/theory.md#stochastic-encoders``):
+    use :class:`DeltaRecognition`, or, if the scale should mean something, an explicit prior
+    or the importance-weighted ELBO with an energy of fixed width
+    (``RPMELBO(num_particles=S, importance_weighted=True)``,
+    ``docs/theory.md#calibrated-posteriors``).
     Silence it with ``warnings.filterwarnings("ignore", category=rpm.models.ScaleFloorWarning)``.
     """
 
@@ -206,8 +216,10 @@ class GaussianRecognition(NamedModule):
         warnings.warn(
             f"GaussianRecognition: at least half of the learned scales are at their floor "
             f"min_scale={self.min_scale:g} (the encoder is deterministic up to the floor); under an "
-            "implicit prior that is the optimum (docs/theory.md#stochastic-encoders): use "
-            "DeltaRecognition, or an explicit prior for a scale that carries information",
+            "implicit prior that is the ELBO's optimum (docs/theory.md#stochastic-encoders): use "
+            "DeltaRecognition, or for a scale that carries information an explicit prior or "
+            "RPMELBO(num_particles=S, importance_weighted=True) with a fixed-width energy "
+            "(docs/theory.md#calibrated-posteriors)",
             ScaleFloorWarning, stacklevel=2)
 
     def forward(self, x: torch.Tensor) -> TorchDistribution:
@@ -294,6 +306,125 @@ class DeltaRecognition(NamedModule):
             return Delta(loc, log_density=self._zero_log_density(loc), event_dim=1,
                          validate_args=False)
         return Normal(loc, torch.full_like(loc, self.noise_scale)).to_event(1)
+
+
+class VonMisesFisherRecognition(NamedModule):
+    r"""Von Mises-Fisher recognition :math:`Q(z|x) = \mathrm{vMF}(\mu(x), \kappa(x))` on the unit
+    sphere :math:`S^{D-1} \subset \mathbb R^D`, :math:`D \ge 2`
+    (:class:`~rpm.distributions.VonMisesFisher`, reparameterised in both parameters).
+
+    The network returns a pair ``(direction, concentration)``:
+
+    * ``direction`` (N, D), any nonzero vectors: the mean direction is
+      :math:`\mu(x) = d(x) / \lVert d(x) \rVert` (the normalisation of the cosine energy);
+    * ``concentration`` (N,) or (N, 1): with ``concentration="softplus"`` (the default) an
+      unconstrained number :math:`c(x)`, mapped to
+      :math:`\kappa(x) = \operatorname{softplus}(c(x)) + \kappa_\text{min}`, so that every
+      finite output is a valid concentration of at least ``min_concentration``; with
+      ``concentration="raw"`` the concentration :math:`\kappa(x) > 0` itself (the network
+      keeps it positive).
+
+    :math:`\kappa(x)` is the encoder's certainty about x: the vMF's mean resultant length is
+    :math:`A_D(\kappa) = E[\mu^\top z]`, near 0 for :math:`\kappa \ll D` (z nearly uniform on
+    the sphere, an ambiguous input) and :math:`1 - (D-1)/(2\kappa) + O(\kappa^{-2})` for large
+    :math:`\kappa`. Trained by MC-InfoNCE (the implicit prior with a finite positive
+    concentration, the particles averaged inside the logarithm:
+    ``RPMELBO(num_particles=S, importance_weighted=True)``) it learns the posterior's width
+    (``docs/theory.md#calibrated-posteriors``); under the plain ELBO of an implicit prior
+    :math:`\kappa` grows without bound instead (``docs/theory.md#stochastic-encoders``).
+
+    The distribution's ``mean`` is :math:`A_D(\kappa)\, \mu` (inside the ball, so
+    :meth:`rpm.RPM.encode <rpm.models._rpm.RPM.encode>` returns the directions shortened by the
+    certainty); ``mode`` and ``loc`` are :math:`\mu`, ``concentration`` is :math:`\kappa`.
+
+    :param torch.nn.Module net: maps a batch x (N, ...) to ``(direction, concentration)``.
+    :param str concentration: ``"softplus"`` or ``"raw"`` (above).
+    :param min_concentration: :math:`\kappa_\text{min} > 0`, the smallest concentration of the
+        softplus map; None: 0.01 (nearly uniform on the sphere: in D = 3 the mean resultant
+        length of :math:`\kappa = 0.01` is 0.0033). Only for ``"softplus"``.
+    :param validate: check the shapes (N, D) with D >= 2 and (N,) or (N, 1), finiteness, nonzero
+        directions and, for ``"raw"``, positivity on every call; ``None`` follows
+        :func:`pyro.enable_validation` (``rpm.models._checked_batches``).
+
+    References:
+        M. Kirchhof, E. Kasneci and S. J. Oh, "Probabilistic contrastive learning recovers the
+        correct aleatoric uncertainty of ambiguous inputs", ICML 2023.
+    """
+
+    #: The maps from the network's concentration output to :math:`\kappa`.
+    CONCENTRATIONS = ("softplus", "raw")
+
+    #: :math:`\kappa_\text{min}` of the softplus map when none is given.
+    DEFAULT_MIN_CONCENTRATION = 1e-2
+
+    def __init__(self, net: torch.nn.Module, concentration: str = "softplus",
+                 min_concentration: float | None = None, validate: bool | None = None):
+        super().__init__()
+        if concentration not in self.CONCENTRATIONS:
+            raise ValueError(f"concentration must be one of {self.CONCENTRATIONS} (how the "
+                             f"network's second output becomes kappa), got {concentration!r}")
+        if concentration == "raw" and min_concentration is not None:
+            raise ValueError("min_concentration is the floor of the softplus map; with "
+                             "concentration='raw' the network's kappa is used as it is: leave "
+                             "min_concentration=None")
+        if min_concentration is None:
+            min_concentration = self.DEFAULT_MIN_CONCENTRATION
+        if isinstance(min_concentration, bool) or not isinstance(min_concentration, (int, float)) \
+                or not 0.0 < float(min_concentration) < float("inf"):
+            raise ValueError(f"min_concentration must be a finite number > 0 (the smallest kappa "
+                             f"of softplus(c) + min_concentration, e.g. 1e-2), got "
+                             f"{min_concentration!r}")
+        self.net = _check_network(net)
+        self.concentration = concentration
+        self.min_concentration = float(min_concentration)
+        self.validate = validate
+
+    def forward(self, x: torch.Tensor) -> VonMisesFisher:
+        """Returns ``VonMisesFisher(mu, kappa)`` with batch_shape (N,), event_shape (D,)."""
+        output = _network(self)(x)
+        if not (isinstance(output, (tuple, list)) and len(output) == 2):
+            raise ValueError(
+                "VonMisesFisherRecognition expects the network to return a pair (direction, "
+                f"concentration) of shapes (N, D) and (N,) or (N, 1); got {type(output).__name__}"
+            )
+        direction, raw = output
+        validating = _validating(self.validate)
+        if validating:
+            self._check_outputs(direction, raw, x.shape[0])
+        if raw.dim() == 2:  # (N, 1), e.g. the output of a Linear(., 1)
+            raw = raw.squeeze(-1)
+        if self.concentration == "softplus":
+            kappa = torch.nn.functional.softplus(raw) + self.min_concentration
+        else:
+            kappa = raw
+        return VonMisesFisher(unit_vectors(direction), kappa, validate_args=False)
+
+    def _check_outputs(self, direction, raw, batch_size: int) -> None:
+        """The checks of ``validate`` (class docstring), each with a one-line error."""
+        _check_batch("direction", direction, batch_size)
+        if direction.shape[1] < 2:
+            raise ValueError(
+                f"VonMisesFisherRecognition needs latents of dimension D >= 2 (a sphere "
+                f"S^(D-1)), got direction of shape {tuple(direction.shape)}; for an angle use "
+                "D = 2 (a point on the circle)")
+        if not isinstance(raw, torch.Tensor) or raw.shape not in ((batch_size,), (batch_size, 1)):
+            got = tuple(raw.shape) if isinstance(raw, torch.Tensor) else type(raw).__name__
+            raise ValueError(
+                f"the recognition network must return a concentration of shape ({batch_size},) "
+                f"or ({batch_size}, 1), one per observation, got {got}")
+        _check_finite("direction", direction)
+        _check_finite("concentration", raw)
+        if not bool((direction != 0).any(-1).all()):
+            row = int((direction == 0).all(-1).nonzero()[0, 0])
+            raise ValueError(
+                f"the recognition network returned a zero direction (row {row}), which has no "
+                "mean direction on the sphere; keep the directions away from 0 (e.g. add a "
+                "small constant vector)")
+        if self.concentration == "raw" and not bool((raw > 0).all()):
+            bad = raw[~(raw > 0)].flatten()[0].item()
+            raise ValueError(
+                f"concentration='raw' needs the network's kappa > 0, got {bad:g}; map it "
+                "through softplus (concentration='softplus', the default) or exp")
 
 
 class CategoricalRecognition(NamedModule):

@@ -41,6 +41,18 @@ in float32. The tangent direction is orthogonalised against :math:`\mu` twice (c
 Gram-Schmidt with re-orthogonalisation), so :math:`\|x\| = 1` to a few ulps even when the
 Gaussian draw is nearly parallel to :math:`\mu`.
 
+**One algorithm, two samplers.** The constants, the proposal and the acceptance threshold above
+are those of :class:`rpm.distributions.VonMisesFisher` (``wood_envelope``, ``wood_proposal``,
+``wood_log_accept_bound`` in ``rpm.distributions._von_mises_fisher``, their one home). The
+sampler is kept apart from the distribution's ``rsample`` because a data set needs what a
+reparameterised recognition sample does not: every draw from an explicit
+``torch.Generator`` (the data sets are reproducible from their seed, whatever else drew from the
+global generator), one concentration fixed per sampler with its exact acceptance probability
+computed once, so that each call draws enough proposals at once for one host synchronisation,
+and float32 draws. ``VonMisesFisher.rsample`` draws from the global generator, in float64, with
+a concentration per entry and one round of proposals at a time; drawing the data through it
+would change every seeded data set.
+
 References: A. T. A. Wood, "Simulation of the von Mises Fisher distribution", Communications in
 Statistics - Simulation and Computation 23(1), 1994.
 """
@@ -56,6 +68,11 @@ from scipy import integrate, special
 from rpm._validation import check_int, check_positive
 from rpm.data.synthetic.rejection import first_accepted, oversampling_factor
 from rpm.data.synthetic.spaces import project_to_sphere
+from rpm.distributions._von_mises_fisher import (
+    wood_envelope,
+    wood_log_accept_bound,
+    wood_proposal,
+)
 
 __all__ = ["VonMisesFisherSampler", "sample_vmf"]
 
@@ -79,19 +96,13 @@ class VonMisesFisherSampler:
             raise ValueError(f"vMF needs an ambient dimension dim >= 2, got {dim}")
         self.kappa = float(kappa)
         self.dim = dim
-        m = dim - 1
-        self._b = m / (2.0 * kappa + math.sqrt(4.0 * kappa**2 + m**2))
-        self._x0 = (1.0 - self._b) / (1.0 + self._b)
-        self._one_minus_x0 = 2.0 * self._b / (1.0 + self._b)
+        self._b, self._x0, self._one_minus_x0 = wood_envelope(self.kappa, dim)
         self.acceptance = self._acceptance_probability()
         self.oversample = oversampling_factor(self.acceptance)
 
     def _log_accept_bound(self, omega: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
         """The acceptance threshold t(omega) of the module docstring (torch or numpy)."""
-        lib = torch if isinstance(omega, torch.Tensor) else np
-        m = self.dim - 1
-        return (self.kappa * (self._one_minus_x0 - omega)
-                + m * (lib.log1p(self._x0 * omega / self._one_minus_x0) - math.log1p(self._x0)))
+        return wood_log_accept_bound(omega, self.kappa, self.dim, self._x0, self._one_minus_x0)
 
     def _omega(self, z: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
         """omega = 1 - W as a function of the Beta proposal Z (float64 quadrature and tests)."""
@@ -100,9 +111,7 @@ class VonMisesFisherSampler:
     def _omega_pair(self, g1: torch.Tensor, g2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(omega, 2 - omega) from the two Gamma variates of Z = g1 / (g1 + g2), free of
         cancellation (module docstring)."""
-        bg1 = self._b * g1
-        denom = bg1 + g2
-        return 2.0 * bg1 / denom, 2.0 * g2 / denom
+        return wood_proposal(self._b, g1, g2)
 
     def _acceptance_probability(self) -> float:
         half = (self.dim - 1) / 2.0
