@@ -196,7 +196,7 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
     seed_everything(args.seed)
     arguments = {"states": args.states, "hidden": args.hidden}
     model = model_from_arguments(arguments).to(device)
-    write_model_record(out / MODEL, "rpm-hmm", arguments)
+    write_model_record(out / MODEL, "rpm-hmm", arguments, train_images.shape[1:])
     with torch.no_grad():
         untrained = _scores(model, test_chain, test_images, true)
     elbo = Trace_ELBO()
