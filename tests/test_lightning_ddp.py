@@ -113,3 +113,23 @@ def test_lightning_ddp_on_two_processes_steps_as_one_process_on_the_global_batch
     # nothing but the two state dicts in the temporary folder: no logs, no checkpoints
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == [
         "out", "out/gaussian.pt", "out/nt-xent.pt"]
+
+
+def test_lightning_module_of_one_process_is_the_negative_elbo_per_pair_and_refuses_bad_arguments():
+    from pyro.infer import Trace_ELBO
+
+    from rpm.lightning import RPMLightningModule
+
+    example = _example()
+    x, x2 = example.make_data(16, 0, torch.float64)
+    model = example.make_model("gaussian", 0, torch.float64)
+    module = RPMLightningModule(model)
+    expected = rpm.RPMELBO().differentiable_loss(model.model, model.guide, x, x2) / 16
+    torch.testing.assert_close(module.loss([x, x2]), expected, rtol=0, atol=1e-12)
+    assert isinstance(module.configure_optimizers(), torch.optim.Adam)
+    with pytest.raises(TypeError, match="model must be an rpm.RPM"):
+        RPMLightningModule(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="elbo must be an rpm.RPMELBO"):
+        RPMLightningModule(model, elbo=Trace_ELBO())
+    with pytest.raises(TypeError, match="optimiser must be a function of the parameters"):
+        RPMLightningModule(model, optimiser=0.1)
