@@ -85,7 +85,7 @@ intersphinx_mapping = {
 #: Top-level names of the packages the reference does not document. In the offline build no
 #: reference to them is linked; in the full build only those without an inventory above.
 EXTERNAL = sorted({*sys.stdlib_module_names, "torch", "pyro", "numpy", "np", "scipy", "sklearn",
-                   "matplotlib", "kornia", "tqdm", "nbformat", "typing_extensions"})
+                   "matplotlib", "kornia", "tqdm", "nbformat", "typing_extensions", "lightning"})
 _WITHOUT_INVENTORY = sorted(set(EXTERNAL) - ({"torch", "pyro", "numpy", "np"}
                                              | set(sys.stdlib_module_names)) | {"np"})
 _BUILTINS = sorted(name for name in dir(builtins) if not name.startswith("_"))

@@ -26,8 +26,8 @@ _LAZY = {
     "load": "rpm.experiments.trained",
 }
 _SUBPACKAGES = frozenset({"data", "distributed", "distributions", "evaluation", "experiments",
-                          "inference", "losses", "marginals", "metrics", "mi", "models", "nn", "ops",
-                          "priors", "training"})
+                          "inference", "lightning", "losses", "marginals", "metrics", "mi", "models",
+                          "nn", "ops", "priors", "training"})
 
 __all__ = [
     "CategoricalRecognition",

@@ -57,7 +57,7 @@ from rpm._validation import check_bool, check_positive_int
 from rpm.marginals import MixtureMarginal
 from rpm.marginals._candidates import Candidates
 from rpm.marginals._mixture_marginal import delta_mixture_log_prob
-from rpm.marginals._moment_matched import MomentMatchedMarginal
+from rpm.marginals._moment_matched import GAUSSIAN_TAKES_NO_QUEUE, MomentMatchedMarginal
 from rpm.marginals._sequence_marginal import SequenceMixtureMarginal, stack_views
 from rpm.ops._gaussian_mixture import gaussian_mixture_log_prob
 from rpm.priors._base import (
@@ -121,12 +121,6 @@ class ObjectiveInputs:
 
 
 # -- the choice of marginal ---------------------------------------------------------------------
-
-#: Why the moment-matched marginal takes no global batch or queue.
-GAUSSIAN_IS_LOCAL = ("marginal='gaussian' estimates the marginals' moments from this batch "
-                     "alone: train without global_batch and without a queue (or use "
-                     "marginal='mixture')")
-
 
 def check_marginal(marginal, prior) -> str:
     r"""``marginal`` (one of :data:`MARGINALS`) checked against ``prior``.
@@ -494,15 +488,16 @@ def rpm_elbo(
     :param str marginal: the estimate of the :math:`Q_j`, ``"mixture"`` (the minibatch mixture,
         Eq. 11) or ``"gaussian"`` (its moment-matched Gaussian,
         :class:`~rpm.marginals.MomentMatchedMarginal`: an explicit prior's ELBO is then defined
-        for the default Delta recognition; ``candidates`` must be the batch's own).
+        for the default Delta recognition; its moments run over the batch, or a global batch of
+        ``candidates``, which may hold no queue or explicit negatives).
     :return: a scalar tensor, the ELBO summed over the N instances, or shape (N,).
     """
     check_bool("pooled_marginal", pooled_marginal)
     check_bool("per_instance", per_instance)
     check_marginal(marginal, prior)
     gaussian = marginal == "gaussian"
-    if gaussian and candidates is not None and not candidates.is_local:
-        raise ValueError(GAUSSIAN_IS_LOCAL)
+    if gaussian and candidates is not None and candidates.appended() is not None:
+        raise ValueError(GAUSSIAN_TAKES_NO_QUEUE)
     if recognitions is None and refuses_delta(prior, marginal):
         raise ValueError(delta_with_density_message("the default Delta recognition", prior)
                          + "; pass the recognition distributions the latents were drawn from")
@@ -517,7 +512,8 @@ def rpm_elbo(
             q = recognitions
         else:
             q = stack_views(list(recognitions))
-        marginals = (MomentMatchedMarginal(q, pooled=pooled_marginal) if gaussian else
+        marginals = (MomentMatchedMarginal(q, pooled=pooled_marginal, candidates=candidates)
+                     if gaussian else
                      SequenceMixtureMarginal(q, pooled=pooled_marginal, block_size=block_size,
                                              candidates=candidates))
         return prior_log_ratio(prior, z, (q, marginals), "instances", candidates, block_size,
@@ -528,6 +524,7 @@ def rpm_elbo(
                          f"two tensors (N, D); got {got}")
     z, z2 = latents
     q, q2 = (_delta(z), _delta(z2)) if recognitions is None else recognitions
-    pair_marginals = (MomentMatchedMarginal(q), MomentMatchedMarginal(q2)) if gaussian else None
+    pair_marginals = ((MomentMatchedMarginal(q, candidates=candidates),
+                       MomentMatchedMarginal(q2, candidates=candidates)) if gaussian else None)
     return prior_log_ratio(prior, (z, z2), (q, q2), "pairs", candidates, block_size,
                            sequence=False, per_instance=per_instance, marginals=pair_marginals)

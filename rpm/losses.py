@@ -51,6 +51,19 @@ docstring states its equation and how it reads as an RPM):
   out of the normaliser's candidates;
 * :class:`HypersphereLoss`: alignment and uniformity, the uniformity the log of the RBF implicit
   prior's normaliser.
+
+**Several processes** (``gather_distributed=True`` under ``torch.distributed``). Each process
+passes its own rows; what a loss needs of the other processes' rows is gathered with
+:func:`rpm.distributed.all_gather_with_grad`, whose backward sums every process's gradient. Each
+loss is a mean over this process's rows (anchors, pairs) of terms whose batch statistics run over
+the global batch, so with equal batches per process ``DistributedDataParallel``'s average of the
+processes' gradients is the gradient of one process on the concatenated batch, exactly:
+:class:`NTXentLoss`, :class:`VICRegLoss`, :class:`LeJEPALoss` (its random directions are rank
+0's, broadcast), :class:`DCLLoss`. Two follow lightly in keeping a per-process statistic, and their
+gradient is that of the loss with the statistic of each process's rows: :class:`BarlowTwinsLoss`
+(each process standardises its own outputs) and :class:`DCLWLoss` (the weights are a softmax over
+each process's pairs). :class:`HypersphereLoss` gathers nothing (lightly's takes no
+``gather_distributed``): each process's uniformity runs over its own rows.
 """
 
 from __future__ import annotations
@@ -889,7 +902,9 @@ class BarlowTwinsLoss(torch.nn.Module):
     its own outputs, as lightly does; the standardised rows of every process are gathered with
     :func:`rpm.distributed.all_gather_with_grad`, which for batches of equal size is lightly's
     average of the processes' matrices); without an initialised ``torch.distributed`` nothing
-    is gathered.
+    is gathered. It is therefore not the loss of one process on the concatenated batch, which
+    standardises over all its rows: ``DistributedDataParallel``'s gradient is that of
+    :math:`L` with :math:`\tilde z` standardised per process's rows.
 
     **Probabilistic reading.** A **surrogate** of the Gaussian pair RPM's ELBO (see
     :class:`VICRegLoss`; :meth:`elbo` returns it), not a bound: standardising pins the
@@ -1240,7 +1255,10 @@ class DCLWLoss(DCLLoss):
             {\sum_j e^{\hat z_j^\top \hat z'_j / \sigma}},
 
     over this process's N pairs, held without a gradient (they average to 1 and are larger for
-    the pairs whose views agree least).
+    the pairs whose views agree least). With ``gather_distributed`` the candidates are gathered
+    but the weights stay each process's (as lightly's): ``DistributedDataParallel``'s gradient
+    is that of :class:`DCLLoss` over the global batch weighted by each process's softmax, not
+    that of this loss on the concatenated batch.
 
     **Probabilistic reading.** With the weights, the positive term is no longer the implicit
     prior's energy: a reweighted surrogate of :class:`DCLLoss`'s log-ratio.
@@ -1273,7 +1291,8 @@ class HypersphereLoss(torch.nn.Module):
         U(x) = \log \frac{2}{N(N - 1)} \sum_{i < j} e^{-t \lVert x_i - x_j \rVert^2}
 
     (computed as a log-sum-exp, so a large t gives a finite U where lightly's may be
-    :math:`-\infty`).
+    :math:`-\infty`). Like lightly's it takes no ``gather_distributed``: under
+    ``torch.distributed`` each process's uniformity runs over its own N rows.
 
     **Probabilistic reading.** :math:`U(x)` is the log of the batch mean of the RBF implicit
     prior's normaliser :math:`\hat Z(x_i) = \frac{1}{N - 1} \sum_{j \ne i} e^{f(x_i, x_j)}`,

@@ -101,9 +101,15 @@ def test_the_core_requires_torch_pyro_and_numpy_only():
     # the notebooks run the experiments' code under nbconvert; the tests need everything
     assert "rpm-pyro[experiments]" in extras["notebooks"]
     assert {"nbconvert", "nbclient", "ipykernel"} <= {_distribution(r) for r in extras["notebooks"]}
-    assert "rpm-pyro[experiments,docs]" in extras["test"]
+    assert "rpm-pyro[experiments,docs,lightning]" in extras["test"]
+    # Lightning below its next minor version, as torch and Pyro (2.6 keeps torch 2.13)
+    assert extras["lightning"] == ["lightning>=2.6.6,<2.7"]
     assert {"pytest", "ruff", "mypy"} <= {_distribution(r) for r in extras["test"]}
     assert {_distribution(r) for r in extras["docs"]} == {"sphinx", "myst-parser", "myst-nb"}
+
+
+#: The import names of the lightning extra (rpm.lightning), which the core never imports.
+LIGHTNING = ("lightning", "pytorch_lightning")
 
 
 def test_the_command_line_names_the_packages_of_the_experiments_extra():
@@ -155,11 +161,11 @@ def _blocking(tmp_path: pathlib.Path, modules: list[str]) -> dict[str, str]:
 
 def test_the_core_imports_and_trains_without_the_experiments_packages(tmp_path):
     """Importing the core and training a small RPM (SVI and a torch.optim step with RPMELBO)
-    imports none of the experiments' packages beyond what ``import pyro`` imports itself (Pyro
-    imports tqdm, a dependency of pyro-ppl); with scipy, scikit-learn, kornia and matplotlib made
-    unimportable, the same script runs."""
-    script = _CORE_SCRIPT.format(extra=sorted(EXPERIMENTS.values()))
-    blocked = sorted(set(EXPERIMENTS.values()) - {"tqdm"})
+    imports none of the experiments' packages (nor Lightning) beyond what ``import pyro``
+    imports itself (Pyro imports tqdm, a dependency of pyro-ppl); with scipy, scikit-learn,
+    kornia, matplotlib and Lightning made unimportable, the same script runs."""
+    script = _CORE_SCRIPT.format(extra=sorted([*EXPERIMENTS.values(), *LIGHTNING]))
+    blocked = sorted(set(EXPERIMENTS.values()) - {"tqdm"} | set(LIGHTNING))
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             timeout=300, env=_blocking(tmp_path, blocked), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -169,7 +175,7 @@ def test_the_core_imports_and_trains_without_the_experiments_packages(tmp_path):
     assert report["after_step"] == report["after_pyro"]
     assert report["moved"], "the torch.optim step changed no parameter"
     outside = [m for m in report["rpm"] if m.split(".")[1:2] and m.split(".")[1] in
-               ("experiments", "data", "training", "metrics", "evaluation", "cli")]
+               ("experiments", "data", "training", "metrics", "evaluation", "cli", "lightning")]
     assert not outside, f"the core imported {outside}"
 
 

@@ -21,9 +21,10 @@ Any other prior is traced with ``z``, ``z2`` conditioned on the samples, and its
 enters together with the minibatch-mixture marginals. The loss is :math:`-\mathcal{L}`.
 
 Global batch (``RPMELBO(global_batch=True)``, under ``torch.distributed``): each rank keeps its
-own pairs but the mixture components and the implicit prior's candidates :math:`z'_j` are
-gathered from every rank with :func:`rpm.distributed.all_gather_with_grad`, so the marginals
-and the InfoNCE normaliser run over the global batch; the sum of the ranks' losses (and of
+own pairs but the mixture components (or the moments of the moment-matched Gaussian marginal)
+and the implicit prior's candidates :math:`z'_j` are gathered from every rank with
+:func:`rpm.distributed.all_gather_with_grad`, so the marginals and the InfoNCE normaliser run
+over the global batch; the sum of the ranks' losses (and of
 their gradients) is the single-process loss of the concatenated batch.
 """
 
@@ -248,7 +249,8 @@ class RPMELBO(ELBO):
         the whole batch at once, not each pair). The same as the plain ELBO for S = 1 or
         deterministic encoders.
     :param bool global_batch: under ``torch.distributed``, use every rank's batch: the
-        mixture marginals and the implicit prior's negatives are gathered from all ranks
+        mixture marginals, the implicit prior's negatives and the moments of
+        ``marginal="gaussian"`` are gathered from all ranks
         (:func:`~rpm.distributed.all_gather_with_grad`) while each rank keeps its own pairs.
         The loss is this rank's share; summed over ranks it is the loss of the concatenated
         batch (``DistributedDataParallel`` averages gradients, i.e. divides that gradient by

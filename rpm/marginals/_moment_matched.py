@@ -51,6 +51,14 @@ positive definite for any M >= 1.
 **Missing views.** With the recognition distributions masked over the views (``q.mask(mask)``,
 (N, J) bool, True = observed) only observed views are components (view j's Gaussian runs over
 its :math:`N_j` observed instances), and a missing view's term is 0, as for the mixture.
+
+**The global batch.** Under ``torch.distributed`` with ``Candidates(global_batch=True)`` the M
+components are every process's rows: each process gathers the recognition parameters (and
+which views are observed) with :func:`rpm.distributed.all_gather_with_grad`, computes (m, S)
+over the :math:`M = \sum_r N_r` rows, and evaluates the Gaussian at its own rows. Summed over
+the processes, the ELBO and its gradient are those of one process on the concatenated batch
+(the gather's backward sums every process's gradient of (m, S)). A queue of earlier latents or
+explicit negatives does not enter the moments (refused).
 """
 
 from __future__ import annotations
@@ -60,6 +68,7 @@ from pyro.distributions import MultivariateNormal, TorchDistribution
 from torch.distributions import constraints
 
 from rpm._validation import check_bool
+from rpm.marginals._candidates import Candidates
 from rpm.marginals._mixture_marginal import recognition_components
 from rpm.marginals._sequence_marginal import sequence_components, sequence_mask
 
@@ -80,24 +89,32 @@ class MomentMatchedMarginal(TorchDistribution):
       shape (N, J).
 
     S uses the normaliser 1/M (the mixture's moments, the maximum-likelihood Gaussian; module
-    docstring). The moments are this batch's: a global batch or a queue of earlier latents does
-    not enter.
+    docstring). The moments are this batch's, or with ``candidates`` a global batch the
+    global batch's (module docstring); ``log_prob`` is evaluated at this process's rows.
 
     :param q: the recognition distributions, ``Normal(loc, scale).to_event(1)`` or
         ``Delta(v, event_dim=1)``, batch_shape (N,) or (N, J), event_shape (D,); J views
         optionally masked over the views.
     :param bool pooled: J views: one Gaussian of all N J rows for every view (default False:
         one per view).
+    :param candidates: the step's :class:`~rpm.marginals._candidates.Candidates`: with a global
+        batch the moments run over every process's rows (every process must pass the same kind
+        of recognition, Delta or Gaussian, and the same number of views); None or the batch's
+        own: this batch's rows.
     :raises ValueError: for Delta recognition with fewer rows than D + 1 in a view (or, pooled,
         in all), for latents that span fewer than D dimensions (a singular S), for a view with
-        no observed instance, or ``pooled`` with one view.
+        no observed instance, ``pooled`` with one view, or candidates with a queue or explicit
+        negatives.
     """
 
     arg_constraints: dict = {}
     has_rsample = False
 
-    def __init__(self, q: TorchDistribution, pooled: bool = False, validate_args=None):
+    def __init__(self, q: TorchDistribution, pooled: bool = False,
+                 candidates: Candidates | None = None, validate_args=None):
         self.pooled = check_bool("pooled", pooled)
+        if candidates is not None and candidates.appended() is not None:
+            raise ValueError(GAUSSIAN_TAKES_NO_QUEUE)
         self.frame_mask = None  # (N, J) bool, or None: every view observed
         if len(q.batch_shape) == 1:  # one view: batch (N,), event (D,)
             if pooled:
@@ -114,6 +131,10 @@ class MomentMatchedMarginal(TorchDistribution):
         means, variances = loc, None if scale is None else scale.square()
         observed = (torch.ones(num, num_views, dtype=torch.bool, device=loc.device)
                     if self.frame_mask is None else self.frame_mask.expand(num, num_views))
+        masked = self.frame_mask is not None
+        if candidates is not None and candidates.is_global:
+            means, variances, observed = _gather_components(candidates, means, variances, observed)
+            masked = not bool(observed.all())
         if pooled:  # one group of all N J rows
             groups = [(means.reshape(-1, dim), None if variances is None
                        else variances.reshape(-1, dim), observed.reshape(-1), "the batch")]
@@ -123,8 +144,7 @@ class MomentMatchedMarginal(TorchDistribution):
                       for j in range(num_views)]
         centres, covariances = [], []
         for rows, row_variances, keep, name in groups:
-            centre, covariance = _moments(rows, row_variances, keep,
-                                          self.frame_mask is not None, name)
+            centre, covariance = _moments(rows, row_variances, keep, masked, name)
             centres.append(centre)
             covariances.append(covariance)
         if len(groups) == 1:  # batch (): the same Gaussian for every row and view
@@ -133,7 +153,7 @@ class MomentMatchedMarginal(TorchDistribution):
             centre, covariance = torch.stack(centres), torch.stack(covariances)
         scale_tril, info = torch.linalg.cholesky_ex(covariance)
         if bool((info != 0).any()):
-            count = num * num_views if pooled else num
+            count = means.shape[0] * num_views if pooled else means.shape[0]
             raise ValueError(
                 f"the moment-matched marginal's covariance S is singular: the {count} latents of "
                 f"a view span fewer than D = {dim} dimensions (a collapsed encoder, or repeated "
@@ -187,6 +207,26 @@ class MomentMatchedMarginal(TorchDistribution):
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         terms = self.view_log_prob(value)
         return terms if self.single_view else terms.sum(-1)
+
+
+#: Why the moment-matched marginal takes no queue or explicit negatives.
+GAUSSIAN_TAKES_NO_QUEUE = ("marginal='gaussian' estimates the marginals' moments from the batch's rows "
+                     "(every process's with global_batch=True): train without a queue and without "
+                     "explicit negatives (or use marginal='mixture')")
+
+
+def _gather_components(candidates: Candidates, means: torch.Tensor,
+                       variances: torch.Tensor | None, observed: torch.Tensor) -> tuple:
+    """Every process's ``means`` (N_r, J, D), ``variances`` (N_r, J, D) or None and ``observed``
+    (N_r, J) bool, concatenated in rank order with one differentiable gather
+    (:meth:`~rpm.marginals._candidates.Candidates.gather`)."""
+    dim = means.shape[-1]
+    parts = [means] + ([] if variances is None else [variances]) \
+        + [observed.to(means.dtype).unsqueeze(-1)]
+    gathered = candidates.gather(torch.cat(parts, dim=-1))          # (M, J, D [+ D] + 1)
+    means = gathered[..., :dim]
+    variances = None if variances is None else gathered[..., dim:2 * dim]
+    return means, variances, gathered[..., -1] > 0.5
 
 
 def _moments(means: torch.Tensor, variances: torch.Tensor | None, keep: torch.Tensor,

@@ -40,7 +40,7 @@ from pyro.nn import PyroModule
 from torch.distributions import Distribution
 
 from rpm._objective import (
-    GAUSSIAN_IS_LOCAL,
+    GAUSSIAN_TAKES_NO_QUEUE,
     ObjectiveInputs,
     check_marginal,
     likelihood_factor,
@@ -172,9 +172,9 @@ class RPM(RPMBase):
         \frac{\mathcal L}{N} = \operatorname{mean}_n \log P(z_{n,1:J})
             - \sum_j \operatorname{mean}_n \log \mathcal N(z_{n,j}; m_j, S_j).
 
-    It needs N >= D + 1 instances for Delta recognition (a nonsingular S), the batch's own
-    moments (no queue or global batch), and a prior that is a density of its own (an implicit
-    prior cancels the mixture analytically and is refused).
+    It needs N >= D + 1 instances for Delta recognition (a nonsingular S), moments of the batch
+    (or, ``RPMELBO(global_batch=True)``, of every process's batch; no queue), and a prior that
+    is a density of its own (an implicit prior cancels the mixture analytically and is refused).
 
     **Encoders.** One recognition model for every view, one per view (a list of J), or one
     per group (a list of G and ``groups``); how the views reach them is ``encoder_calls``
@@ -285,7 +285,7 @@ class RPM(RPMBase):
             raise ValueError(f"guide must be one of {_GUIDES}, got {guide!r}")
         check_marginal(marginal, prior)
         if marginal == "gaussian" and queue is not None:
-            raise ValueError(GAUSSIAN_IS_LOCAL)
+            raise ValueError(GAUSSIAN_TAKES_NO_QUEUE)
         if queue is not None:
             if not isinstance(queue, LatentQueue):
                 raise TypeError(f"queue must be an rpm.inference.LatentQueue, got {queue!r}")
@@ -542,8 +542,7 @@ class RPM(RPMBase):
         r"""A prior over J views' recognition marginals :math:`\prod_j Q_j` (per view or pooled;
         the mixtures, or their moment-matched Gaussians under ``marginal="gaussian"``)."""
         if self.marginal_kind == "gaussian":
-            _check_local(candidates)
-            return MomentMatchedMarginal(q, pooled=self.pooled_marginal)
+            return MomentMatchedMarginal(q, pooled=self.pooled_marginal, candidates=candidates)
         return SequenceMixtureMarginal(q, pooled=self.pooled_marginal, block_size=block_size,
                                        candidates=candidates)
 
@@ -553,8 +552,8 @@ class RPM(RPMBase):
         (:meth:`~rpm.priors.Prior.likelihood_marginals`, the minibatch mixtures by default), or
         under ``marginal="gaussian"`` each view's moment-matched Gaussian."""
         if self.marginal_kind == "gaussian":
-            _check_local(candidates)
-            return MomentMatchedMarginal(q), MomentMatchedMarginal(q2)
+            return (MomentMatchedMarginal(q, candidates=candidates),
+                    MomentMatchedMarginal(q2, candidates=candidates))
         return likelihood_marginals(self.prior, q, q2)
 
     def guide_distribution(self, q: TorchDistribution) -> TorchDistribution:
@@ -709,12 +708,6 @@ class RPM(RPMBase):
         if q is not None:
             return q.mean
         return torch.stack([dist.mean for dist in encoded], dim=1)
-
-def _check_local(candidates: Candidates | None) -> None:
-    """Refuses a global batch or a queue under ``marginal="gaussian"``."""
-    if candidates is not None and not candidates.is_local:
-        raise ValueError(GAUSSIAN_IS_LOCAL)
-
 
 def _masked(parts: tuple, mask: torch.Tensor) -> tuple:
     """A prior over J views' recognition distributions masked over the views (``q.mask(mask)``)."""

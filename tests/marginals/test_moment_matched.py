@@ -148,3 +148,22 @@ def test_rpm_elbo_equals_trace_elbo_and_uses_the_gaussian():
                  - torch.tensor(_loop_log_prob(loc.detach(), scale.detach(), z.detach(),
                                                np.ones((6, 5), dtype=bool))).sum())
     torch.testing.assert_close(ours, expected)
+
+
+def test_candidates_of_one_process_change_nothing_and_a_queue_is_refused():
+    """Without torch.distributed a global batch is the batch: the same log-densities (bitwise);
+    a queue of earlier latents, or explicit negatives, cannot enter the moments (one line)."""
+    from rpm.inference import Candidates, LatentQueue
+
+    torch.set_default_dtype(torch.float64)
+    q = Normal(torch.randn(6, 2, 3), torch.rand(6, 2, 3) + 0.1).to_event(1)
+    value = torch.randn(6, 2, 3)
+    for pooled in (False, True):
+        gathered = MomentMatchedMarginal(q, pooled=pooled, candidates=Candidates(global_batch=True))
+        assert torch.equal(gathered.log_prob(value),
+                           MomentMatchedMarginal(q, pooled=pooled).log_prob(value))
+    queue = LatentQueue(4, 3)
+    queue.push(torch.randn(2, 3))
+    for candidates in (Candidates(queue=queue), Candidates(negatives=torch.randn(4, 3))):
+        with pytest.raises(ValueError, match="without a queue and without explicit negatives"):
+            MomentMatchedMarginal(q, candidates=candidates)

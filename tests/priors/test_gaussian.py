@@ -135,7 +135,7 @@ def test_bad_input_is_refused_in_one_line_naming_the_fix():
         rpm.RPM(rpm.DeltaRecognition(net), GaussianPairPrior(3), marginal="moment")
     with pytest.raises(ValueError, match="cancel analytically.*marginal='mixture'"):
         rpm.RPM(rpm.DeltaRecognition(net), ImplicitPrior(RBFEnergy()), marginal="gaussian")
-    with pytest.raises(ValueError, match="without global_batch and without a queue"):
+    with pytest.raises(ValueError, match="without a queue and without explicit negatives"):
         rpm_elbo(GaussianPairPrior(3), [x[:, :3], x[:, 1:]], marginal="gaussian",
                  candidates=rpm.inference.Candidates(negatives=torch.randn(4, 3,
                                                                           dtype=torch.float64)))
