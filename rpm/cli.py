@@ -77,6 +77,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "rpm.experiments.masks.command",
     "rpm.experiments.mutual_information.command",
     "rpm.experiments.pendulum.command",
+    "rpm.experiments.peer_supervision.command",
 )
 
 EXIT_FAILURE = 1  # the run failed (non-finite loss)
