@@ -6,7 +6,11 @@ logits of the recognition factor :math:`f(Z|x) = \operatorname{softmax}(g(x))_Z`
 The network is :math:`g(x) = W_2 \operatorname{ReLU}(W_1 \operatorname{vec}(x) + b_1) + b_2`
 on the 64 pixels of an 8 x 8 digit: no batch normalisation, so that a factor does not depend on
 the other images of its batch (the normaliser :math:`F_j` is the only coupling, and the
-model's own).
+model's own). The output layer starts at :data:`OUTPUT_INIT_SCALE` times PyTorch's default
+initialisation, so that the untrained factors are already confident: a random partition of the
+images into K regions, from which maximum likelihood falls less often into the optima that
+merge two digits than from the nearly uniform factors of the default (the spread starts of
+k-means++ play the same part for k-means).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from torch import nn
 import rpm
 from rpm._validation import check_int, check_positive_int
 
-__all__ = ["model_from_arguments", "one_view_log_posterior", "recognition_network", "setting_name"]
+__all__ = ["OUTPUT_INIT_SCALE", "model_from_arguments", "one_view_log_posterior",
+           "recognition_network", "setting_name"]
 
 
 def setting_name(views: int) -> str:
@@ -29,16 +34,26 @@ def setting_name(views: int) -> str:
     return "augmentations" if views == 1 else f"views{views}"
 
 
+#: The output layer's initial weights and bias, as a multiple of PyTorch's default (module
+#: docstring).
+OUTPUT_INIT_SCALE = 10.0
+
+
 def recognition_network(in_features: int, hidden: int, num_classes: int) -> nn.Sequential:
     """The MLP :math:`g` (module docstring): flatten, ``in_features`` -> ``hidden`` -> ReLU ->
-    ``num_classes`` logits."""
-    return nn.Sequential(
+    ``num_classes`` logits, the last layer initialised at :data:`OUTPUT_INIT_SCALE` times
+    PyTorch's default."""
+    net = nn.Sequential(
         nn.Flatten(),  # (N, in_features)
         nn.Linear(check_positive_int("in_features", in_features),
                   check_positive_int("hidden", hidden)),
         nn.ReLU(),
         nn.Linear(hidden, check_int("num_classes", num_classes, minimum=2)),  # (N, K) logits
     )
+    with torch.no_grad():
+        for parameter in net[-1].parameters():
+            parameter.mul_(OUTPUT_INIT_SCALE)
+    return net
 
 
 def model_from_arguments(arguments: dict) -> rpm.DiscreteRPM:
