@@ -239,7 +239,7 @@ def _train_and_report(args: argparse.Namespace, out: Path, device, run: Run) -> 
                   {name: {"losses": r["losses"], "evaluations": r["evaluations"]}
                    for name, r in runs.items()},
                   score="train_accuracy", score_label="training-image accuracy (matched)",
-                  loss_label="-log P / N (exact, Z summed out)",
+                  loss_label="-log P / N",
                   baselines={name: baselines["kmeans_raw"]["accuracy"] for name in runs},
                   baseline_label="k-means, raw pixels (held-out)")
     summary = {
