@@ -30,6 +30,20 @@ which transfers worst; Chen et al., 2020, Section 4.2) and fit a simple classifi
   labels. The standardisation statistics :math:`\mu, s` may come from all training features
   (``unlabelled``): they need no labels, and with one label per class ten points estimate them
   badly.
+* **Clustering accuracy** (:func:`match_clusters`): an unsupervised model's cluster indices
+  :math:`k_n \in \{0, \dots, K-1\}` against the labels :math:`y_n \in \{0, \dots, C-1\}`,
+  after the best one-to-one matching of clusters to labels,
+
+  .. math::
+
+      \text{acc} = \max_{m} \frac1N \sum_{n=1}^N [m(k_n) = y_n],
+
+  the maximum over the injective maps :math:`m` from clusters to labels (or from labels to
+  clusters when :math:`K > C`; a cluster left unmatched counts as wrong): an assignment problem
+  on the counts :math:`n_{ck}` of class c in cluster k, solved exactly by the Hungarian
+  algorithm (``scipy.optimize.linear_sum_assignment``; Kuhn, 1955). :func:`kmeans_clusters`
+  gives the k-means clusters of features, the usual baseline (scikit-learn's ``KMeans``,
+  k-means++ starts, the best of ``n_init`` by inertia).
 
 :func:`representations` computes features with the module in evaluation mode (batch
 normalisation uses its running statistics, dropout is off) and without gradients, and puts
@@ -44,6 +58,8 @@ References:
     Z. Wu, Y. Xiong, S. X. Yu and D. Lin, "Unsupervised feature learning via non-parametric
     instance discrimination", CVPR 2018.
     M. Caron et al., "Emerging properties in self-supervised vision transformers" (DINO), ICCV 2021.
+    H. W. Kuhn, "The Hungarian method for the assignment problem", Naval Research Logistics
+    Quarterly 2 (1955).
 """
 
 from __future__ import annotations
@@ -58,13 +74,16 @@ from torch import nn
 from rpm._validation import check_int, check_positive, check_positive_int
 
 __all__ = [
+    "ClusterMatch",
     "LabelEfficiency",
     "Score",
     "draw_labelled_subset",
     "fit_linear_probe",
+    "kmeans_clusters",
     "knn_accuracy",
     "label_efficiency",
     "linear_probe_accuracy",
+    "match_clusters",
     "representations",
 ]
 
@@ -323,3 +342,105 @@ def label_efficiency(train_features: torch.Tensor, train_labels: torch.Tensor, t
         knn[key] = _score([knn_accuracy(train[d], labels[d], test_features, test_labels, k=neighbours)
                            for d in draws])
     return LabelEfficiency(probe, knn)
+
+
+class ClusterMatch(NamedTuple):
+    """The best one-to-one matching of clusters to labels (:func:`match_clusters`).
+
+    :ivar float accuracy: the fraction of samples whose cluster is matched to their label.
+    :ivar torch.Tensor label_of_cluster: the label matched to each cluster, int64, -1 for a
+        cluster left unmatched (more clusters than labels). Shape: (K,).
+    :ivar torch.Tensor counts: ``counts[c, k]``, the samples of label c in cluster k, int64
+        (the confusion matrix before matching). Shape: (C, K).
+    """
+
+    accuracy: float
+    label_of_cluster: torch.Tensor
+    counts: torch.Tensor
+
+
+def _indices(name: str, values: object, bound: int | None, what: str) -> np.ndarray:
+    """A 1-D integer tensor of indices in [0, bound) (any non-negative values when None)."""
+    if not isinstance(values, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of {what}, got {type(values).__name__}")
+    if values.ndim != 1 or values.dtype.is_floating_point or values.dtype.is_complex or \
+            values.dtype == torch.bool:
+        raise ValueError(f"{name} must be a 1-D integer tensor of {what}, got shape "
+                         f"{tuple(values.shape)} and dtype {values.dtype}")
+    array = values.detach().cpu().numpy().astype(np.int64)
+    if array.size and array.min() < 0:
+        raise ValueError(f"{name} must hold {what} >= 0, got {int(array.min())}")
+    if bound is not None and array.size and array.max() >= bound:
+        raise ValueError(f"{name} holds {int(array.max())}, but there are {bound} {what} "
+                         f"(0 to {bound - 1}); raise num_{what} or check the values")
+    return array
+
+
+def match_clusters(clusters: torch.Tensor, labels: torch.Tensor, num_clusters: int | None = None,
+                   num_classes: int | None = None) -> ClusterMatch:
+    r"""The clustering accuracy after the best one-to-one matching of clusters to labels
+    (module docstring): the assignment maximising the matched count
+    :math:`\sum_k n_{m(k), k}` over the counts :math:`n_{ck}`, solved exactly by
+    ``scipy.optimize.linear_sum_assignment``.
+
+    :param torch.Tensor clusters: each sample's cluster, integers in [0, K). Shape: (N,).
+    :param torch.Tensor labels: each sample's label, integers in [0, C). Shape: (N,).
+    :param num_clusters: K (default: the largest cluster index + 1), for clusters that no
+        sample falls in.
+    :param num_classes: C (default: the largest label + 1).
+    :returns: the accuracy, the label of each cluster and the counts.
+    :rtype: ClusterMatch
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    if num_clusters is not None:
+        num_clusters = check_positive_int("num_clusters", num_clusters)
+    if num_classes is not None:
+        num_classes = check_positive_int("num_classes", num_classes)
+    k = _indices("clusters", clusters, num_clusters, "clusters")
+    y = _indices("labels", labels, num_classes, "classes")
+    if k.shape[0] != y.shape[0]:
+        raise ValueError(f"clusters and labels must have one entry per sample, got {k.shape[0]} "
+                         f"clusters and {y.shape[0]} labels")
+    if k.shape[0] == 0:
+        raise ValueError("match_clusters needs at least one sample")
+    num_clusters = num_clusters or int(k.max()) + 1
+    num_classes = num_classes or int(y.max()) + 1
+    counts = np.zeros((num_classes, num_clusters), dtype=np.int64)
+    np.add.at(counts, (y, k), 1)
+    rows, cols = linear_sum_assignment(counts, maximize=True)  # rows: labels, cols: clusters
+    label_of_cluster = np.full(num_clusters, -1, dtype=np.int64)
+    label_of_cluster[cols] = rows
+    accuracy = float(counts[rows, cols].sum()) / k.shape[0]
+    return ClusterMatch(accuracy, torch.from_numpy(label_of_cluster), torch.from_numpy(counts))
+
+
+def kmeans_clusters(train_features: torch.Tensor, test_features: torch.Tensor, num_clusters: int,
+                    seed: int = 0, n_init: int = 10) -> torch.Tensor:
+    r"""The k-means clusters of ``test_features``, with centres fitted to ``train_features``:
+    Lloyd's algorithm minimising the inertia :math:`\sum_n \min_k \lVert h_n - \mu_k\rVert^2`
+    over the training features from ``n_init`` k-means++ starts, the best kept (scikit-learn's
+    ``KMeans``), then each test feature's nearest centre. No labels are used.
+
+    :param torch.Tensor train_features: the features the centres are fitted to. Shape: (N, F).
+    :param torch.Tensor test_features: the features clustered. Shape: (M, F).
+    :param int num_clusters: K, at most N.
+    :param int seed: seed of the starts.
+    :param int n_init: number of starts.
+    :returns: each test feature's cluster, int64 in [0, K). Shape: (M,).
+    :rtype: torch.Tensor
+    """
+    from sklearn.cluster import KMeans
+
+    x, xt = _features("train_features", train_features), _features("test_features", test_features)
+    num_clusters = check_positive_int("num_clusters", num_clusters)
+    seed = check_int("seed", seed, minimum=0, maximum=2**32 - 1)
+    n_init = check_positive_int("n_init", n_init)
+    if num_clusters > x.shape[0]:
+        raise ValueError(f"num_clusters must be <= the number of training features ({x.shape[0]}), "
+                         f"got {num_clusters}")
+    if x.shape[1] != xt.shape[1]:
+        raise ValueError(f"train_features and test_features must have the same dim, got {x.shape[1]} "
+                         f"and {xt.shape[1]}")
+    kmeans = KMeans(n_clusters=num_clusters, n_init=n_init, random_state=seed).fit(x)
+    return torch.from_numpy(kmeans.predict(xt).astype(np.int64))

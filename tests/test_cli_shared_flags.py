@@ -36,6 +36,8 @@ EXPECTED = {
               "lr": 1e-3, "prior_lr": 1e-2, "eval_every": 250, "window": 2},
     "mutual-information": {"out": "runs/mutual-information", "checkpoint_every": 0,
                            "steps": 4000, "batch_size": 64, "lr": 5e-4, "prior_lr": 1e-3},
+    "peer-supervision": {"out": "runs/peer-supervision", "checkpoint_every": 100, "steps": 300,
+                         "batch_size": 256, "lr": 3e-3, "warmup": 0.05, "eval_every": 100},
     "pendulum": {"out": "runs/pendulum", "checkpoint_every": 200, "steps": 300, "batch_size": 16,
                  "lr": 1e-3, "prior_lr": 1e-2, "eval_every": 100, "window": 20, "data": None},
     "rpm-hmm": {"out": "runs/rpm-hmm", "checkpoint_every": 200, "steps": 800, "batch_size": 32,
@@ -43,7 +45,7 @@ EXPECTED = {
 }
 #: The commands whose minibatch gives each pair the others as negatives: --batch-size >= 2.
 CONTRASTIVE = {"bouncing-balls", "causal-ident", "content-style", "digits", "identifiability",
-               "masks"}
+               "masks", "peer-supervision"}
 SHARED = set(RUN).union(*EXPECTED.values())
 
 #: A value other than every default, for each shared flag, as written and as parsed.

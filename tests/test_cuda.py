@@ -178,6 +178,8 @@ COMMANDS = {
     "mutual-information": ["--mi", "1,2", "--steps", "10", "--average-last", "5", "--dim", "4",
                            "--batch-size", "16", "--hidden", "8", "--joint-hidden", "8",
                            "--embed-dim", "4"],
+    "peer-supervision": ["--views", "2,1", "--steps", "4", "--batch-size", "32", "--hidden", "8",
+                         "--restarts", "2", "--eval-every", "2", "--checkpoint-every", "0"],
     "pendulum": ["--distractors", "--steps", "4", "--sequences", "6", "--test-sequences", "3",
                  "--length", "16", "--image-size", "16", "--batch-size", "3", "--window", "6",
                  "--channels", "4", "--hidden", "8", "--eval-every", "2", "--checkpoint-every",

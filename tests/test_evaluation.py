@@ -1,6 +1,9 @@
 """Evaluation helpers against independent computations: kNN against a loop, the linear probe
 against a float64 L-BFGS fit of its objective and on a separable set, stratified label draws,
-frozen features in evaluation mode with the modes restored."""
+frozen features in evaluation mode with the modes restored, the clustering accuracy against
+a brute-force search over the matchings and k-means against its own inertia."""
+
+import itertools
 
 import numpy as np
 import pytest
@@ -10,9 +13,11 @@ from torch import nn
 from rpm.evaluation import (
     draw_labelled_subset,
     fit_linear_probe,
+    kmeans_clusters,
     knn_accuracy,
     label_efficiency,
     linear_probe_accuracy,
+    match_clusters,
     representations,
 )
 
@@ -168,7 +173,87 @@ def test_representations_use_eval_mode_without_gradients_and_restore_every_mode(
     (lambda: label_efficiency(torch.zeros(4, 2), torch.arange(4) % 2, torch.zeros(1, 2),
                               torch.zeros(1).long(), labels_per_class=(1, 1)), ValueError, "distinct"),
     (lambda: representations("net", torch.zeros(2, 3)), TypeError, "torch.nn.Module"),
+    (lambda: match_clusters(torch.tensor([0, 1]), torch.tensor([0, 1, 1])), ValueError,
+     "2 clusters and 3 labels"),
+    (lambda: match_clusters(torch.tensor([0.0, 1.0]), torch.tensor([0, 1])), ValueError,
+     "1-D integer tensor of clusters"),
+    (lambda: match_clusters(torch.tensor([0, 3]), torch.tensor([0, 1]), num_clusters=3),
+     ValueError, "holds 3, but there are 3 clusters"),
+    (lambda: match_clusters(torch.tensor([0, -1]), torch.tensor([0, 1])), ValueError, ">= 0"),
+    (lambda: match_clusters([0, 1], torch.tensor([0, 1])), TypeError, "torch.Tensor"),
+    (lambda: kmeans_clusters(torch.zeros(3, 2), torch.zeros(1, 2), 4), ValueError,
+     "num_clusters must be <= the number of training features"),
+    (lambda: kmeans_clusters(torch.zeros(3, 2), torch.zeros(1, 3), 2), ValueError, "same dim"),
 ])
 def test_bad_input_is_refused(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def _best_matching_by_brute_force(clusters, labels, num_clusters, num_classes):
+    """The clustering accuracy from its definition: every injective map between the clusters
+    and the labels, float64 counts, the best kept."""
+    best = 0.0
+    n = len(labels)
+    if num_clusters <= num_classes:  # each cluster to a distinct label
+        for image in itertools.permutations(range(num_classes), num_clusters):
+            hits = sum(1 for k, y in zip(clusters, labels, strict=True) if image[k] == y)
+            best = max(best, hits / n)
+    else:  # each label to a distinct cluster
+        for image in itertools.permutations(range(num_clusters), num_classes):
+            hits = sum(1 for k, y in zip(clusters, labels, strict=True) if image[y] == k)
+            best = max(best, hits / n)
+    return best
+
+
+@pytest.mark.parametrize("num_clusters, num_classes", [(4, 4), (3, 5), (5, 3), (2, 2)])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_clustering_accuracy_is_the_best_of_every_matching(num_clusters, num_classes, seed):
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, num_classes, (40,), generator=g)
+    # clusters that follow the labels through a random map, with noise
+    relabel = torch.randint(0, num_clusters, (num_classes,), generator=g)
+    clusters = torch.where(torch.rand(40, generator=g) < 0.6, relabel[labels],
+                           torch.randint(0, num_clusters, (40,), generator=g))
+    match = match_clusters(clusters, labels, num_clusters, num_classes)
+    expected = _best_matching_by_brute_force(clusters.tolist(), labels.tolist(), num_clusters,
+                                             num_classes)
+    assert match.accuracy == pytest.approx(expected, abs=1e-12)
+    # the matching itself: distinct labels, and the matched counts give the accuracy
+    matched = [k for k in range(num_clusters) if match.label_of_cluster[k] >= 0]
+    assert len(matched) == min(num_clusters, num_classes)
+    assert len({int(match.label_of_cluster[k]) for k in matched}) == len(matched)
+    hits = sum(int(match.counts[match.label_of_cluster[k], k]) for k in matched)
+    assert hits / 40 == pytest.approx(match.accuracy)
+    # the counts are the confusion matrix
+    for c in range(num_classes):
+        for k in range(num_clusters):
+            assert match.counts[c, k] == int(((labels == c) & (clusters == k)).sum())
+
+
+def test_a_relabelled_clustering_is_perfect_and_clusters_without_samples_count():
+    labels = torch.tensor([0, 0, 1, 1, 2, 2])
+    assert match_clusters(torch.tensor([2, 2, 0, 0, 1, 1]), labels).accuracy == 1.0
+    # one cluster for everything: a third right, whatever its label
+    assert match_clusters(torch.zeros(6, dtype=torch.long), labels).accuracy == pytest.approx(1 / 3)
+    match = match_clusters(torch.tensor([0, 0, 1, 1, 1, 1]), labels, num_clusters=4)
+    assert match.counts.shape == (3, 4) and match.accuracy == pytest.approx(4 / 6)
+    assert sorted(match.label_of_cluster.tolist()).count(-1) == 1
+
+
+def test_kmeans_clusters_recover_separated_blobs_and_minimise_the_inertia():
+    g = torch.Generator().manual_seed(0)
+    centres = torch.tensor([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
+    labels = torch.arange(300) % 3
+    x = centres[labels] + 0.5 * torch.randn(300, 2, generator=g)
+    xt = centres[labels[:60]] + 0.5 * torch.randn(60, 2, generator=g)
+    clusters = kmeans_clusters(x, xt, 3, seed=1)
+    assert clusters.dtype == torch.int64 and clusters.shape == (60,)
+    assert match_clusters(clusters, labels[:60]).accuracy == 1.0
+    # each test point is in the cluster of its nearest centre, the centres the cluster means of
+    # the training points: the fixed point of Lloyd's algorithm, checked from the training
+    # clusters
+    train_clusters = kmeans_clusters(x, x, 3, seed=1)
+    means = torch.stack([x[train_clusters == k].mean(0) for k in range(3)]).double()
+    nearest = torch.cdist(xt.double(), means).argmin(1)
+    assert torch.equal(nearest, clusters)

@@ -136,7 +136,7 @@ _RESUMABLE_FLAGS = frozenset(
 )
 #: The purposes of :func:`derived_seed`; a purpose's number is its place here (append only:
 #: reordering would change every run).
-SEED_PURPOSES = ("mixing", "train", "eval", "test", "oracle", "data", "epoch", "drop")
+SEED_PURPOSES = ("mixing", "train", "eval", "test", "oracle", "data", "epoch", "drop", "restart")
 
 
 class ConfigurationError(ValueError):

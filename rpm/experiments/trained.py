@@ -56,6 +56,7 @@ BUILDERS = {
     "identifiability": "rpm.experiments.identifiability.model",
     "lds": "rpm.experiments.lds.model",
     "masks": "rpm.experiments.masks.model",
+    "peer-supervision": "rpm.experiments.peer_supervision.model",
     "pendulum": "rpm.experiments.pendulum.model",
     "rpm-hmm": "rpm.experiments.rpm_hmm.model",
 }
@@ -193,6 +194,9 @@ def load(run_folder: str | os.PathLike, model: str | None = None,
       (N, T, D) (``mask=`` (N, T) imputes missing frames by the prior's smoother);
     * the ``DigitsEncoder``: ``model.encode(x)``, images (N, 1, s, s), the latents z, shape
       (N, D).
+    * the :class:`rpm.DiscreteRPM` of ``rpm peer-supervision``: ``model.recognition(x).probs``,
+      images (N, 1, 8, 8), the factors :math:`f(Z|x)`, shape (N, K); ``model.posterior(x, x2)``
+      the exact posterior of J views.
 
     Inputs must have the shape the encoder was trained on (the record's ``input_shape``): a
     batch of another frame or image size, e.g. 64 x 64 frames for a model trained on 32 x 32,
@@ -205,8 +209,9 @@ def load(run_folder: str | os.PathLike, model: str | None = None,
 
     :param path-like run_folder: the ``--out`` folder of an ``rpm`` command.
     :param str model: which model, for runs that train several (``rpm bouncing-balls``'
-        priors, ``rpm identifiability --compare-energies``, ``rpm digits``' methods, and
-        ``seed{s}/METHOD`` with ``--num-seeds``): a name of :func:`model_names`; None for a run
+        priors, ``rpm identifiability --compare-energies``, ``rpm digits``' methods,
+        ``seed{s}/METHOD`` with ``--num-seeds``, and ``rpm peer-supervision``'s
+        ``SETTING/restart{r}``): a name of :func:`model_names`; None for a run
         of one model.
     :param device: where to put the model (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a
         :class:`torch.device`); a checkpoint written on a GPU loads on the CPU.
