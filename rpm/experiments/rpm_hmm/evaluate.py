@@ -31,19 +31,12 @@ def match_states(predicted: torch.Tensor, classes: torch.Tensor, num_states: int
     :param int num_states: K.
     :returns: int64. Shape: (K,).
     """
-    from scipy.optimize import linear_sum_assignment
+    from rpm.evaluation import match_clusters
 
     if predicted.shape != classes.shape or predicted.dim() != 1:
         raise ValueError(f"predicted and classes must be paths of one shape (T,), got "
                          f"{tuple(predicted.shape)} and {tuple(classes.shape)}")
-    counts = torch.zeros(num_states, num_states, dtype=torch.float64)  # (state, class)
-    counts.index_put_((predicted.cpu(), classes.cpu()), torch.ones(len(predicted),
-                                                                   dtype=torch.float64),
-                      accumulate=True)
-    states, matched = linear_sum_assignment(counts.numpy(), maximize=True)
-    sigma = torch.empty(num_states, dtype=torch.int64)
-    sigma[torch.as_tensor(states)] = torch.as_tensor(matched, dtype=torch.int64)
-    return sigma
+    return match_clusters(predicted.cpu(), classes.cpu(), num_states, num_states).label_of_cluster
 
 
 def state_accuracy(predicted: torch.Tensor, classes: torch.Tensor, sigma: torch.Tensor) -> float:
