@@ -194,7 +194,6 @@ def batch_with_covariance(covariance, num=4096, seed=0):
 
 
 vicreg_terms = VICRegLoss(lambda_param=0.0)  # variance and covariance only, lightly's mu, nu
-standard = MultivariateNormal(torch.zeros(DIM, dtype=torch.float64), torch.eye(DIM, dtype=torch.float64))
 
 
 def terms(covariance):
@@ -260,8 +259,8 @@ for r in (0.5, 0.99, 0.9999):
 # saturate: at $\sigma = 10^{-3}$ the hinge has reached its ceiling $\mu / (2D) \approx 3.1$
 # while the KL is 6.4 and grows without bound as $-\log \sigma$; at $r = 0.9999$ the covariance
 # term is capped at $r^2/2 = 0.5$ while the KL is 4.3. The gradients differ in the same way:
-# the hinge's is constant, the log-determinant's is $S^{-1}$, largest for the most collapsed
-# direction. Above $\sigma = 1$ the hinge is flat, and VICReg's scale is set by the invariance
+# the hinge's is constant, the log-determinant's is $\tfrac12 S^{-1}$, largest for the most
+# collapsed direction. Above $\sigma = 1$ the hinge is flat, and VICReg's scale is set by the invariance
 # pulling the latents together; the RPM's is set by the prior's $\tfrac12 \operatorname{tr} S$
 # (the scale term), which makes $\mathcal N(0, I)$ the target. VICReg is a surrogate of the
 # ELBO, not a bound on it.
@@ -284,17 +283,15 @@ mixing = InvertibleMLP(2 * DIM, seed=1)
 
 
 def sample_views(num, num_views, generator):
-    """x (num, num_views, 8), the contents c (num, num_views, 4), the styles u, the shared y."""
+    """x (num, num_views, 8), the contents c (num, num_views, 4) and the styles u."""
     shared = torch.randn(num, 1, DIM, generator=generator)
     content = shared + SCALE * torch.randn(num, num_views, DIM, generator=generator)
     style = torch.randn(num, num_views, DIM, generator=generator)
-    return mixing(torch.cat([content, style], -1)), content, style, shared[:, 0]
+    return mixing(torch.cat([content, style], -1)), content, style
 
 
-x_eval, content_eval, style_eval, shared_eval = sample_views(NUM_EVAL, 2, torch.Generator().manual_seed(10**6))
+x_eval, content_eval, style_eval = sample_views(NUM_EVAL, 2, torch.Generator().manual_seed(10**6))
 print(f"linear R^2 of the content from x itself: {r2(content_eval[:, 0], x_eval[:, 0]):.3f}")
-print(f"linear R^2 of the shared y from the true content c: {r2(shared_eval, content_eval[:, 0]):.3f}"
-      f" (1 / (1 + s^2) = {TRUE_CORRELATION:.3f})")
 with torch.no_grad():
     best = content_eval / math.sqrt(1 + SCALE**2)  # the true contents on the pair prior's scale
     elbo_truth = VICRegLoss().elbo(best[:, 0], best[:, 1], correlation=TRUE_CORRELATION)
@@ -456,7 +453,7 @@ with torch.no_grad():
 # 0.7, ending at 0.712, while the pair RPM reaches 0.860 and the star RPM 0.886. The middle
 # panel shows why. The untrained encoder's outputs are nearly collapsed (smallest eigenvalue
 # $7 \times 10^{-4}$); both RPMs leave that state within the first 100 steps, pushed by the
-# log-determinant's gradient $S^{-1}$, while VICReg's smallest eigenvalue stays between
+# log-determinant's gradient $\tfrac12 S^{-1}$, while VICReg's smallest eigenvalue stays between
 # $10^{-4}$ and $10^{-3}$ for the whole run: one direction of its four outputs,
 # $(-0.07, -0.55, 0.58, 0.59)$, carries no information. It is spread over three coordinates,
 # so VICReg's terms barely see it: each coordinate's variance is 0.85 to 0.99 (the hinge
