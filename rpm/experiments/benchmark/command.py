@@ -23,13 +23,14 @@ Scores (:mod:`rpm.experiments.benchmark.train`), after the last epoch on the fix
 Output folder (``--out``, the run-folder contract of :mod:`rpm.experiments.common`):
 ``config.json``; ``rows.json`` with the finished rows, each written atomically as it
 finishes, so that ``--resume`` recomputes no finished row (an interrupted row continues from
-its checkpoint); ``results.json`` with ``rows`` (each with ``dataset``, ``objective``, ``seed``,
-``knn``, ``linear`` in [0, 1], the probe's ``linear_iterations`` and ``linear_converged``,
-``seconds``, ``steps``, ``final_loss`` for a trained objective and ``commit``, the git commit
-the row was computed at or ``unknown``), ``summary`` (mean and s.d. over seeds in percent, per
-objective and dataset), the configuration, the environment and the provenance; ``table.md``
-(the markdown table) and ``table.png`` (its figure); ``DATASET/OBJECTIVE/seedS/`` with each
-trained row's ``checkpoint.pt`` and ``history.json``.
+its checkpoint); ``results.json`` with ``rows`` (each with ``dataset``, ``objective``,
+``seed``, ``knn``, ``linear`` in [0, 1], the probe's ``linear_iterations`` and
+``linear_converged``, ``seconds``, ``steps``, for a trained objective ``final_loss`` and
+``train_seconds``, and ``commit``, the git commit the row was computed at or ``unknown``),
+``summary`` (mean and s.d. over seeds in percent, per objective and dataset), the
+configuration, the environment and the provenance; ``table.md`` (the markdown table) and
+``table.png`` (its figure); ``DATASET/OBJECTIVE/seedS/`` with each trained row's
+``checkpoint.pt`` and ``history.json``.
 
 References:
     S. Greydanus and D. Kobak, "Scaling down deep learning with MNIST-1D", ICML 2024.

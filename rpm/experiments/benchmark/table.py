@@ -75,7 +75,8 @@ def plot_table(path: str | os.PathLike, summary: dict, datasets: Sequence[str], 
                 if dataset in summary[objective]:
                     score = summary[objective][dataset][metric]
                     means[i, j] = score["mean"]
-                    ax.text(j, i, _cell(score), ha="center", va="center", fontsize=8)
+                    ax.text(j, i, _cell(score), ha="center", va="center", fontsize=8,
+                            color="white" if score["mean"] > 70 else "black")  # legible on dark
         ax.imshow(means, cmap="YlGn", vmin=0, vmax=100, aspect="auto")
         ax.set_xticks(range(len(datasets)), datasets)
         ax.set_yticks(range(len(objectives)), objectives)

@@ -79,7 +79,9 @@ def train_row(dataset: str, objective: str, seed: int, args: argparse.Namespace,
     """Trains (a baseline: builds) and scores one row; returns it, JSON-ready: ``dataset``,
     ``objective``, ``seed``, ``knn``, ``linear``, ``linear_iterations``,
     ``linear_converged``, ``seconds`` (the row's wall time, training and scoring), ``steps``
-    and, for a trained objective, ``final_loss`` (the mean loss of the last epoch).
+    and, for a trained objective, ``final_loss`` (the mean loss of the last epoch) and
+    ``train_seconds`` (the training's part of ``seconds``; of this process only, when the row
+    was resumed from a checkpoint).
 
     :param str dataset: ``mnist1d`` or ``digits``.
     :param str objective: one of :data:`~rpm.experiments.benchmark.model.OBJECTIVES`.
@@ -121,8 +123,9 @@ def train_row(dataset: str, objective: str, seed: int, args: argparse.Namespace,
                       checkpoint_every=args.checkpoint_every, log_every=1,
                       progress=args.progress, description=f"{dataset} {objective} seed {seed}")
     history = fit_or_resume(trainer, args.resume, f"{dataset} {objective} seed {seed}")
+    trained = time.perf_counter() - start
     last = [value for step, value in history["losses"] if step > steps - per_epoch]
     module.eval()
     scores = _score_encoder(encoder, data)
     return {**row, **scores, "steps": steps, "final_loss": sum(last) / max(len(last), 1),
-            "seconds": time.perf_counter() - start}
+            "train_seconds": trained, "seconds": time.perf_counter() - start}
