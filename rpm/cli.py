@@ -84,6 +84,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "rpm.experiments.pendulum.command",
     "rpm.experiments.rpm_hmm.command",
     "rpm.experiments.peer_supervision.command",
+    "rpm.experiments.benchmark.command",
 )
 
 EXIT_FAILURE = 1  # the run failed (non-finite loss)

@@ -17,6 +17,7 @@ RUN = {"seed": 0, "device": "auto", "threads": 1, "resume": False, "overwrite": 
 #: Every command's defaults of the shared flags it takes (a flag absent here must be absent
 #: from the command).
 EXPECTED = {
+    "benchmark": {"out": "runs/benchmark", "checkpoint_every": 0, "batch_size": 100, "lr": 1e-2},
     "bouncing-balls": {"out": "runs/bouncing-balls", "checkpoint_every": 100, "batch_size": 128,
                        "lr": 1e-2, "prior_lr": 3e-4, "eval_every": 50, "window": 8},
     "causal-ident": {"out": "runs/causal-ident", "checkpoint_every": 500, "steps": 1500,
@@ -44,7 +45,7 @@ EXPECTED = {
                 "lr": 1e-3, "prior_lr": 1e-2, "warmup": 0.05, "eval_every": 100, "window": 100},
 }
 #: The commands whose minibatch gives each pair the others as negatives: --batch-size >= 2.
-CONTRASTIVE = {"bouncing-balls", "causal-ident", "content-style", "digits", "identifiability",
+CONTRASTIVE = {"benchmark", "bouncing-balls", "causal-ident", "content-style", "digits", "identifiability",
                "masks", "peer-supervision"}
 SHARED = set(RUN).union(*EXPECTED.values())
 

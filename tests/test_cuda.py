@@ -162,6 +162,8 @@ def test_elbo_of_a_model_on_cuda_matches_float64_cpu(kind):
 
 
 COMMANDS = {
+    "benchmark": ["--datasets", "digits", "--objectives", "raw,untrained,simclr,gaussian,vicreg",
+                  "--seeds", "1", "--epochs", "1", "--batch-size", "80"],
     "causal-ident": ["--rows", "colour,change_hues", "--steps", "4", "--batch-size", "8",
                      "--size", "16", "--rep-dims", "3", "--width", "4", "--hidden", "8",
                      "--eval-samples", "140", "--eval-every", "2", "--checkpoint-every", "0"],

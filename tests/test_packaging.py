@@ -101,7 +101,9 @@ def test_the_core_requires_torch_pyro_and_numpy_only():
     # the notebooks run the experiments' code under nbconvert; the tests need everything
     assert "rpm-pyro[experiments]" in extras["notebooks"]
     assert {"nbconvert", "nbclient", "ipykernel"} <= {_distribution(r) for r in extras["notebooks"]}
-    assert "rpm-pyro[experiments,docs,lightning]" in extras["test"]
+    assert "rpm-pyro[experiments,docs,lightning,benchmark]" in extras["test"]
+    # rpm benchmark's MNIST-1D, pinned: the generator's version decides the data
+    assert extras["benchmark"] == ["mnist1d==0.0.2.post1"]
     # Lightning below its next minor version, as torch and Pyro (2.6 keeps torch 2.13)
     assert extras["lightning"] == ["lightning>=2.6.6,<2.7"]
     assert {"pytest", "ruff", "mypy"} <= {_distribution(r) for r in extras["test"]}

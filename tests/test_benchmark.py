@@ -1,0 +1,161 @@
+"""``rpm benchmark``: the rows, the table and its resumption row by row, the MNIST-1D views, and
+the refusals of bad input (one line, exit 2, nothing written)."""
+
+import importlib.util
+import json
+import statistics
+
+import pytest
+import torch
+
+import rpm.experiments.benchmark.train as benchmark_train
+from rpm.cli import main
+from rpm.experiments.benchmark import command, data, model
+
+#: A tiny run on the digits (the bundled data, no optional package): 1 epoch, 2 seeds.
+TINY = ["--datasets", "digits", "--objectives", "raw,untrained,simclr", "--seeds", "2", "--epochs",
+        "1", "--batch-size", "128", "--no-progress"]
+
+
+def _run(tmp_path, *argv):
+    return main(["benchmark", "--out", str(tmp_path / "run"), *TINY, *argv])
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """train_row, counting its calls (and able to stop the run at a given call, as Ctrl-C)."""
+    calls = []
+    state = {"interrupt_at": None}
+    original = benchmark_train.train_row
+
+    def train_row(dataset, objective, seed, *args, **kwargs):
+        calls.append((dataset, objective, seed))
+        if state["interrupt_at"] == len(calls):
+            raise KeyboardInterrupt
+        return original(dataset, objective, seed, *args, **kwargs)
+
+    monkeypatch.setattr(benchmark_train, "train_row", train_row)
+    return calls, state
+
+
+def test_names_written_out_match_the_modules():
+    assert command.DATASETS == data.DATASETS
+    assert command.OBJECTIVES == model.OBJECTIVES
+    assert command._LATENT_DIMS == model.LATENT_DIMS
+
+
+def test_rows_table_and_resume_row_by_row(tmp_path, counted, capsys):
+    calls, state = counted
+    state["interrupt_at"] = 3  # Ctrl-C during the third row
+    assert _run(tmp_path) == 130
+    out = tmp_path / "run"
+    saved = json.loads((out / command.ROWS_NAME).read_text())["rows"]
+    assert [(r["objective"], r["seed"]) for r in saved] == [("raw", 0), ("untrained", 0)]
+
+    calls.clear()
+    state["interrupt_at"] = None
+    assert main(["benchmark", "--out", str(out), "--resume", "--no-progress"]) == 0
+    # the two finished rows are not recomputed, the other four are
+    assert calls == [("digits", "simclr", 0), ("digits", "raw", 1), ("digits", "untrained", 1),
+                     ("digits", "simclr", 1)]
+    results = json.loads((out / "results.json").read_text())
+    rows = results["rows"]
+    assert [(r["objective"], r["seed"]) for r in rows] == [
+        (o, s) for s in (0, 1) for o in ("raw", "untrained", "simclr")]
+    for row in rows:
+        assert {"dataset", "objective", "seed", "knn", "linear", "seconds", "commit"} <= set(row)
+        assert 0 <= row["knn"] <= 1 and 0 <= row["linear"] <= 1 and row["seconds"] > 0
+        assert row["linear_converged"]
+        assert row["steps"] == (0 if row["objective"] in model.BASELINES else 1347 // 128)
+    assert rows[0]["linear"] == rows[3]["linear"]  # the raw inputs do not depend on the seed
+    # the table: mean and s.d. over the seeds of each cell, recomputed from the rows
+    table = (out / "table.md").read_text()
+    for objective in ("raw", "untrained", "simclr"):
+        knn = [100 * r["knn"] for r in rows if r["objective"] == objective]
+        linear = [100 * r["linear"] for r in rows if r["objective"] == objective]
+        line = next(line for line in table.splitlines() if line.startswith(f"| {objective} |"))
+        assert line == (f"| {objective} | {statistics.fmean(knn):.1f} ± {statistics.stdev(knn):.1f} "
+                        f"(2) | {statistics.fmean(linear):.1f} ± {statistics.stdev(linear):.1f} (2) |")
+    assert (out / "table.png").stat().st_size > 0
+
+    calls.clear()  # everything finished: a resumed run recomputes nothing
+    assert main(["benchmark", "--out", str(out), "--resume", "--no-progress"]) == 0
+    assert calls == []
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--objectives", "simclr,moco"], "expected 'all' or distinct objectives from raw, untrained, "
+     "simclr, vmf, rbf, aninfonce, gaussian, vicreg, barlow, dcl"),
+    (["--datasets", "cifar10"], "expected 'all' or distinct datasets from mnist1d, digits"),
+    (["--seeds", "0"], "argument --seeds: expected a positive integer"),
+])
+def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as stop:
+        main(["benchmark", "--out", str(tmp_path / "run"), *argv])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and message in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_missing_mnist1d_names_the_extra(tmp_path, capsys, monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "mnist1d" else find_spec(name, *a))
+    status = main(["benchmark", "--out", str(tmp_path / "run"), "--datasets", "mnist1d"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1
+    assert "needs mnist1d, not installed" in err[0] and "pip install 'rpm-pyro[benchmark]'" in err[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_gaussian_needs_more_inputs_than_latent_dimensions(tmp_path, capsys):
+    status = main(["benchmark", "--out", str(tmp_path / "run"), "--datasets", "digits",
+                   "--objectives", "gaussian", "--batch-size", "64"])
+    err = capsys.readouterr().err
+    assert status == 2 and "use at least 65" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_mnist1d_views_are_a_shift_an_offset_and_a_slope():
+    """Each view is a circular shift of its sequence by at most 10 plus a + b (t - 19.5), |a| <=
+    0.3, |b| <= 0.04: found by trying every shift and fitting the residual's line (float64)."""
+    x = torch.randn(32, 40, dtype=torch.float64)
+    view = data.mnist1d_views(x, torch.Generator().manual_seed(3))
+    t = torch.arange(40, dtype=torch.float64) - 19.5
+    shifts_seen = set()
+    for n in range(x.shape[0]):
+        fits = []
+        for shift in range(-10, 11):
+            residual = view[n] - torch.roll(x[n], shift)
+            a, b = residual.mean(), (residual * t).sum() / (t * t).sum()
+            if torch.allclose(residual, a + b * t, atol=1e-9):
+                fits.append((shift, float(a), float(b)))
+        assert len(fits) == 1, n
+        shift, a, b = fits[0]
+        assert abs(a) <= 0.3 and abs(b) <= 0.04
+        shifts_seen.add(shift)
+    assert len(shifts_seen) > 5  # the shifts vary between sequences
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mnist1d") is None,
+                    reason="needs the benchmark extra (mnist1d)")
+def test_mnist1d_is_generated_offline_without_touching_global_generators(monkeypatch):
+    import random
+
+    import numpy as np
+    import requests
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("mnist1d tried to download")
+
+    monkeypatch.setattr(requests, "get", refuse)
+    random.seed(5)
+    np.random.seed(5)
+    before = (random.random(), np.random.rand())
+    random.seed(5)
+    np.random.seed(5)
+    split = data.load_dataset("mnist1d")
+    assert (random.random(), np.random.rand()) == before
+    assert split.train_x.shape == (4000, 40) and split.test_x.shape == (1000, 40)
+    assert split.train_x.dtype == torch.float32
+    assert set(split.train_y.tolist()) == set(range(10))
