@@ -88,7 +88,7 @@ def _train_restart(args: argparse.Namespace, views: int, data, device, out: Path
     in_features = int(images[0].numel())
     model, arguments = initial_model(args, views, in_features, restart)
     model = model.to(device)
-    write_model_record(out, "peer-supervision", arguments)  # what rpm.load rebuilds it from
+    write_model_record(out, "peer-supervision", arguments, images.shape[1:])  # what rpm.load rebuilds it from
     elbo = pyro.infer.TraceEnum_ELBO(max_plate_nesting=1)
     labels = data.train.labels
 
