@@ -83,6 +83,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "rpm.experiments.mutual_information.command",
     "rpm.experiments.pendulum.command",
     "rpm.experiments.rpm_hmm.command",
+    "rpm.experiments.uncertainty.command",
 )
 
 EXIT_FAILURE = 1  # the run failed (non-finite loss)

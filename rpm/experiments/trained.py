@@ -58,6 +58,7 @@ BUILDERS = {
     "masks": "rpm.experiments.masks.model",
     "pendulum": "rpm.experiments.pendulum.model",
     "rpm-hmm": "rpm.experiments.rpm_hmm.model",
+    "uncertainty": "rpm.experiments.uncertainty.model",
 }
 _CHECKPOINT = "checkpoint.pt"
 
