@@ -10,11 +10,12 @@ sphere :math:`S^{D-1}` (``--dim`` 10) with true posterior :math:`\mathrm{vMF}(\m
 ``--kappa-max`` (16 to 32, the reference run), positive pairs whose latents are close
 (:math:`\kappa_+` ``--kappa-pos`` 20). The encoder
 (:class:`~rpm.experiments.uncertainty.model.ControlledEncoder`) is trained in the reference
-code's two phases, each with ``RPMELBO(num_particles=--particles, importance_weighted=True)``
-on fresh pairs, ``--batch-size`` a step, and the implicit prior of the cosine energy with
-:math:`\kappa_+` fixed: the direction network for ``--mean-steps`` steps (Adam, ``--lr``) with
-every concentration held at ``--initial-concentration``, then the concentration network for
-``--steps`` steps (``--concentration-lr``) with the directions held (model folders
+code's two phases, each with ``RPMELBO(num_particles=S, importance_weighted=True)`` on fresh
+pairs and the implicit prior of the cosine energy with :math:`\kappa_+` fixed: the direction
+network for ``--mean-steps`` steps (Adam, ``--lr``, ``--mean-batch-size`` pairs, S
+``--mean-particles``) with every concentration held at ``--initial-concentration``, then the
+concentration network for ``--steps`` steps (``--concentration-lr``, ``--batch-size`` pairs,
+S ``--particles``) with the directions held (model folders
 ``controlled-means/`` and ``controlled/``). Scores on ``--eval-samples`` (10,000) fresh inputs
 (:mod:`rpm.experiments.uncertainty.evaluate`): ``rank_correlation``, Spearman's
 :math:`\rho` between the learned and the true :math:`\kappa`; its precondition
@@ -147,7 +148,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     encoder.add_argument("--initial-concentration", type=positive_float, default=22.0,
                          help="every input's concentration before training (default: 22)")
     train = add_training_arguments(
-        parser, {"steps": 1500, "batch_size": 256, "lr": 1e-3, "warmup": 0.0,
+        parser, {"steps": 3000, "batch_size": 128, "lr": 1e-3, "warmup": 0.0,
                  "eval_every": 250, "eval_samples": 10000}, contrastive=True,
         descriptions={"steps": "steps that train the controlled encoder's concentrations; on "
                       "--resume it may grow to extend a run",
@@ -157,11 +158,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                       "eval_every": "score the held-out inputs every STEPS steps; 0: at the "
                       "end only",
                       "eval_samples": "fresh inputs of the controlled process's scores"})
-    train.add_argument("--mean-steps", type=positive_int, default=800,
+    train.add_argument("--mean-steps", type=positive_int, default=600,
                        help="steps that train the controlled encoder's directions "
-                       "(default: 800)")
-    train.add_argument("--concentration-lr", type=positive_float, default=1e-2,
-                       help="peak learning rate of the concentration network (default: 1e-2)")
+                       "(default: 600)")
+    train.add_argument("--mean-batch-size", type=positive_int, default=128,
+                       help="pairs per step while the directions train, >= 2 (default: 128)")
+    train.add_argument("--mean-particles", type=positive_int, default=64,
+                       help="S while the directions train (default: 64)")
+    train.add_argument("--concentration-lr", type=positive_float, default=3e-3,
+                       help="peak learning rate of the concentration network (default: 3e-3)")
     train.add_argument("--particles", type=positive_int, default=16,
                        help="S, posterior draws per pair of the importance-weighted ELBO "
                        "(default: 16)")
@@ -199,6 +204,10 @@ def _validate(args: argparse.Namespace) -> None:
     if args.eval_samples < 2:
         raise ConfigurationError(f"--eval-samples {args.eval_samples}: a rank correlation needs "
                                  "at least 2 inputs; use --eval-samples 2 or more")
+    if args.mean_batch_size < 2:
+        raise ConfigurationError(f"--mean-batch-size {args.mean_batch_size}: a batch needs at "
+                                 "least 2 pairs (the others are each pair's negatives); use "
+                                 "--mean-batch-size 2 or more")
     if args.digits_batch_size < 2:
         raise ConfigurationError(f"--digits-batch-size {args.digits_batch_size}: a batch needs "
                                  "at least 2 images (the others are each pair's negatives); "
@@ -267,7 +276,6 @@ def _controlled(args: argparse.Namespace, out, device) -> dict:
     encoder = model.recognition.net
     for name in ("controlled-means", "controlled"):
         write_model_record(out / name, "uncertainty", arguments, (process.obs_dim,))
-    elbo = RPMELBO(num_particles=args.particles, importance_weighted=True)
 
     def scores(x: torch.Tensor, cosines: int) -> dict:
         model.eval()
@@ -290,21 +298,25 @@ def _controlled(args: argparse.Namespace, out, device) -> dict:
 
     untrained = validation(0)
     histories = {}
-    for name, steps, trained, lr in (
-            ("controlled-means", args.mean_steps, encoder.mean_net, args.lr),
-            ("controlled", args.steps, encoder.concentration_net, args.concentration_lr)):
+    for name, steps, trained, lr, batch, particles in (
+            ("controlled-means", args.mean_steps, encoder.mean_net, args.lr,
+             args.mean_batch_size, args.mean_particles),
+            ("controlled", args.steps, encoder.concentration_net, args.concentration_lr,
+             args.batch_size, args.particles)):
         held = encoder.concentration_net if name == "controlled-means" else encoder.mean_net
         held.requires_grad_(False)
         trained.requires_grad_(True)
         score = "means_rank_correlation" if name == "controlled-means" else "rank_correlation"
 
-        def loss_fn(step: int, name=name) -> torch.Tensor:
+        elbo = RPMELBO(num_particles=particles, importance_weighted=True)
+
+        def loss_fn(step: int, name=name, batch=batch, elbo=elbo) -> torch.Tensor:
             generator = torch.Generator().manual_seed(
                 derived_seed(args.seed, "train", 2 * step + (name == "controlled")))
-            x, x2 = process.sample_pairs(args.batch_size, generator)
+            x, x2 = process.sample_pairs(batch, generator)
             with pyro.validation_enabled(False):  # our own tensors
                 return elbo.differentiable_loss(model.model, model.guide, x.to(device),
-                                                x2.to(device)) / args.batch_size
+                                                x2.to(device)) / batch
 
         def eval_fn(step: int, score=score) -> dict:
             result = validation(step)  # the Trainer records numbers: undefined scores left out
