@@ -85,6 +85,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "rpm.experiments.rpm_hmm.command",
     "rpm.experiments.peer_supervision.command",
     "rpm.experiments.benchmark.command",
+    "rpm.experiments.uncertainty.command",
 )
 
 EXIT_FAILURE = 1  # the run failed (non-finite loss)

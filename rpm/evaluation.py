@@ -24,6 +24,18 @@ which transfers worst; Chen et al., 2020, Section 4.2) and fit a simple classifi
 
   (scikit-learn's ``StandardScaler`` and ``LogisticRegression``, L-BFGS, :math:`C = 1`, the
   library's default: no validation set exists to tune it when only a few labels are known).
+* **Calibration** (:func:`reliability_bins`, :func:`expected_calibration_error`): a
+  classifier's predicted probabilities :math:`p_n` against the labels :math:`y_n`. The
+  confidence :math:`c_n = \max_k p_{nk}` and prediction :math:`\hat y_n = \arg\max_k p_{nk}`;
+  M equal bins :math:`B_b = \{n : c_n \in ((b-1)/M, b/M]\}` (the first includes 0); the
+  expected calibration error (Guo et al., 2017; M = 15)
+
+  .. math::
+
+      \mathrm{ECE} = \sum_{b=1}^M \frac{|B_b|}{N} \Big| \frac1{|B_b|} \sum_{n \in B_b}
+      [\hat y_n = y_n] - \frac1{|B_b|} \sum_{n \in B_b} c_n \Big|,
+
+  the gap between accuracy and confidence averaged over the inputs (0: calibrated).
 * **Label efficiency** (:func:`label_efficiency`): both classifiers trained on :math:`k`
   labelled images per class for several :math:`k` (each draw stratified, without
   replacement; several random draws; mean and standard deviation over draws) and on all
@@ -60,6 +72,8 @@ References:
     M. Caron et al., "Emerging properties in self-supervised vision transformers" (DINO), ICCV 2021.
     H. W. Kuhn, "The Hungarian method for the assignment problem", Naval Research Logistics
     Quarterly 2 (1955).
+    C. Guo, G. Pleiss, Y. Sun and K. Q. Weinberger, "On calibration of modern neural networks",
+    ICML 2017.
 """
 
 from __future__ import annotations
@@ -76,14 +90,17 @@ from rpm._validation import check_int, check_positive, check_positive_int
 __all__ = [
     "ClusterMatch",
     "LabelEfficiency",
+    "ReliabilityBins",
     "Score",
     "draw_labelled_subset",
+    "expected_calibration_error",
     "fit_linear_probe",
     "kmeans_clusters",
     "knn_accuracy",
     "label_efficiency",
     "linear_probe_accuracy",
     "match_clusters",
+    "reliability_bins",
     "representations",
 ]
 
@@ -444,3 +461,66 @@ def kmeans_clusters(train_features: torch.Tensor, test_features: torch.Tensor, n
                          f"and {xt.shape[1]}")
     kmeans = KMeans(n_clusters=num_clusters, n_init=n_init, random_state=seed).fit(x)
     return torch.from_numpy(kmeans.predict(xt).astype(np.int64))
+class ReliabilityBins(NamedTuple):
+    """Per confidence bin (:func:`reliability_bins`): ``counts`` of inputs, their mean
+    ``confidence`` and ``accuracy`` (NaN for an empty bin), and the bins' ``edges`` (M + 1)."""
+
+    counts: np.ndarray
+    confidence: np.ndarray
+    accuracy: np.ndarray
+    edges: np.ndarray
+
+
+def _probabilities(probabilities: object) -> np.ndarray:
+    if isinstance(probabilities, torch.Tensor):
+        probabilities = probabilities.detach().cpu().numpy()
+    if not isinstance(probabilities, np.ndarray):
+        raise TypeError(f"probabilities must be a torch.Tensor or a NumPy array, got "
+                        f"{type(probabilities).__name__}")
+    p = np.asarray(probabilities, dtype=np.float64)
+    if p.ndim != 2 or p.shape[1] < 2:
+        raise ValueError(f"probabilities must have shape (num_samples, classes >= 2), got "
+                         f"{p.shape}")
+    if not np.isfinite(p).all() or (p < 0).any() or not np.allclose(p.sum(1), 1.0, atol=1e-6):
+        raise ValueError("probabilities must be finite, non-negative and sum to 1 in every row "
+                         "(a softmax, not logits)")
+    return p
+
+
+def reliability_bins(probabilities, labels: torch.Tensor, num_bins: int = 15) -> ReliabilityBins:
+    r"""The reliability diagram's bins of the module docstring: per bin of the confidence
+    :math:`c_n = \max_k p_{nk}`, the number of inputs, their mean confidence and their accuracy.
+
+    :param probabilities: predicted class probabilities, each row summing to 1 (torch tensor or
+        NumPy array). Shape: (N, C).
+    :param torch.Tensor labels: the true classes in ``0..C-1``. Shape: (N,).
+    :param int num_bins: M, equal bins of [0, 1].
+    :rtype: ReliabilityBins
+    """
+    p = _probabilities(probabilities)
+    y = _labels("labels", labels, p.shape[0])
+    if (y < 0).any() or (y >= p.shape[1]).any():
+        raise ValueError(f"labels must lie in 0..{p.shape[1] - 1} (the columns of probabilities)")
+    num_bins = check_positive_int("num_bins", num_bins)
+    confidence = p.max(1)
+    correct = (p.argmax(1) == y).astype(np.float64)
+    edges = np.linspace(0.0, 1.0, num_bins + 1)
+    index = np.clip(np.ceil(confidence * num_bins).astype(np.int64) - 1, 0, num_bins - 1)
+    count = np.bincount(index, minlength=num_bins).astype(np.int64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_confidence = np.bincount(index, confidence, num_bins) / count
+        accuracy = np.bincount(index, correct, num_bins) / count
+    return ReliabilityBins(count, mean_confidence, accuracy, edges)
+
+
+def expected_calibration_error(probabilities, labels: torch.Tensor, num_bins: int = 15) -> float:
+    r"""The expected calibration error of the module docstring, in [0, 1].
+
+    :param probabilities: predicted class probabilities. Shape: (N, C).
+    :param torch.Tensor labels: the true classes. Shape: (N,).
+    :param int num_bins: M.
+    """
+    bins = reliability_bins(probabilities, labels, num_bins)
+    filled = bins.counts > 0
+    gaps = np.abs(bins.accuracy[filled] - bins.confidence[filled])
+    return float((bins.counts[filled] * gaps).sum() / bins.counts.sum())

@@ -188,6 +188,11 @@ COMMANDS = {
                  "0", "--latent-dim", "3", "--state-dim", "5"],
     "rpm-hmm": ["--steps", "6", "--length", "200", "--test-length", "60", "--batch-size", "4",
                 "--window", "10", "--hidden", "16", "--eval-every", "3"],
+    "uncertainty": ["--steps", "4", "--mean-steps", "4", "--batch-size", "16", "--particles", "2",
+                    "--eval-samples", "300", "--eval-every", "2", "--smoothing-steps", "20",
+                    "--hidden", "16", "--digits-steps", "4", "--digits-batch-size", "16",
+                    "--digits-particles", "2", "--digits-hidden", "16", "--mc-samples", "4",
+                    "--checkpoint-every", "0"],
 }
 
 

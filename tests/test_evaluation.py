@@ -257,3 +257,53 @@ def test_kmeans_clusters_recover_separated_blobs_and_minimise_the_inertia():
     means = torch.stack([x[train_clusters == k].mean(0) for k in range(3)]).double()
     nearest = torch.cdist(xt.double(), means).argmin(1)
     assert torch.equal(nearest, clusters)
+def _ece_loop(probabilities, labels, num_bins):
+    """The expected calibration error written out: each input to the bin ((b-1)/M, b/M] of its
+    largest probability (the first bin from 0), then sum_b |B_b|/N |accuracy_b - confidence_b|."""
+    bins = [[] for _ in range(num_bins)]
+    for row, label in zip(probabilities.tolist(), labels.tolist(), strict=True):
+        confidence = max(row)
+        predicted = row.index(confidence)
+        b = 0
+        while not confidence <= (b + 1) / num_bins:
+            b += 1
+        bins[b].append((confidence, predicted == label))
+    total = 0.0
+    for members in bins:
+        if members:
+            accuracy = sum(correct for _, correct in members) / len(members)
+            confidence = sum(c for c, _ in members) / len(members)
+            total += len(members) / len(labels) * abs(accuracy - confidence)
+    return total, [len(m) for m in bins]
+
+
+def test_expected_calibration_error_is_the_binned_gap_of_a_loop():
+    from rpm.evaluation import expected_calibration_error, reliability_bins
+
+    generator = torch.Generator().manual_seed(0)
+    logits = 3 * torch.randn(500, 4, generator=generator, dtype=torch.float64)
+    probabilities = torch.softmax(logits, -1)
+    labels = torch.randint(4, (500,), generator=generator)
+    for num_bins in (15, 4):
+        want, counts = _ece_loop(probabilities, labels, num_bins)
+        assert expected_calibration_error(probabilities, labels, num_bins) == \
+            pytest.approx(want, abs=1e-12)
+        bins = reliability_bins(probabilities.numpy(), labels, num_bins)
+        assert bins.counts.tolist() == counts and len(bins.edges) == num_bins + 1
+    # a classifier whose confidence is its accuracy in every bin: ECE 0
+    sure = torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    assert expected_calibration_error(sure, torch.tensor([0, 1])) == 0.0
+    assert expected_calibration_error(sure, torch.tensor([1, 0])) == 1.0
+
+
+@pytest.mark.parametrize("probabilities, labels, message", [
+    (torch.tensor([[0.5, 0.6]]), torch.tensor([0]), "sum to 1"),
+    (torch.tensor([0.5, 0.5]), torch.tensor([0]), "shape"),
+    (torch.tensor([[0.5, 0.5]]), torch.tensor([2]), "labels must lie in 0..1"),
+    (torch.tensor([[0.5, 0.5]]), torch.tensor([0, 1]), "1 feature rows"),
+])
+def test_calibration_refuses_what_is_not_a_predictive(probabilities, labels, message):
+    from rpm.evaluation import expected_calibration_error
+
+    with pytest.raises(ValueError, match=message):
+        expected_calibration_error(probabilities, labels)

@@ -59,6 +59,7 @@ BUILDERS = {
     "peer-supervision": "rpm.experiments.peer_supervision.model",
     "pendulum": "rpm.experiments.pendulum.model",
     "rpm-hmm": "rpm.experiments.rpm_hmm.model",
+    "uncertainty": "rpm.experiments.uncertainty.model",
 }
 _CHECKPOINT = "checkpoint.pt"
 

@@ -1,0 +1,105 @@
+r"""The models of ``rpm uncertainty``: von Mises-Fisher encoders trained by MC-InfoNCE as RPMs.
+
+Each model is an :class:`rpm.RPM` with :class:`~rpm.VonMisesFisherRecognition`
+:math:`Q(z \mid x) = \mathrm{vMF}(\mu(x), \kappa(x))` (``concentration="raw"``: the network
+returns :math:`\kappa(x) = \exp(\log\kappa_0 + h(x))` itself) and the implicit prior of the
+cosine energy :math:`f(z, z') = \kappa_+ z^\top z'` (``docs/theory.md``, C1-C5); trained with
+``RPMELBO(num_particles=S, importance_weighted=True)``.
+
+* ``controlled`` (:class:`ControlledEncoder`): two separate networks of the input
+  :math:`x \in [0, 1]^P`, a LeakyReLU MLP with ``depth`` hidden layers of ``hidden`` units for
+  the direction and one with a single hidden layer of ``concentration_hidden`` units for
+  :math:`\log\kappa` (the reference code also keeps the two apart, so that each can be trained
+  alone); :math:`\kappa_+` fixed to the process's.
+* ``digits`` (:class:`DigitsEncoder`): an 8 x 8 image, flattened, through two ReLU layers of
+  ``hidden`` units shared by a linear direction head (``latent_dim``) and a linear
+  :math:`\log\kappa` head; :math:`\kappa_+` learned from ``kappa_pos``.
+
+The last layer of each :math:`\log\kappa` head starts at zero weights and bias 0, so every
+input starts at :math:`\kappa_0` (``initial_concentration``).
+
+:func:`model_from_arguments` rebuilds either from its model record (``rpm.load``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+import rpm
+from rpm.experiments.uncertainty.process import leaky_mlp
+from rpm.priors import CosineEnergy, ImplicitPrior
+
+__all__ = ["ControlledEncoder", "DigitsEncoder", "PARTS", "build_rpm", "model_from_arguments"]
+
+#: The two models: the controlled process's encoder and the digits encoder.
+PARTS = ("controlled", "digits")
+#: Pixels of one of scikit-learn's digits.
+PIXELS = 64
+
+
+def _zero_last(layer: nn.Module) -> None:
+    assert isinstance(layer, nn.Linear)
+    nn.init.zeros_(layer.weight)
+    nn.init.zeros_(layer.bias)
+
+
+class ControlledEncoder(nn.Module):
+    r"""x (N, P) -> (direction (N, D), :math:`\kappa` (N,)) from two networks (module
+    docstring). ``mean_net`` and ``concentration_net`` are its two parts, trained apart or
+    together (a part held with ``requires_grad_(False)`` costs no gradient: for the
+    concentration, the implicit gradient of each vMF draw)."""
+
+    def __init__(self, obs_dim: int, dim: int, hidden: int, depth: int,
+                 concentration_hidden: int, initial_concentration: float) -> None:
+        super().__init__()
+        self.mean_net = leaky_mlp([obs_dim] + [hidden] * depth + [dim])
+        self.concentration_net = leaky_mlp([obs_dim, concentration_hidden, 1])
+        _zero_last(self.concentration_net[-1])
+        self.log_initial = math.log(initial_concentration)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.mean_net(x), torch.exp(self.log_initial + self.concentration_net(x)[:, 0])
+
+
+class DigitsEncoder(nn.Module):
+    r"""Images (N, 1, 8, 8) -> (direction (N, D), :math:`\kappa` (N,)) through a shared MLP
+    (module docstring)."""
+
+    def __init__(self, latent_dim: int, hidden: int, initial_concentration: float) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(PIXELS, hidden), nn.ReLU(),
+                                  nn.Linear(hidden, hidden), nn.ReLU())
+        self.direction = nn.Linear(hidden, latent_dim)
+        self.log_concentration = nn.Linear(hidden, 1)
+        _zero_last(self.log_concentration)
+        self.log_initial = math.log(initial_concentration)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.body(x)
+        return self.direction(h), torch.exp(self.log_initial + self.log_concentration(h)[:, 0])
+
+
+def build_rpm(encoder: nn.Module, kappa_pos: float, learn_kappa: bool) -> rpm.RPM:
+    """The RPM of an encoder (module docstring): vMF recognition of its raw concentration and
+    the implicit prior of ``CosineEnergy(kappa_pos, learn_kappa)``."""
+    return rpm.RPM(rpm.VonMisesFisherRecognition(encoder, concentration="raw"),
+                   ImplicitPrior(CosineEnergy(kappa_pos, learn_kappa=learn_kappa)))
+
+
+def model_from_arguments(arguments: dict) -> rpm.RPM:
+    """The untrained model of a model record's ``arguments`` (``part`` one of :data:`PARTS`,
+    with the sizes of its encoder, ``initial_concentration`` and ``kappa_pos``)."""
+    part = arguments["part"]
+    if part == "controlled":
+        encoder: nn.Module = ControlledEncoder(
+            arguments["obs_dim"], arguments["dim"], arguments["hidden"], arguments["depth"],
+            arguments["concentration_hidden"], arguments["initial_concentration"])
+        return build_rpm(encoder, arguments["kappa_pos"], learn_kappa=False)
+    if part == "digits":
+        encoder = DigitsEncoder(arguments["latent_dim"], arguments["hidden"],
+                                arguments["initial_concentration"])
+        return build_rpm(encoder, arguments["kappa_pos"], learn_kappa=arguments["learn_kappa"])
+    raise ValueError(f"part must be one of {PARTS}, got {part!r}")

@@ -1,0 +1,175 @@
+"""``rpm uncertainty``'s pieces against independent computations: the controlled process's true
+posterior (a Monte Carlo fit of the latents it draws), its normaliser ratio (scipy's Bessel
+function), its positive pairs (the candidates' acceptance probabilities), the corruptions
+(loops and scipy's Gaussian filter), the crop score and the probe's predictive."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import ndimage, optimize, special
+
+from rpm.experiments.uncertainty.corruptions import blur, crop
+from rpm.experiments.uncertainty.evaluate import (
+    mean_cosines,
+    nested_crop_order,
+    posterior_predictive,
+    spearman,
+)
+from rpm.experiments.uncertainty.process import ControlledProcess, log_normaliser_ratio
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def process():
+    return ControlledProcess(smoothing_steps=200, seed=3)
+
+
+def mean_resultant_length(kappa, dim):
+    """A_D(kappa) = I_{D/2}(kappa) / I_{D/2-1}(kappa), from scipy's scaled Bessel functions."""
+    return special.ive(dim / 2, kappa) / special.ive(dim / 2 - 1, kappa)
+
+
+def test_normaliser_ratio_is_scipys_closed_form():
+    """log C_D(0) - log C_D(kappa), C_D(kappa) = kappa^(D/2-1) / ((2 pi)^(D/2) I_{D/2-1}(kappa)),
+    C_D(0) = Gamma(D/2) / (2 pi^(D/2)): 11.148 for D = 10, kappa = 20."""
+    for dim, kappa in ((10, 20.0), (3, 5.0), (16, 40.0)):
+        log_c = ((dim / 2 - 1) * math.log(kappa) - dim / 2 * math.log(2 * math.pi)
+                 - (math.log(special.ive(dim / 2 - 1, kappa)) + kappa))
+        log_c0 = math.lgamma(dim / 2) - math.log(2) - dim / 2 * math.log(math.pi)
+        assert log_normaliser_ratio(kappa, dim) == pytest.approx(log_c0 - log_c, abs=1e-9)
+    assert log_normaliser_ratio(20.0, 10) == pytest.approx(11.1483, abs=1e-4)
+
+
+def test_true_posterior_concentration_matches_a_monte_carlo_fit(process):
+    """For 4 inputs, 40,000 latents drawn by the process given each: their mean direction is
+    mu(x) (cosine > 0.999) and the maximum-likelihood vMF concentration (A_D(kappa) = |mean z|,
+    solved with scipy) is kappa(x) within 2% (its standard error here is about 0.5%)."""
+    generator = torch.Generator().manual_seed(0)
+    x = process.sample_inputs(4, generator)
+    mu, kappa = process.posterior(x)
+    draws = process.sample_latents(x.repeat(40000, 1), generator).double()  # (40000 * 4, D)
+    mean = draws.reshape(40000, 4, -1).mean(0)  # (4, D)
+    for i in range(4):
+        length = float(mean[i].norm())
+        assert float(mean[i] @ mu[i].double()) / length > 0.999
+        fitted = optimize.brentq(lambda k, r=length: mean_resultant_length(k, process.dim) - r,
+                                 0.1, 1e4)
+        assert fitted == pytest.approx(float(kappa[i]), rel=0.02)
+    assert 15.0 < float(kappa.min()) and float(kappa.max()) < 34.0
+
+
+def test_concentrations_span_the_range_and_means_spread(process):
+    """On 10,000 fresh inputs the concentrations fill about [16, 32] (the range is set on 1000
+    reference inputs) and the means spread over the sphere (smallest pairwise cosine < 0.5)."""
+    x = process.sample_inputs(10000, torch.Generator().manual_seed(1))
+    mu, kappa = process.posterior(x)
+    assert 15.0 < float(kappa.min()) < 16.5 and 31.0 < float(kappa.max()) < 34.0
+    assert float((mu[:1000] @ mu[:1000].T).min()) < 0.5
+    torch.testing.assert_close(mu.norm(dim=-1), torch.ones(10000))
+
+
+def test_positive_pairs_follow_the_acceptance_probability(process):
+    """Given its reference latent z, a partner's latent has density proportional to P(z')
+    sigma(kappa_+ z.z' - l): the mean cosine z.z' of 4000 drawn pairs equals, within 4
+    standard errors (+ 0.01 for the pool's sharing of candidates), the mean over 2000
+    independent references of the sigma-weighted mean cosine of 4000 independent candidates
+    (self-normalised importance sampling per reference); every partner is a distinct input."""
+    generator = torch.Generator().manual_seed(2)
+    x, x2, z, z2 = process.sample_pairs(4000, generator, return_latents=True)
+    assert len(torch.unique(x2, dim=0)) == 4000
+    assert z.shape == z2.shape == (4000, process.dim)
+    drawn = (z * z2).sum(-1).double()
+    references = process.sample_latents(process.sample_inputs(2000, generator), generator)
+    candidates = process.sample_latents(process.sample_inputs(4000, generator), generator)
+    weights = process.positive_probability(references, candidates).double()
+    cosines = (references @ candidates.T).double()
+    target = float(((weights * cosines).sum(1) / weights.sum(1)).mean())
+    error = float(drawn.std() / math.sqrt(len(drawn)))
+    assert abs(float(drawn.mean()) - target) < 4 * error + 0.01, (float(drawn.mean()), target)
+    assert float(drawn.mean()) > float(cosines.mean()) + 0.3
+
+
+def test_crop_keeps_the_window_a_loop_finds():
+    """Pixel (r, c) survives iff its centre (c + 0.5, r + 0.5) lies in the square of side 8s at
+    corner u (8 - 8s); windows of a smaller side with the same u lie inside the larger."""
+    generator = torch.Generator().manual_seed(0)
+    images = torch.rand(5, 1, 8, 8, generator=generator) + 0.1
+    side = torch.tensor([1.0, 0.8, 0.55, 0.5, 0.3])
+    corner = torch.rand(5, 2, generator=generator)
+    out = crop(images, side, corner)
+    for n in range(5):
+        span = 8 * float(side[n])
+        x0, y0 = (float(corner[n, k]) * (8 - span) for k in range(2))
+        for r in range(8):
+            for c in range(8):
+                inside = x0 <= c + 0.5 <= x0 + span and y0 <= r + 0.5 <= y0 + span
+                assert float(out[n, 0, r, c]) == (float(images[n, 0, r, c]) if inside else 0.0)
+    assert torch.equal(out[0], images[0])
+    shared = corner[:1].expand(4, 2)
+    masks = [crop(torch.ones(4, 1, 8, 8), torch.full((4,), s), shared) > 0
+             for s in (0.9, 0.7, 0.5, 0.3)]
+    for larger, smaller in zip(masks[:-1], masks[1:], strict=True):
+        assert bool((smaller <= larger).all()) and smaller.sum() < larger.sum()
+
+
+def test_blur_is_scipys_gaussian_filter():
+    """sigma = 0 leaves the image; otherwise scipy.ndimage.gaussian_filter with a zero border
+    and radius 3 (7 taps), to float32 precision."""
+    generator = torch.Generator().manual_seed(1)
+    images = torch.rand(3, 1, 8, 8, generator=generator)
+    sigma = torch.tensor([0.0, 0.7, 1.5])
+    out = blur(images, sigma)
+    assert torch.equal(out[0], images[0])
+    for n in (1, 2):
+        want = ndimage.gaussian_filter(images[n, 0].double().numpy(), float(sigma[n]),
+                                       mode="constant", radius=3)
+        np.testing.assert_allclose(out[n, 0].numpy(), want, atol=1e-6)
+
+
+def test_nested_crop_order_is_a_loop_over_pairs_of_levels():
+    generator = torch.Generator().manual_seed(2)
+    kappa = torch.rand(30, 4, generator=generator)
+    pairs = [[kappa[n, m] < kappa[n, l] for l in range(4) for m in range(l + 1, 4)]
+             for n in range(30)]
+    want = sum(sum(bool(p) for p in row) for row in pairs) / (30 * 6)
+    assert nested_crop_order(kappa) == pytest.approx(want, abs=1e-12)
+    assert nested_crop_order(torch.arange(4.0, 0.0, -1).expand(3, 4)) == 1.0
+
+
+def test_mean_cosines_and_spearman():
+    mu = torch.nn.functional.normalize(torch.randn(6, 3, generator=torch.Generator()
+                                                   .manual_seed(3)), dim=-1)
+    want = [float(mu[i] @ mu[j]) for i in range(6) for j in range(i)]
+    torch.testing.assert_close(mean_cosines(mu), torch.tensor(want))
+    assert spearman([1, 2, 3, 4], [10, 30, 20, 40]) == pytest.approx(0.8)
+    assert spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_posterior_predictive_averages_the_probe_over_posterior_draws():
+    """Without kappa: the probe at the directions; with a huge kappa: the same to 1e-4; with
+    a small kappa: the probe's probabilities averaged over vMF draws, a loop over the same
+    draws (same seed) equal to 1e-12, and less confident than at the directions."""
+    from sklearn.linear_model import LogisticRegression
+
+    generator = torch.Generator().manual_seed(4)
+    features = torch.nn.functional.normalize(torch.randn(200, 4, generator=generator), dim=-1)
+    labels = (features[:, 0] > 0).long() + (features[:, 1] > 0).long()
+    probe = LogisticRegression(C=10.0).fit(features.double().numpy(), labels.numpy())
+    mu = features[:20]
+    plain = posterior_predictive(probe, mu, None, 8, 0)
+    np.testing.assert_allclose(plain, probe.predict_proba(mu.double().numpy()), atol=1e-12)
+    sharp = posterior_predictive(probe, mu, torch.full((20,), 1e8), 8, 0)
+    np.testing.assert_allclose(sharp, plain, atol=1e-4)
+    wide = posterior_predictive(probe, mu, torch.full((20,), 2.0), 500, 7)
+    from rpm.distributions import VonMisesFisher
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        draws = VonMisesFisher(torch.nn.functional.normalize(mu.double(), dim=-1),
+                               torch.full((20,), 2.0, dtype=torch.float64)).sample((500,))
+    loop = np.mean([probe.predict_proba(draws[k].numpy()) for k in range(500)], axis=0)
+    np.testing.assert_allclose(wide, loop, atol=1e-12)
+    assert wide.max(1).mean() < plain.max(1).mean()
