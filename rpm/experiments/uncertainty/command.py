@@ -47,7 +47,8 @@ posterior (``with_posterior``).
 configuration, the environment and the provenance; ``kappa.png`` (learned against true
 concentration, and the means' cosines), ``corruptions.png`` (the digits' concentration against
 the crop and the blur), ``reliability.png`` (the probe's reliability diagram) and
-``training.png`` (each model's loss and held-out score against the step). ``rpm.load(DIR,
+``training.png`` (each model's loss and held-out score against the step: Spearman's
+:math:`\rho` of the means' cosines, of the concentrations, and the crop score). ``rpm.load(DIR,
 model="controlled")`` (or ``"digits"``) gives a trained RPM.
 
 References:
@@ -499,7 +500,7 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
         results["digits"] = _digits(args, out, device)
         histories["digits"] = results["digits"]["history"]
     plot_training(out / "training.png", histories, score="score",
-                  score_label="held-out score (means rho, kappa rho, crop order)",
+                  score_label="held-out score",
                   loss_label="negative IW-ELBO / pair")
     results.update(run.provenance())
     write_json_atomic(out / "results.json", results)
