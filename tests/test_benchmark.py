@@ -1,10 +1,13 @@
 """``rpm benchmark``: the rows, the table and its resumption row by row, the MNIST-1D views, and
 the refusals of bad input (one line, exit 2, nothing written)."""
 
+import argparse
 import importlib.util
 import json
+import math
 import statistics
 
+import numpy as np
 import pytest
 import torch
 
@@ -159,3 +162,93 @@ def test_mnist1d_is_generated_offline_without_touching_global_generators(monkeyp
     assert split.train_x.shape == (4000, 40) and split.test_x.shape == (1000, 40)
     assert split.train_x.dtype == torch.float32
     assert set(split.train_y.tolist()) == set(range(10))
+
+
+#: The objectives over J views, the discrete RPM and MC-InfoNCE.
+NEW_ROWS = ("star", "lejepa", "gaussian_star", "discrete", "mcinfonce")
+
+
+@pytest.mark.parametrize("objective", NEW_ROWS)
+def test_objective_trains_with_a_finite_loss_and_is_scored(tmp_path, objective):
+    """One epoch on the digits: every step's loss finite and not constant, the row scored."""
+    args = argparse.Namespace(epochs=1, batch_size=128, lr=1e-2, temperature=0.5,
+                              checkpoint_every=0, progress=False, resume=False)
+    split = data.load_dataset("digits")
+    row = benchmark_train.train_row("digits", objective, 0, args, split, torch.device("cpu"),
+                                    tmp_path / "row")
+    losses = [value for _, value in json.loads((tmp_path / "row" / "history.json").read_text())
+              ["losses"]]
+    assert row["steps"] == len(losses) == 1347 // 128
+    assert all(math.isfinite(value) for value in losses) and len(set(losses)) > 1
+    assert math.isfinite(row["final_loss"])
+    assert 0 <= row["knn"] <= 1 and 0 <= row["linear"] <= 1 and row["linear_converged"]
+
+
+def _mnist1d_views(num_local, n=6, seed=0):
+    x = torch.randn(n, 40, dtype=torch.float64)
+    return data.multi_views("mnist1d", x, torch.Generator().manual_seed(seed), num_local)
+
+
+def _objective(name):
+    torch.manual_seed(0)
+    dim = model.encoder_latent_dim("mnist1d", name)
+    return model.BenchmarkObjective(name, model.build_encoder("mnist1d", 40, dim), dim,
+                                    temperature=0.5).double()
+
+
+def test_star_loss_is_the_multi_crop_star_elbo_of_a_loop():
+    """star: minus the float64 loop of the star prior's ELBO (2 global views, 2 local ones whose
+    positives and candidates are the global views only), per instance."""
+    from tests.priors.test_multiview import elbo_loop
+
+    objective, views = _objective("star"), _mnist1d_views(2)
+    with torch.no_grad():
+        z = torch.stack([objective.encoder(v) for v in views], 1).tolist()      # (N, J, D)
+
+    def cosine(a, b):
+        a, b = torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
+        return 2.0 * float(a @ b / (a.norm() * b.norm()))  # kappa = 1 / temperature
+
+    expected = -elbo_loop(z, cosine, "star", global_views=2) / len(z)
+    assert float(objective.loss(views).detach()) == pytest.approx(expected, rel=1e-9)
+
+
+def test_gaussian_star_loss_is_the_closed_form():
+    from tests.helpers import gaussian_star_closed_form
+
+    objective, views = _objective("gaussian_star"), _mnist1d_views(2, n=40)
+    with torch.no_grad():
+        z = torch.stack([objective.encoder(v) for v in views], 1).numpy()      # (N, J, D)
+    expected = -gaussian_star_closed_form(z, 1.0 / 3.0)
+    assert float(objective.loss(views).detach()) == pytest.approx(expected, rel=1e-9)
+
+
+def test_discrete_loss_is_pyros_enumerated_elbo_and_knn_reads_probabilities():
+    """discrete: TraceEnum_ELBO (Z summed out by Pyro) per instance; kNN's latent sums to 1."""
+    from pyro.infer import TraceEnum_ELBO
+
+    objective, views = _objective("discrete"), _mnist1d_views(0)
+    assert objective.discrete is not None
+    expected = TraceEnum_ELBO(max_plate_nesting=1).differentiable_loss(
+        objective.discrete.model, objective.discrete.guide, *views) / views[0].shape[0]
+    assert float(objective.loss(views).detach()) == pytest.approx(float(expected.detach()), rel=1e-9)
+    probs = objective.latent()(views[0])
+    assert probs.shape == (6, model.DISCRETE_CLASSES)
+    assert torch.allclose(probs.sum(-1), torch.ones(6, dtype=torch.float64))
+
+
+def test_mnist1d_local_view_is_a_window_stretched_back_by_linear_interpolation():
+    """Each local view is the augmented view (the same draws) at positions a + (t + 1/2) phi,
+    phi in [0.5, 0.75], read by numpy's linear interpolation between samples at i + 1/2."""
+    x = torch.randn(16, 40, dtype=torch.float64)
+    local = data.mnist1d_local_views(x, torch.Generator().manual_seed(4))
+    generator = torch.Generator().manual_seed(4)
+    view = data.mnist1d_views(x, generator)
+    fraction = 0.5 + 0.25 * torch.rand(16, 1, generator=generator).double()
+    start = (1 - fraction) * 40 * torch.rand(16, 1, generator=generator).double()
+    t = np.arange(40)
+    for n in range(16):
+        phi, a = float(fraction[n]), float(start[n])
+        assert 0.5 <= phi <= 0.75 and 0 <= a <= (1 - phi) * 40
+        expected = np.interp(a + (t + 0.5) * phi - 0.5, t, view[n].numpy())
+        np.testing.assert_allclose(local[n].numpy(), expected, rtol=1e-12, atol=1e-12)

@@ -11,7 +11,9 @@ the augmentations of ``rpm digits``. ``--datasets`` chooses them.
 Objectives (:mod:`rpm.experiments.benchmark.model`, ``--objectives``): the baselines ``raw``
 (the inputs themselves) and ``untrained`` (the encoder at its initialisation), and the
 objectives ``simclr``, ``vmf``, ``rbf``, ``aninfonce``, ``gaussian``, ``vicreg``, ``barlow``
-and ``dcl``, each the prior of an RPM (or the lightly-style surrogate of one), with the same
+and ``dcl``, and over J = 4 views (2 global and 2 local) ``star``, ``lejepa`` and
+``gaussian_star``, the discrete RPM ``discrete`` and MC-InfoNCE's von Mises-Fisher encoder
+``mcinfonce``, each the prior of an RPM (or the lightly-style surrogate of one), with the same
 encoder, augmentations, epochs and optimiser (Adam, ``--lr``, ``--batch-size``, ``--epochs``)
 within a dataset. ``--seeds K`` trains every row from the seeds ``--seed`` to ``--seed`` + K - 1.
 
@@ -65,7 +67,8 @@ __all__ = ["DATASETS", "DEFAULT_EPOCHS", "OBJECTIVES", "ROWS_NAME", "add_parser"
 # rpm.experiments.benchmark.data.DATASETS and rpm.experiments.benchmark.model.OBJECTIVES.
 DATASETS = ("mnist1d", "digits")
 OBJECTIVES = ("raw", "untrained", "simclr", "vmf", "rbf", "aninfonce", "gaussian", "vicreg",
-              "barlow", "dcl")
+              "barlow", "dcl",
+              "star", "lejepa", "gaussian_star", "discrete", "mcinfonce")
 #: Epochs of every trained row by default.
 DEFAULT_EPOCHS = 50
 #: The file of the finished rows, rewritten atomically after each.
@@ -137,13 +140,15 @@ def _validate(args: argparse.Namespace) -> None:
     for dataset in args.datasets:
         check_batch_size(args.batch_size, _TRAIN_SIZES[dataset], "inputs",
                          what=f"the training split of {dataset}")
-    if "gaussian" in args.objectives:
+    gaussians = [o for o in ("gaussian", "gaussian_star") if o in args.objectives]
+    if gaussians:
         dim = max(_LATENT_DIMS[d] for d in args.datasets)
         if args.batch_size <= dim:
             raise ConfigurationError(
-                f"--batch-size {args.batch_size}: the gaussian objective's moment-matched "
-                f"marginals need more inputs than latent dimensions ({dim}): use at least "
-                f"{dim + 1}, or leave gaussian out of --objectives")
+                f"--batch-size {args.batch_size}: the moment-matched marginals of "
+                f"{' and '.join(gaussians)} need more inputs than latent dimensions ({dim}): "
+                f"use at least {dim + 1}, or leave {' and '.join(gaussians)} out of "
+                "--objectives")
 
 
 def run(args: argparse.Namespace) -> int:

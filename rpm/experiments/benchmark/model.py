@@ -36,6 +36,48 @@ dcl         :class:`rpm.losses.DCLLoss`: the pooled prior's log-ratio without th
             among the candidates
 ==========  ===============================================================================
 
+The objectives over J = 4 views and the other recognition models:
+
+=============  ============================================================================
+objective      trained on
+=============  ============================================================================
+star           J = 4 views (2 global, 2 local), the star prior averaged over centres with
+               the multi-crop rule (:class:`~rpm.priors.StarImplicitPrior`, cosine,
+               ``global_views=2``: a local view's positives and candidates are the global
+               views only; SwAV, DINO)
+lejepa         :class:`rpm.losses.LeJEPALoss` (lightly's defaults) over the same J = 4
+               views: SIGReg and the invariance to the global views' centroid, the
+               surrogate of the Gaussian star RPM (``gaussian_star``; its ``elbo``)
+gaussian_star  the Gaussian star prior over the same J = 4 views
+               (:class:`~rpm.priors.GaussianStarPrior`, :math:`s = 1/3`: any two views
+               correlated 0.9) with moment-matched Gaussian marginals
+               (``marginal="gaussian"``)
+discrete       the discrete RPM (:class:`rpm.DiscreteRPM`, learned :math:`p(Z)`) with
+               :class:`rpm.CategoricalRecognition` of the encoder's output as logits over
+               :data:`DISCRETE_CLASSES` = 10 classes (the datasets' ten labels; the head
+               outputs K instead of D numbers), F over the batch, trained on minus the
+               exact log-likelihood per pair :math:`-\log P(x, x')/N` (Walker et al.)
+mcinfonce      MC-InfoNCE: von Mises-Fisher recognition :math:`\mathrm{vMF}(\hat z(x),
+               \kappa(x))` (:class:`rpm.VonMisesFisherRecognition`; :math:`\kappa(x) =
+               \kappa_0 e^{w^\top h + b}`, a linear head on the backbone starting at zero,
+               :math:`\kappa_0` = :data:`INITIAL_CONCENTRATION_PER_DIM` D) with ``vmf``'s
+               implicit cosine prior, trained by ``RPMELBO(num_particles=S,
+               importance_weighted=True)``, S = :data:`MC_PARTICLES` (Kirchhof et al.)
+=============  ============================================================================
+
+**Views.** Every objective sees the pair of views of its dataset
+(:func:`rpm.experiments.benchmark.data.view_pair`) but ``star``, ``lejepa`` and
+``gaussian_star``, which see that pair as their global views and :data:`LOCAL_VIEWS` local ones
+(:func:`rpm.experiments.benchmark.data.multi_views`: for ``digits`` 4 x 4 crops, for
+``mnist1d`` windows of the augmented sequence stretched back to its length).
+
+**Latents scored.** kNN reads the output of :meth:`BenchmarkObjective.latent`: z for every objective but
+``discrete``, whose latent is the class probabilities :math:`f(Z|x)` (the recognition
+factor itself, the quantity the model defines; its logits are defined only up to an additive
+constant, which changes their cosine distances); for ``mcinfonce`` the cosine distance of z
+is that of the mean direction :math:`\hat z`. The linear probe reads the backbone's h for
+every row.
+
 The baselines (``raw``: the inputs themselves; ``untrained``: the encoder at its
 initialisation) train nothing.
 
@@ -43,9 +85,18 @@ References:
     L. Aitchison and S. Ganev, "InfoNCE is variational inference in a recognition parameterised
     model".
     S. Greydanus and D. Kobak, "Scaling down deep learning with MNIST-1D", ICML 2024.
+    W. I. Walker, H. Soulat, C. Yu and M. Sahani, "Unsupervised representation learning with
+    recognition-parametrised probabilistic models", AISTATS 2023.
+    M. Kirchhof, E. Kasneci and S. J. Oh, "Probabilistic contrastive learning recovers the
+    correct aleatoric uncertainty of ambiguous inputs", ICML 2023.
+    R. Balestriero and Y. LeCun, "LeJEPA: provable and scalable self-supervised learning
+    without the heuristics", 2025.
 """
 
 from __future__ import annotations
+
+import math
+from typing import cast
 
 import torch
 from torch import nn
@@ -56,22 +107,36 @@ from rpm.priors import (
     AnisotropicEnergy,
     CosineEnergy,
     GaussianPairPrior,
+    GaussianStarPrior,
     ImplicitPrior,
     PooledImplicitPrior,
     RBFEnergy,
+    StarImplicitPrior,
 )
 
-__all__ = ["BASELINES", "LATENT_DIMS", "OBJECTIVES", "TRAINED", "BenchmarkObjective",
-           "Mnist1dEncoder", "build_encoder"]
+__all__ = ["BASELINES", "DISCRETE_CLASSES", "INITIAL_CONCENTRATION_PER_DIM", "LATENT_DIMS",
+           "LOCAL_VIEWS", "MC_PARTICLES", "OBJECTIVES", "TRAINED", "BenchmarkObjective",
+           "Mnist1dEncoder", "build_encoder", "encoder_latent_dim"]
 
 #: The trained objectives (module table), in the table's order.
-TRAINED = ("simclr", "vmf", "rbf", "aninfonce", "gaussian", "vicreg", "barlow", "dcl")
+TRAINED = ("simclr", "vmf", "rbf", "aninfonce", "gaussian", "vicreg", "barlow", "dcl",
+           "star", "lejepa", "gaussian_star", "discrete", "mcinfonce")
 #: The baselines, trained on nothing.
 BASELINES = ("raw", "untrained")
 #: Every row name of the table.
 OBJECTIVES = (*BASELINES, *TRAINED)
 #: The latent dimension D of each dataset's encoder.
 LATENT_DIMS = {"mnist1d": 16, "digits": 64}
+#: The local views of the objectives over J views (after the pair of global views); the others
+#: see the pair only.
+LOCAL_VIEWS = {"star": 2, "lejepa": 2, "gaussian_star": 2}
+#: K, the classes of the ``discrete`` objective's latent (the datasets' ten labels).
+DISCRETE_CLASSES = 10
+#: S, the particles of ``mcinfonce``'s importance-weighted ELBO.
+MC_PARTICLES = 8
+#: :math:`\kappa_0 / D`, ``mcinfonce``'s initial concentration per latent dimension: a mean
+#: resultant length :math:`A_D(\kappa_0) \approx 1 - (D - 1)/(2 \kappa_0) \approx 0.88`.
+INITIAL_CONCENTRATION_PER_DIM = 4.0
 
 
 class Mnist1dEncoder(nn.Module):
@@ -104,19 +169,55 @@ class Mnist1dEncoder(nn.Module):
         return self.head(self.backbone(x))
 
 
-def build_encoder(dataset: str, length: int = 40) -> nn.Module:
+def encoder_latent_dim(dataset: str, objective: str) -> int:
+    """The width of the head's output of ``objective``'s encoder on ``dataset``: K =
+    :data:`DISCRETE_CLASSES` logits for ``discrete``, else D = :data:`LATENT_DIMS`."""
+    return DISCRETE_CLASSES if objective == "discrete" else LATENT_DIMS[dataset]
+
+
+def build_encoder(dataset: str, length: int = 40, latent_dim: int | None = None) -> nn.Module:
     """The encoder of ``dataset`` (module docstring), with ``backbone`` and ``head``.
 
     :param str dataset: ``mnist1d`` or ``digits``.
     :param int length: the MNIST-1D sequences' length.
+    :param latent_dim: the head's outputs; None: the dataset's D (:data:`LATENT_DIMS`).
     """
+    if dataset not in LATENT_DIMS:
+        raise ValueError(f"dataset must be mnist1d or digits, got {dataset!r}")
+    dim = LATENT_DIMS[dataset] if latent_dim is None else latent_dim
     if dataset == "mnist1d":
-        return Mnist1dEncoder(length, LATENT_DIMS[dataset])
+        return Mnist1dEncoder(length, dim)
     if dataset == "digits":
         from rpm.experiments.digits.model import DigitsEncoder
 
-        return DigitsEncoder(16, LATENT_DIMS[dataset])
+        return DigitsEncoder(16, dim)
     raise ValueError(f"dataset must be mnist1d or digits, got {dataset!r}")
+
+
+class VonMisesFisherHeads(nn.Module):
+    r"""The network of ``mcinfonce``'s :class:`rpm.VonMisesFisherRecognition` (``concentration=
+    "raw"``): x -> (the encoder's z, the direction; :math:`\kappa(x) = \kappa_0 \exp(w^\top
+    h + b)`), one pass through the backbone for both, :math:`w` and :math:`b` zero at the start.
+
+    :param nn.Module encoder: an encoder of :func:`build_encoder` (``backbone``, ``head``).
+    :param float initial_concentration: :math:`\kappa_0 > 0`.
+    """
+
+    def __init__(self, encoder: nn.Module, initial_concentration: float) -> None:
+        super().__init__()
+        self.encoder = encoder
+        head = cast(nn.Module, encoder.head)
+        width = next(m for m in head.modules() if isinstance(m, nn.Linear)).in_features
+        self.log_concentration = nn.Linear(width, 1)
+        nn.init.zeros_(self.log_concentration.weight)
+        nn.init.zeros_(self.log_concentration.bias)
+        self.log_initial = math.log(check_positive("initial_concentration", initial_concentration))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r""":returns: the directions (N, D) and :math:`\kappa` (N,)."""
+        h = cast(nn.Module, self.encoder.backbone)(x)
+        direction = cast(nn.Module, self.encoder.head)(h)
+        return direction, torch.exp(self.log_initial + self.log_concentration(h)[:, 0])
 
 
 class BenchmarkObjective(nn.Module):
@@ -125,8 +226,9 @@ class BenchmarkObjective(nn.Module):
     ``parameters()``.
 
     :param str name: one of :data:`TRAINED`.
-    :param nn.Module encoder: the encoder, giving z of shape (N, D).
-    :param int latent_dim: D.
+    :param nn.Module encoder: the encoder, giving z of shape (N, D) (``discrete``: the logits,
+        (N, K), :func:`encoder_latent_dim`).
+    :param int latent_dim: D (``discrete``: K).
     :param float temperature: :math:`\\tau` of the cosine energy (``simclr``, ``vmf``,
         ``dcl``).
     """
@@ -140,6 +242,8 @@ class BenchmarkObjective(nn.Module):
         self.encoder = encoder
         self.rpm: rpm.RPM | None = None
         self.surrogate: nn.Module | None = None
+        self.discrete: rpm.DiscreteRPM | None = None
+        self.elbo = rpm.RPMELBO()
         delta = rpm.DeltaRecognition(encoder, validate=False)  # no per-step checks
         cosine = CosineEnergy(kappa=1.0 / temperature)
         if name == "simclr":
@@ -156,17 +260,44 @@ class BenchmarkObjective(nn.Module):
             self.surrogate = rpm.losses.VICRegLoss()
         elif name == "barlow":
             self.surrogate = rpm.losses.BarlowTwinsLoss()
-        else:  # dcl
+        elif name == "dcl":
             self.surrogate = rpm.losses.DCLLoss(temperature=temperature)
+        elif name == "star":
+            self.rpm = rpm.RPM(delta, StarImplicitPrior(cosine, global_views=2))
+        elif name == "lejepa":
+            self.surrogate = rpm.losses.LeJEPALoss()
+        elif name == "gaussian_star":
+            self.rpm = rpm.RPM(delta, GaussianStarPrior(latent_dim), marginal="gaussian")
+        elif name == "discrete":
+            self.discrete = rpm.DiscreteRPM(
+                rpm.CategoricalRecognition(encoder, latent_dim, validate=False))
+        else:  # mcinfonce
+            net = VonMisesFisherHeads(encoder, INITIAL_CONCENTRATION_PER_DIM * latent_dim)
+            recognition = rpm.VonMisesFisherRecognition(net, concentration="raw", validate=False)
+            self.rpm = rpm.RPM(recognition, ImplicitPrior(cosine))
+            self.elbo = rpm.RPMELBO(num_particles=MC_PARTICLES, importance_weighted=True)
 
     def loss(self, views: list[torch.Tensor]) -> torch.Tensor:
-        """The loss of one minibatch: the negative ELBO per pair of the RPM, or the surrogate's
-        value.
+        """The loss of one minibatch: the negative ELBO per instance of the RPM (``discrete``:
+        minus its exact log-likelihood per instance), or the surrogate's value.
 
-        :param views: the two views, each (N, ...).
+        :param views: the views, each (N, ...): the pair, or for the objectives of
+            :data:`LOCAL_VIEWS` the two global views then the local ones.
         """
+        count = views[0].shape[0]
         if self.rpm is not None:
-            elbo = rpm.RPMELBO().differentiable_loss(self.rpm.model, self.rpm.guide, *views)
-            return elbo / views[0].shape[0]
+            inputs = views if len(views) == 2 else (views,)  # a pair, or a list of J views
+            return self.elbo.differentiable_loss(self.rpm.model, self.rpm.guide, *inputs) / count
+        if self.discrete is not None:
+            return -self.discrete.log_marginal(*views) / count
         assert self.surrogate is not None
+        if self.name == "lejepa":
+            latents = torch.stack([self.encoder(view) for view in views])        # (J, N, D)
+            return self.surrogate(global_proj=latents[:2], local_proj=latents[2:])
         return self.surrogate(self.encoder(views[0]), self.encoder(views[1]))
+
+    def latent(self) -> nn.Module:
+        """The module whose output kNN reads (module docstring): the encoder (z), or for
+        ``discrete`` the encoder then a softmax (the class probabilities :math:`f(Z|x)`)."""
+        return nn.Sequential(self.encoder, nn.Softmax(dim=-1)) if self.name == "discrete" \
+            else self.encoder

@@ -33,8 +33,13 @@ from typing import cast
 import torch
 
 from rpm.evaluation import fit_linear_probe, knn_accuracy, representations
-from rpm.experiments.benchmark.data import BenchmarkData, view_pair
-from rpm.experiments.benchmark.model import LATENT_DIMS, BenchmarkObjective, build_encoder
+from rpm.experiments.benchmark.data import BenchmarkData, multi_views
+from rpm.experiments.benchmark.model import (
+    LOCAL_VIEWS,
+    BenchmarkObjective,
+    build_encoder,
+    encoder_latent_dim,
+)
 from rpm.experiments.common import derived_seed, fit_or_resume, seed_everything
 
 __all__ = ["KNN_NEIGHBOURS", "PROBE_MAX_ITER", "PROBE_TOLERANCE", "score_features", "train_row"]
@@ -67,8 +72,12 @@ def score_features(latent_train: torch.Tensor, latent_test: torch.Tensor,
             "linear_converged": iterations < PROBE_MAX_ITER}
 
 
-def _score_encoder(encoder: torch.nn.Module, data: BenchmarkData) -> dict:
-    train_z, test_z = representations(encoder, data.train_x), representations(encoder, data.test_x)
+def _score_encoder(encoder: torch.nn.Module, data: BenchmarkData,
+                   latent: torch.nn.Module | None = None) -> dict:
+    """The scores of an encoder: kNN on the output of ``latent`` (None: the encoder's z), the
+    probe on its backbone's h."""
+    latent = encoder if latent is None else latent
+    train_z, test_z = representations(latent, data.train_x), representations(latent, data.test_x)
     backbone = cast(torch.nn.Module, encoder.backbone)
     train_h, test_h = representations(backbone, data.train_x), representations(backbone, data.test_x)
     return score_features(train_z, test_z, train_h, test_h, data)
@@ -105,7 +114,12 @@ def train_row(dataset: str, objective: str, seed: int, args: argparse.Namespace,
     if objective == "untrained":
         scores = _score_encoder(encoder, data)
         return {**row, **scores, "steps": 0, "seconds": time.perf_counter() - start}
-    module = BenchmarkObjective(objective, encoder, LATENT_DIMS[dataset], args.temperature).to(device)
+    dim = encoder_latent_dim(dataset, objective)
+    if dim != encoder_latent_dim(dataset, "untrained"):  # the head's width is the objective's
+        seed_everything(seed)
+        encoder = build_encoder(dataset, int(data.train_x.shape[-1]), dim).to(device)
+    module = BenchmarkObjective(objective, encoder, dim, args.temperature).to(device)
+    num_local = LOCAL_VIEWS.get(objective, 0)
     inputs = data.train_x.to(device)
     per_epoch = inputs.shape[0] // args.batch_size
     steps = args.epochs * per_epoch
@@ -116,7 +130,13 @@ def train_row(dataset: str, objective: str, seed: int, args: argparse.Namespace,
             derived_seed(seed, "epoch", epoch)))
         rows = order[batch * args.batch_size:(batch + 1) * args.batch_size].to(device)
         generator = torch.Generator().manual_seed(derived_seed(seed, "train", step))
-        return module.loss(view_pair(dataset, inputs[rows], generator))
+        views = multi_views(dataset, inputs[rows], generator, num_local)
+        # the draws from torch's global generator (vMF particles, SIGReg's directions) are a
+        # function of the seed and the step too (seeded from the step's generator, after the
+        # views), so that a resumed row draws the same
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
+            return module.loss(views)
 
     optimizer = torch.optim.Adam(module.parameters(), lr=args.lr)
     trainer = Trainer(module, optimizer, loss_fn, out_dir=out, num_steps=steps,
@@ -126,6 +146,6 @@ def train_row(dataset: str, objective: str, seed: int, args: argparse.Namespace,
     trained = time.perf_counter() - start
     last = [value for step, value in history["losses"] if step > steps - per_epoch]
     module.eval()
-    scores = _score_encoder(encoder, data)
+    scores = _score_encoder(encoder, data, module.latent())
     return {**row, **scores, "steps": steps, "final_loss": sum(last) / max(len(last), 1),
             "train_seconds": trained, "seconds": time.perf_counter() - start}
