@@ -21,6 +21,9 @@ epoch, never the best over epochs):
   :math:`C = 1`, fitted by L-BFGS to the tolerance :data:`PROBE_TOLERANCE` (at most
   :data:`PROBE_MAX_ITER` iterations; ``linear_iterations`` and ``linear_converged`` record
   whether it converged) on every training input, scored on the test inputs.
+
+Both run with as many BLAS and OpenMP threads as torch has (``--threads``;
+``threadpoolctl``), so that a scoring thread never waits for a second one on a busy core.
 """
 
 from __future__ import annotations
@@ -62,10 +65,17 @@ def score_features(latent_train: torch.Tensor, latent_test: torch.Tensor,
     :param probe_train: the training inputs' backbone features (N, F); ``probe_test`` the test
         ones.
     """
-    knn = knn_accuracy(latent_train, data.train_y, latent_test, data.test_y, k=KNN_NEIGHBOURS)
-    probe = fit_linear_probe(probe_train, data.train_y, max_iter=PROBE_MAX_ITER,
-                             tol=PROBE_TOLERANCE)
-    predicted = probe.predict(probe_test.detach().cpu().double().flatten(1).numpy())
+    from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]  # scikit-learn's
+
+    # NumPy's BLAS and scikit-learn's OpenMP take torch's threads (``--threads``), not every
+    # core: on a busy machine two BLAS threads that wait for each other slow the probe's
+    # L-BFGS some forty-fold
+    with threadpool_limits(torch.get_num_threads()):
+        knn = knn_accuracy(latent_train, data.train_y, latent_test, data.test_y,
+                           k=KNN_NEIGHBOURS)
+        probe = fit_linear_probe(probe_train, data.train_y, max_iter=PROBE_MAX_ITER,
+                                 tol=PROBE_TOLERANCE)
+        predicted = probe.predict(probe_test.detach().cpu().double().flatten(1).numpy())
     linear = float((torch.as_tensor(predicted) == data.test_y.cpu()).double().mean())
     iterations = int(probe.named_steps["probe"].n_iter_.max())
     return {"knn": knn, "linear": linear, "linear_iterations": iterations,
