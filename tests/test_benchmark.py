@@ -252,3 +252,16 @@ def test_mnist1d_local_view_is_a_window_stretched_back_by_linear_interpolation()
         assert 0.5 <= phi <= 0.75 and 0 <= a <= (1 - phi) * 40
         expected = np.interp(a + (t + 0.5) * phi - 0.5, t, view[n].numpy())
         np.testing.assert_allclose(local[n].numpy(), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_default_epochs_are_each_datasets(tmp_path):
+    """Without --epochs a dataset trains its DEFAULT_EPOCHS; --epochs N overrides it."""
+    argv = ["benchmark", "--datasets", "digits", "--objectives", "simclr", "--seeds", "1",
+            "--batch-size", "128", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "default")]) == 0
+    results = json.loads((tmp_path / "default" / "results.json").read_text())
+    assert results["epochs"] == {"digits": command.DEFAULT_EPOCHS["digits"]}
+    assert results["rows"][0]["steps"] == command.DEFAULT_EPOCHS["digits"] * (1347 // 128)
+    assert main([*argv, "--out", str(tmp_path / "two"), "--epochs", "2"]) == 0
+    results = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert results["epochs"] == {"digits": 2} and results["rows"][0]["steps"] == 2 * (1347 // 128)

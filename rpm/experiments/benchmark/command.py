@@ -17,6 +17,11 @@ and ``dcl``, and over J = 4 views (2 global and 2 local) ``star``, ``lejepa`` an
 encoder, augmentations, epochs and optimiser (Adam, ``--lr``, ``--batch-size``, ``--epochs``)
 within a dataset. ``--seeds K`` trains every row from the seeds ``--seed`` to ``--seed`` + K - 1.
 
+Budget: by default (``--epochs`` not given) each dataset trains its :data:`DEFAULT_EPOCHS`, so
+that the default table (every objective, both datasets, 5 seeds) runs in at most 25 minutes on
+one thread of a busy 2-core CPU (``--threads 1``, the default: a second thread of these small
+networks, or of the probe's BLAS, waits for a core); ``--epochs N`` trains every row N epochs.
+
 Scores (:mod:`rpm.experiments.benchmark.train`), after the last epoch on the fixed test split:
 ``knn``, kNN (10 neighbours, cosine) on the latent z with every training label, and
 ``linear``, a logistic-regression probe on the backbone's h fitted to convergence (tolerance
@@ -29,8 +34,8 @@ its checkpoint); ``results.json`` with ``rows`` (each with ``dataset``, ``object
 ``seed``, ``knn``, ``linear`` in [0, 1], the probe's ``linear_iterations`` and
 ``linear_converged``, ``seconds``, ``steps``, for a trained objective ``final_loss`` and
 ``train_seconds``, and ``commit``, the git commit the row was computed at or ``unknown``),
-``summary`` (mean and s.d. over seeds in percent, per objective and dataset), the
-configuration, the environment and the provenance; ``table.md`` (the markdown table) and
+``summary`` (mean and s.d. over seeds in percent, per objective and dataset), ``epochs``
+(each dataset's), the configuration, the environment and the provenance; ``table.md`` (the markdown table) and
 ``table.png`` (its figure); ``DATASET/OBJECTIVE/seedS/`` with each trained row's
 ``checkpoint.pt`` and ``history.json``.
 
@@ -69,8 +74,9 @@ DATASETS = ("mnist1d", "digits")
 OBJECTIVES = ("raw", "untrained", "simclr", "vmf", "rbf", "aninfonce", "gaussian", "vicreg",
               "barlow", "dcl",
               "star", "lejepa", "gaussian_star", "discrete", "mcinfonce")
-#: Epochs of every trained row by default.
-DEFAULT_EPOCHS = 50
+#: Epochs of every trained row of each dataset when ``--epochs`` is not given (module
+#: docstring, the budget).
+DEFAULT_EPOCHS = {"mnist1d": 15, "digits": 10}
 #: The file of the finished rows, rewritten atomically after each.
 ROWS_NAME = "rows.json"
 #: The training inputs of each dataset's split.
@@ -123,8 +129,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         descriptions={"batch_size": "inputs per minibatch, two views each, >= 2, at most the "
                       "training inputs of every dataset (1347 digits)",
                       "lr": "learning rate of Adam, constant"})
-    train.add_argument("--epochs", type=positive_int, default=DEFAULT_EPOCHS,
-                       help=f"epochs of every trained row (default: {DEFAULT_EPOCHS})")
+    train.add_argument("--epochs", type=positive_int, default=None,
+                       help="epochs of every trained row (default: "
+                       + ", ".join(f"{n} on {d}" for d, n in DEFAULT_EPOCHS.items()) + ")")
     parser.set_defaults(func=run)
 
 
@@ -185,13 +192,15 @@ def _train_and_report(args: argparse.Namespace, out: Path, device, run: Run) -> 
     rows = [r for r in _finished_rows(out, args.resume) if _key(r) in set(planned)]
     done = {_key(r) for r in rows}
     commit = environment(device)["git_commit"] or "unknown"
+    epochs = {d: args.epochs or DEFAULT_EPOCHS[d] for d in args.datasets}
     for dataset in args.datasets:
         todo = [(d, o, s) for d, o, s in planned if d == dataset and (d, o, s) not in done]
         if not todo:
             continue
         data = load_dataset(dataset)
+        row_args = argparse.Namespace(**{**vars(args), "epochs": epochs[dataset]})
         for _, objective, seed in todo:
-            row = train_row(dataset, objective, seed, args, data, device,
+            row = train_row(dataset, objective, seed, row_args, data, device,
                             out / dataset / objective / f"seed{seed}")
             rows.append({**row, "commit": commit})
             write_json_atomic(out / ROWS_NAME, {"rows": rows})
@@ -200,7 +209,8 @@ def _train_and_report(args: argparse.Namespace, out: Path, device, run: Run) -> 
     order = {key: i for i, key in enumerate(planned)}
     rows.sort(key=lambda r: order[_key(r)])
     summary = summarise(rows, args.objectives, args.datasets)
-    title = f"rpm benchmark: {args.epochs} epochs, {len(seeds)} seed(s)"
+    title = (f"rpm benchmark: {' and '.join(f'{n} epochs on {d}' for d, n in epochs.items())}, "
+             f"{len(seeds)} seed(s)")
     (out / "table.md").write_text(markdown_table(summary, args.datasets, title))
     plot_table(out / "table.png", summary, args.datasets, title)
     results = {
@@ -214,6 +224,7 @@ def _train_and_report(args: argparse.Namespace, out: Path, device, run: Run) -> 
                        "training split after the last epoch",
                        "accuracy": "in [0, 1]; summary in percent"},
         "seeds": seeds,
+        "epochs": epochs,
         "rows": rows,
         "summary": summary,
         **run.provenance(),
