@@ -10,8 +10,8 @@ the augmentations of ``rpm digits``. ``--datasets`` chooses them.
 
 Objectives (:mod:`rpm.experiments.benchmark.model`, ``--objectives``): the baselines ``raw``
 (the inputs themselves) and ``untrained`` (the encoder at its initialisation), and the
-objectives ``simclr``, ``vmf``, ``rbf``, ``aninfonce``, ``gaussian``, ``vicreg``, ``barlow``
-and ``dcl``, each the prior of an RPM (or the lightly-style surrogate of one), with the same
+objectives ``simclr``, ``ntxent``, ``vmf``, ``rbf``, ``aninfonce``, ``gaussian``, ``vicreg``,
+``barlow`` and ``dcl``, each the prior of an RPM (or the lightly-style surrogate of one), with the same
 encoder, augmentations, epochs and optimiser (Adam, ``--lr``, ``--batch-size``, ``--epochs``)
 within a dataset. ``--seeds K`` trains every row from the seeds ``--seed`` to ``--seed`` + K - 1.
 
@@ -64,8 +64,8 @@ __all__ = ["DATASETS", "DEFAULT_EPOCHS", "OBJECTIVES", "ROWS_NAME", "add_parser"
 # Written out so that the parser is built without importing torch; a test checks them against
 # rpm.experiments.benchmark.data.DATASETS and rpm.experiments.benchmark.model.OBJECTIVES.
 DATASETS = ("mnist1d", "digits")
-OBJECTIVES = ("raw", "untrained", "simclr", "vmf", "rbf", "aninfonce", "gaussian", "vicreg",
-              "barlow", "dcl")
+OBJECTIVES = ("raw", "untrained", "simclr", "ntxent", "vmf", "rbf", "aninfonce", "gaussian",
+              "vicreg", "barlow", "dcl")
 #: Epochs of every trained row by default.
 DEFAULT_EPOCHS = 50
 #: The file of the finished rows, rewritten atomically after each.
@@ -113,8 +113,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="seeds per row: SEED, SEED+1, ..., SEED+K-1 (default: 5)")
     model = parser.add_argument_group("model")
     model.add_argument("--temperature", type=positive_float, default=0.5,
-                       help="temperature tau of the cosine energy of simclr, vmf and dcl "
-                       "(default: 0.5)")
+                       help="temperature tau of the cosine energy of simclr, ntxent and dcl, the "
+                       "initial 1/kappa of vmf (default: 0.5)")
     train = add_training_arguments(
         parser, {"batch_size": 100, "lr": 1e-2}, contrastive=True,
         descriptions={"batch_size": "inputs per minibatch, two views each, >= 2, at most the "
