@@ -88,7 +88,7 @@ def test_rows_table_and_resume_row_by_row(tmp_path, counted, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--objectives", "simclr,moco"], "expected 'all' or distinct objectives from raw, untrained, "
-     "simclr, vmf, rbf, aninfonce, gaussian, vicreg, barlow, dcl"),
+     "simclr, ntxent, vmf, rbf, aninfonce, gaussian, vicreg, barlow, dcl"),
     (["--datasets", "cifar10"], "expected 'all' or distinct datasets from mnist1d, digits"),
     (["--seeds", "0"], "argument --seeds: expected a positive integer"),
 ])
@@ -162,6 +162,96 @@ def test_mnist1d_is_generated_offline_without_touching_global_generators(monkeyp
     assert split.train_x.shape == (4000, 40) and split.test_x.shape == (1000, 40)
     assert split.train_x.dtype == torch.float32
     assert set(split.train_y.tolist()) == set(range(10))
+
+
+def test_mnist1d_encoder_is_the_notebooks_simclr_network():
+    """Three convolutions to h (125 = 25 channels x 5 positions), then 125 ReLU units and 16
+    outputs: the notebook's parameter counts (3,950 in the convolutions; with its one hidden
+    projector layer 3,950 + 125 * 125 + 125 + 125 * 16 + 16)."""
+    encoder = model.Mnist1dEncoder()
+    x = torch.randn(3, 40)
+    assert encoder.backbone(x).shape == (3, 125) and encoder(x).shape == (3, 16)
+    conv = (1 * 25 * 5 + 25) + 2 * (25 * 25 * 3 + 25)
+    assert sum(p.numel() for p in encoder.backbone.parameters()) == conv == 3950
+    assert sum(p.numel() for p in encoder.parameters()) == conv + 125 * 125 + 125 + 125 * 16 + 16
+    h = encoder.backbone(x)  # z is W2 relu(W1 h + b1) + b2
+    first, last = encoder.head[0], encoder.head[2]
+    expected = torch.relu(h @ first.weight.T + first.bias) @ last.weight.T + last.bias
+    assert torch.allclose(encoder(x), expected, atol=1e-6)
+
+
+def _cosines(z1, z2, kappa):
+    u1, u2 = z1 / z1.norm(dim=1, keepdim=True), z2 / z2.norm(dim=1, keepdim=True)
+    return [[kappa * float(u1[i] @ u2[j]) for j in range(len(z2))] for i in range(len(z1))]
+
+
+def _one_direction(z1, z2, kappa):
+    """The notebook's loss, a loop: each z_i against z'_1..z'_N (its positive z'_i)."""
+    s = _cosines(z1, z2, kappa)
+    n = len(s)
+    return sum(math.log(sum(math.exp(v) for v in s[i])) - s[i][i] for i in range(n)) / n
+
+
+def _ntxent(z1, z2, kappa):
+    """SimCLR's NT-Xent, a loop over the 2N anchors, each against the 2N - 1 other latents."""
+    z = torch.cat([z1, z2])
+    s = _cosines(z, z, kappa)
+    n = len(z1)
+    total = 0.0
+    for a in range(2 * n):
+        positive = (a + n) % (2 * n)
+        total += math.log(sum(math.exp(s[a][b]) for b in range(2 * n) if b != a)) - s[a][positive]
+    return total / (2 * n)
+
+
+@pytest.mark.parametrize("name, reference, candidates", [
+    ("simclr", _one_direction, lambda n: n), ("ntxent", _ntxent, lambda n: 2 * n - 1)])
+def test_simclr_is_the_notebooks_one_direction_loss_and_ntxent_the_pooled_one(name, reference,
+                                                                             candidates):
+    """The negative ELBO per pair is the loss minus the log of the candidates (float64):
+    simclr the one-direction InfoNCE (N candidates), ntxent the pooled NT-Xent (2N - 1)."""
+    torch.manual_seed(0)
+    encoder = model.Mnist1dEncoder().double()
+    objective = model.BenchmarkObjective(name, encoder, 16, temperature=0.5).double()
+    x1, x2 = torch.randn(7, 40, dtype=torch.float64), torch.randn(7, 40, dtype=torch.float64)
+    with torch.no_grad():
+        loss = float(objective.loss([x1, x2]))
+        expected = reference(encoder(x1), encoder(x2), 2.0) - math.log(candidates(7))
+    assert loss == pytest.approx(expected, abs=1e-10)
+
+
+def test_vmf_learns_its_concentration():
+    """vmf is the one-direction loss at a learned kappa (initially 1/tau), trained with the
+    encoder: one Adam step moves kappa, and the loss at the new kappa is the loop's."""
+    torch.manual_seed(1)
+    encoder = model.Mnist1dEncoder().double()
+    objective = model.BenchmarkObjective("vmf", encoder, 16, temperature=0.5).double()
+    energy = objective.rpm.prior.energy
+    assert float(energy.kappa.detach()) == pytest.approx(2.0)
+    x1, x2 = torch.randn(9, 40, dtype=torch.float64), torch.randn(9, 40, dtype=torch.float64)
+    optimizer = torch.optim.Adam(objective.parameters(), lr=0.1)
+    optimizer.zero_grad()
+    objective.loss([x1, x2]).backward()
+    optimizer.step()
+    kappa = float(energy.kappa.detach())
+    assert kappa != pytest.approx(2.0)
+    with torch.no_grad():
+        loss = float(objective.loss([x1, x2]))
+        expected = _one_direction(encoder(x1), encoder(x2), kappa) - math.log(9)
+    assert loss == pytest.approx(expected, abs=1e-10)
+
+
+def test_renamed_rows_train_at_tiny_size(tmp_path):
+    """simclr, ntxent and vmf each train one epoch on the digits and are scored."""
+    status = main(["benchmark", "--out", str(tmp_path / "run"), "--datasets", "digits",
+                   "--objectives", "simclr,ntxent,vmf", "--seeds", "1", "--epochs", "1",
+                   "--batch-size", "256", "--no-progress"])
+    assert status == 0
+    rows = json.loads((tmp_path / "run" / "results.json").read_text())["rows"]
+    assert [r["objective"] for r in rows] == ["simclr", "ntxent", "vmf"]
+    for row in rows:
+        assert math.isfinite(row["final_loss"]) and 0 <= row["knn"] <= 1
+        assert row["steps"] == 1347 // 256
 
 
 #: The objectives over J views, the discrete RPM and MC-InfoNCE.

@@ -10,8 +10,8 @@ the augmentations of ``rpm digits``. ``--datasets`` chooses them.
 
 Objectives (:mod:`rpm.experiments.benchmark.model`, ``--objectives``): the baselines ``raw``
 (the inputs themselves) and ``untrained`` (the encoder at its initialisation), and the
-objectives ``simclr``, ``vmf``, ``rbf``, ``aninfonce``, ``gaussian``, ``vicreg``, ``barlow``
-and ``dcl``, and over J = 4 views (2 global and 2 local) ``star``, ``lejepa`` and
+objectives ``simclr``, ``ntxent``, ``vmf``, ``rbf``, ``aninfonce``, ``gaussian``, ``vicreg``,
+``barlow`` and ``dcl``, and over J = 4 views (2 global and 2 local) ``star``, ``lejepa`` and
 ``gaussian_star``, the discrete RPM ``discrete`` and MC-InfoNCE's von Mises-Fisher encoder
 ``mcinfonce``, each the prior of an RPM (or the lightly-style surrogate of one), with the same
 encoder, augmentations, epochs and optimiser (Adam, ``--lr``, ``--batch-size``, ``--epochs``)
@@ -71,8 +71,8 @@ __all__ = ["DATASETS", "DEFAULT_EPOCHS", "OBJECTIVES", "ROWS_NAME", "add_parser"
 # Written out so that the parser is built without importing torch; a test checks them against
 # rpm.experiments.benchmark.data.DATASETS and rpm.experiments.benchmark.model.OBJECTIVES.
 DATASETS = ("mnist1d", "digits")
-OBJECTIVES = ("raw", "untrained", "simclr", "vmf", "rbf", "aninfonce", "gaussian", "vicreg",
-              "barlow", "dcl",
+OBJECTIVES = ("raw", "untrained", "simclr", "ntxent", "vmf", "rbf", "aninfonce", "gaussian",
+              "vicreg", "barlow", "dcl",
               "star", "lejepa", "gaussian_star", "discrete", "mcinfonce")
 #: Epochs of every trained row of each dataset when ``--epochs`` is not given (module
 #: docstring, the budget).
@@ -122,8 +122,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="seeds per row: SEED, SEED+1, ..., SEED+K-1 (default: 5)")
     model = parser.add_argument_group("model")
     model.add_argument("--temperature", type=positive_float, default=0.5,
-                       help="temperature tau of the cosine energy of simclr, vmf and dcl "
-                       "(default: 0.5)")
+                       help="temperature tau of the cosine energy of simclr, ntxent and dcl, the "
+                       "initial 1/kappa of vmf (default: 0.5)")
     train = add_training_arguments(
         parser, {"batch_size": 100, "lr": 1e-2}, contrastive=True,
         descriptions={"batch_size": "inputs per minibatch, two views each, >= 2, at most the "

@@ -4,9 +4,10 @@ r"""The encoders and objectives of ``rpm benchmark``.
 :math:`e = p \circ g`, the backbone :math:`g` giving the representation :math:`h` the linear
 probe reads and the head :math:`p` giving the latent :math:`z` the objective (and kNN) sees.
 
-* ``mnist1d``: :class:`Mnist1dEncoder`, the MNIST-1D notebooks' ``ConvBase``: three 1-D
-  convolutions of 25 channels (kernel 5, then 3 and 3; stride 2, padding 1; ReLU), flattened to
-  :math:`h \in \mathbb R^{125}` for length 40, then a linear head to :math:`z \in \mathbb R^{16}`.
+* ``mnist1d``: :class:`Mnist1dEncoder`, the network of the MNIST-1D self-supervised notebook's
+  SimCLR: three 1-D convolutions of 25 channels (kernel 5, then 3 and 3; stride 2, padding 1;
+  ReLU), flattened to :math:`h \in \mathbb R^{125}` for length 40, then a projector of 125 ReLU
+  units and a linear layer to :math:`z \in \mathbb R^{16}`.
 * ``digits``: :class:`rpm.experiments.digits.model.DigitsEncoder` of ``rpm digits`` (width 16,
   :math:`h \in \mathbb R^{64}`, :math:`z \in \mathbb R^{64}`).
 
@@ -19,11 +20,16 @@ surrogate or a variant of one (the cosine energy :math:`f(z, z') = \hat z^\top \
 ==========  ===============================================================================
 objective   trained on
 ==========  ===============================================================================
-simclr      the pooled implicit prior (:class:`~rpm.priors.PooledImplicitPrior`, cosine):
-            :math:`\mathcal L/N = -\text{NT-Xent} + \log(2N - 1)`, SimCLR's loss
-vmf         the implicit prior with the cosine critic (:class:`~rpm.priors.ImplicitPrior`,
-            a von Mises-Fisher conditional): :math:`\mathcal L/N = -\text{InfoNCE} + \log N`,
-            one direction, the other view's N - 1 latents as negatives
+simclr      the implicit prior with the cosine energy at :math:`\kappa = 1/\tau`
+            (:class:`~rpm.priors.ImplicitPrior`, :class:`~rpm.priors.CosineEnergy`):
+            :math:`\mathcal L/N = -\text{InfoNCE} + \log N`, one direction, each latent of the
+            first view against the second view's N latents (its positive and N - 1
+            negatives): the loss of the MNIST-1D notebook's SimCLR
+ntxent      the pooled implicit prior (:class:`~rpm.priors.PooledImplicitPrior`, cosine):
+            :math:`\mathcal L/N = -\text{NT-Xent} + \log(2N - 1)`, SimCLR's symmetric loss
+            over the 2N - 1 other latents of both views
+vmf         the implicit prior with the cosine energy and a learned concentration
+            :math:`\kappa` (initialised at :math:`1/\tau`): vMF-InfoNCE
 rbf         the implicit prior with the RBF energy :math:`f = -\lVert z - z'\rVert^2 / 2`
 aninfonce   the implicit prior with the learned anisotropic energy
             (:class:`~rpm.priors.AnisotropicEnergy`, on :math:`\hat z`): AnInfoNCE
@@ -60,9 +66,10 @@ discrete       the discrete RPM (:class:`rpm.DiscreteRPM`, learned :math:`p(Z)`)
 mcinfonce      MC-InfoNCE: von Mises-Fisher recognition :math:`\mathrm{vMF}(\hat z(x),
                \kappa(x))` (:class:`rpm.VonMisesFisherRecognition`; :math:`\kappa(x) =
                \kappa_0 e^{w^\top h + b}`, a linear head on the backbone starting at zero,
-               :math:`\kappa_0` = :data:`INITIAL_CONCENTRATION_PER_DIM` D) with ``vmf``'s
-               implicit cosine prior, trained by ``RPMELBO(num_particles=S,
-               importance_weighted=True)``, S = :data:`MC_PARTICLES` (Kirchhof et al.)
+               :math:`\kappa_0` = :data:`INITIAL_CONCENTRATION_PER_DIM` D) with
+               ``simclr``'s implicit prior (cosine energy, :math:`\kappa_+ = 1/\tau`), trained
+               by ``RPMELBO(num_particles=S, importance_weighted=True)``, S =
+               :data:`MC_PARTICLES` (Kirchhof et al.)
 =============  ============================================================================
 
 **Views.** Every objective sees the pair of views of its dataset
@@ -119,7 +126,7 @@ __all__ = ["BASELINES", "DISCRETE_CLASSES", "INITIAL_CONCENTRATION_PER_DIM", "LA
            "Mnist1dEncoder", "build_encoder", "encoder_latent_dim"]
 
 #: The trained objectives (module table), in the table's order.
-TRAINED = ("simclr", "vmf", "rbf", "aninfonce", "gaussian", "vicreg", "barlow", "dcl",
+TRAINED = ("simclr", "ntxent", "vmf", "rbf", "aninfonce", "gaussian", "vicreg", "barlow", "dcl",
            "star", "lejepa", "gaussian_star", "discrete", "mcinfonce")
 #: The baselines, trained on nothing.
 BASELINES = ("raw", "untrained")
@@ -140,19 +147,24 @@ INITIAL_CONCENTRATION_PER_DIM = 4.0
 
 
 class Mnist1dEncoder(nn.Module):
-    """MNIST-1D's ``ConvBase`` as an encoder :math:`e = p \\circ g` (module docstring).
+    r"""The MNIST-1D notebook's SimCLR network as an encoder :math:`e = p \circ g` (module
+    docstring): the convolutional backbone :math:`g`, then the projector :math:`p(h) = W_2\,
+    \mathrm{ReLU}(W_1 h + b_1) + b_2`.
 
     :param int length: L, the sequences' length (40); :math:`h` has 25 * L' dimensions, L'
         the length after the three strided convolutions (5 for L = 40).
     :param int latent_dim: D, the dimension of :math:`z`.
     :param int channels: the convolutions' channels.
+    :param int hidden: the projector's hidden units.
     """
 
-    def __init__(self, length: int = 40, latent_dim: int = 16, channels: int = 25) -> None:
+    def __init__(self, length: int = 40, latent_dim: int = 16, channels: int = 25,
+                 hidden: int = 125) -> None:
         super().__init__()
         check_positive_int("length", length)
         check_positive_int("latent_dim", latent_dim)
         check_positive_int("channels", channels)
+        check_positive_int("hidden", hidden)
         self.backbone = nn.Sequential(
             nn.Unflatten(1, (1, length)),                                      # (N, 1, L)
             nn.Conv1d(1, channels, 5, stride=2, padding=1), nn.ReLU(),
@@ -162,7 +174,8 @@ class Mnist1dEncoder(nn.Module):
         )
         with torch.no_grad():
             width = self.backbone(torch.zeros(1, length)).shape[1]
-        self.head = nn.Linear(width, latent_dim)
+        self.head = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(),
+                                  nn.Linear(hidden, latent_dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """:param torch.Tensor x: sequences, shape (N, L). :returns: z, shape (N, D)."""
@@ -229,8 +242,8 @@ class BenchmarkObjective(nn.Module):
     :param nn.Module encoder: the encoder, giving z of shape (N, D) (``discrete``: the logits,
         (N, K), :func:`encoder_latent_dim`).
     :param int latent_dim: D (``discrete``: K).
-    :param float temperature: :math:`\\tau` of the cosine energy (``simclr``, ``vmf``,
-        ``dcl``).
+    :param float temperature: :math:`\\tau` of the cosine energy (``simclr``, ``ntxent``,
+        ``dcl``, ``mcinfonce``; ``vmf``: the initial :math:`1/\\kappa`).
     """
 
     def __init__(self, name: str, encoder: nn.Module, latent_dim: int, temperature: float) -> None:
@@ -247,9 +260,12 @@ class BenchmarkObjective(nn.Module):
         delta = rpm.DeltaRecognition(encoder, validate=False)  # no per-step checks
         cosine = CosineEnergy(kappa=1.0 / temperature)
         if name == "simclr":
+            self.rpm = rpm.RPM(delta, ImplicitPrior(cosine))
+        elif name == "ntxent":
             self.rpm = rpm.RPM(delta, PooledImplicitPrior(cosine))
         elif name == "vmf":
-            self.rpm = rpm.RPM(delta, ImplicitPrior(cosine))
+            self.rpm = rpm.RPM(delta, ImplicitPrior(CosineEnergy(kappa=1.0 / temperature,
+                                                                 learn_kappa=True)))
         elif name == "rbf":
             self.rpm = rpm.RPM(delta, ImplicitPrior(RBFEnergy(lengthscale=1.0)))
         elif name == "aninfonce":

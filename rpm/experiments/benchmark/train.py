@@ -6,10 +6,12 @@ epochs of ``--batch-size`` inputs (the last incomplete batch of an epoch dropped
 ``--checkpoint-every`` steps and at the end; an interrupted row continues from its checkpoint
 on ``--resume``). Step :math:`s` of an epoch of :math:`B` steps takes the inputs of batch
 :math:`s \bmod B` of epoch :math:`\lfloor s/B \rfloor`'s permutation
-(``derived_seed(seed, "epoch", epoch)``) and draws their two views from
-``derived_seed(seed, "train", s)``: a pure function of the seed and the step. The encoder's
-initialisation is the seed's (:func:`~rpm.experiments.common.seed_everything`), the same for
-every objective of a seed.
+(``derived_seed(seed, "epoch", epoch)``) and draws their views (the pair, or with the local
+views of :data:`~rpm.experiments.benchmark.model.LOCAL_VIEWS`) from a generator seeded with
+``derived_seed(seed, "train", s)``, then a seed for torch's global generator (the vMF
+particles, SIGReg's directions) from it: a pure function of the seed and the step. The
+encoder's initialisation is the seed's (:func:`~rpm.experiments.common.seed_everything`), the
+same for every objective of a seed (``discrete``'s head, of K outputs, aside).
 
 **Scores** (on the fixed test split, the frozen encoder in evaluation mode, after the last
 epoch, never the best over epochs):
