@@ -76,7 +76,7 @@ OBJECTIVES = ("raw", "untrained", "simclr", "ntxent", "vmf", "rbf", "aninfonce",
               "star", "lejepa", "gaussian_star", "discrete", "mcinfonce")
 #: Epochs of every trained row of each dataset when ``--epochs`` is not given (module
 #: docstring, the budget).
-DEFAULT_EPOCHS = {"mnist1d": 15, "digits": 10}
+DEFAULT_EPOCHS = {"mnist1d": 20, "digits": 10}
 #: The file of the finished rows, rewritten atomically after each.
 ROWS_NAME = "rows.json"
 #: The training inputs of each dataset's split.
