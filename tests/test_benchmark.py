@@ -14,6 +14,7 @@ import torch
 import rpm.experiments.benchmark.train as benchmark_train
 from rpm.cli import main
 from rpm.experiments.benchmark import command, data, model
+from rpm.experiments.benchmark import table as benchmark_table
 
 #: A tiny run on the digits (the bundled data, no optional package): 1 epoch, 2 seeds.
 TINY = ["--datasets", "digits", "--objectives", "raw,untrained,simclr", "--seeds", "2", "--epochs",
@@ -355,3 +356,28 @@ def test_default_epochs_are_each_datasets(tmp_path):
     assert main([*argv, "--out", str(tmp_path / "two"), "--epochs", "2"]) == 0
     results = json.loads((tmp_path / "two" / "results.json").read_text())
     assert results["epochs"] == {"digits": 2} and results["rows"][0]["steps"] == 2 * (1347 // 128)
+
+
+def test_table_figure_colours_each_column_from_its_lowest_to_its_highest_mean(tmp_path):
+    # one dataset spread over 60 points, one within 2 (and missing a cell), and a constant column
+    means = {"a": {"knn": [30.0, 60.0, 90.0], "linear": [50.0, 50.0, 50.0]},
+             "b": {"knn": [97.0, 99.0, None], "linear": [98.0, 96.0, None]}}
+    objectives = ["first", "second", "third"]
+    summary: dict = {}
+    for i, objective in enumerate(objectives):
+        for dataset in ("a", "b"):
+            if means[dataset]["knn"][i] is not None:
+                summary.setdefault(objective, {})[dataset] = {
+                    metric: {"mean": means[dataset][metric][i], "std": 1.0, "seeds": 2}
+                    for metric in ("knn", "linear")}
+    expected = {"knn": [[0.0, 0.0], [0.5, 1.0], [1.0, math.nan]],
+                "linear": [[0.5, 1.0], [0.5, 0.0], [0.5, math.nan]]}
+    fig = benchmark_table.plot_table(tmp_path / "table.png", summary, ["a", "b"], "title")
+    assert (tmp_path / "table.png").stat().st_size > 0
+    for ax, metric in zip(fig.axes, ("knn", "linear"), strict=True):
+        shown = np.ma.filled(ax.images[0].get_array().astype(float), math.nan)
+        np.testing.assert_allclose(shown, expected[metric], atol=1e-12)
+        # every cell is labelled with its own mean ± s.d., not the shade
+        labels = sorted(text.get_text() for text in ax.texts)
+        assert labels == sorted(f"{m:.1f} ± 1.0" for column in ("a", "b")
+                                for m in means[column][metric] if m is not None)

@@ -7,7 +7,7 @@ import os
 import statistics
 from collections.abc import Sequence
 
-__all__ = ["METRICS", "markdown_table", "plot_table", "summarise"]
+__all__ = ["METRICS", "column_shades", "markdown_table", "plot_table", "summarise"]
 
 #: The scores of a row, and their names in the table.
 METRICS = {"knn": "kNN on z", "linear": "linear probe on h"}
@@ -56,16 +56,32 @@ def markdown_table(summary: dict, datasets: Sequence[str], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def column_shades(means):
+    """Each column of ``means`` (objectives x datasets, NaN where a cell is missing) mapped
+    linearly from its lowest mean (0) to its highest (1), NaN kept; a column whose cells are all
+    equal maps to 0.5. The colours of :func:`plot_table`, so that the objectives of a dataset
+    whose scores all lie within a few points are told apart within its column."""
+    import numpy as np
+
+    means = np.asarray(means, dtype=float)
+    low, high = np.nanmin(means, axis=0), np.nanmax(means, axis=0)
+    span = high - low
+    shades = (means - low) / np.where(span > 0, span, 1.0)
+    return np.where(span > 0, shades, np.where(np.isnan(means), np.nan, 0.5))
+
+
 def plot_table(path: str | os.PathLike, summary: dict, datasets: Sequence[str], title: str):
     """The summary as a figure: one panel per metric, objectives down, datasets across, each
-    cell coloured by its mean and labelled mean ± s.d.; returns the figure."""
+    cell labelled mean ± s.d. and coloured by :func:`column_shades` of the means (within its
+    column, light the lowest, dark the highest); returns the figure."""
     import numpy as np
     from matplotlib.figure import Figure
 
     from rpm.experiments.figures import DPI
 
     objectives = list(summary)
-    fig = Figure(figsize=(2.2 + 1.6 * len(datasets) * len(METRICS), 1.0 + 0.42 * len(objectives)),
+    fig = Figure(figsize=(max(6.4, 2.2 + 1.6 * len(datasets) * len(METRICS)),
+                         1.2 + 0.42 * len(objectives)),
                  layout="constrained")
     axes = fig.subplots(1, len(METRICS), squeeze=False)[0]
     for ax, (metric, name) in zip(axes, METRICS.items(), strict=True):
@@ -73,14 +89,19 @@ def plot_table(path: str | os.PathLike, summary: dict, datasets: Sequence[str], 
         for i, objective in enumerate(objectives):
             for j, dataset in enumerate(datasets):
                 if dataset in summary[objective]:
-                    score = summary[objective][dataset][metric]
-                    means[i, j] = score["mean"]
-                    ax.text(j, i, _cell(score), ha="center", va="center", fontsize=8,
-                            color="white" if score["mean"] > 70 else "black")  # legible on dark
-        ax.imshow(means, cmap="YlGn", vmin=0, vmax=100, aspect="auto")
+                    means[i, j] = summary[objective][dataset][metric]["mean"]
+        shades = column_shades(means)
+        for i, objective in enumerate(objectives):
+            for j, dataset in enumerate(datasets):
+                if dataset in summary[objective]:
+                    ax.text(j, i, _cell(summary[objective][dataset][metric]), ha="center",
+                            va="center", fontsize=8,
+                            color="white" if shades[i, j] > 0.6 else "black")  # legible on dark
+        ax.imshow(shades, cmap="YlGn", vmin=-0.1, vmax=1, aspect="auto")
         ax.set_xticks(range(len(datasets)), datasets)
         ax.set_yticks(range(len(objectives)), objectives)
         ax.set_title(f"{name} (%)", fontsize=10)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(f"{title}\ncolour: each column from its lowest mean (light) to its highest (dark)",
+                 fontsize=10)
     fig.savefig(path, dpi=DPI)
     return fig
