@@ -3,7 +3,7 @@
 #
 # Every contrastive or non-contrastive objective of this library is the ELBO of a
 # recognition-parametrised model (RPM) with some prior over the latents of the views, or a
-# lightly-style surrogate of one. Swapping the prior is one line; whether it helps is an
+# lightly-style surrogate or variant of one. Swapping the prior is one line; whether it helps is an
 # empirical question. `python -m rpm benchmark` answers it the way a reader can check: every
 # objective trains **the same encoder, on the same views, batches and initialisation, for the
 # same epochs with the same optimiser**, and each row is scored after its last epoch by
@@ -90,7 +90,8 @@ print(f"exit status {status}, {time.perf_counter() - start:.0f} s")
 results = json.loads((OUT / "results.json").read_text())
 rows = results["rows"]
 print(f"{len(rows)} rows, epochs {results['epochs']}, seeds {results['seeds']}, commit {results['commit']}")
-print({key: rows[2][key] for key in ("dataset", "objective", "seed", "knn", "linear", "seconds")})
+simclr_row = next(row for row in rows if row["objective"] == "simclr")
+print({key: simclr_row[key] for key in ("dataset", "objective", "seed", "knn", "linear", "seconds")})
 display(Markdown((OUT / "table.md").read_text()))
 
 # %%
