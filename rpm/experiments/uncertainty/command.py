@@ -10,12 +10,21 @@ sphere :math:`S^{D-1}` (``--dim`` 10) with true posterior :math:`\mathrm{vMF}(\m
 ``--kappa-max`` (16 to 32, the reference run), positive pairs whose latents are close
 (:math:`\kappa_+` ``--kappa-pos`` 20). The encoder
 (:class:`~rpm.experiments.uncertainty.model.ControlledEncoder`) is trained in the reference
-code's two phases, each with ``RPMELBO(num_particles=S, importance_weighted=True)`` on fresh
-pairs and the implicit prior of the cosine energy with :math:`\kappa_+` fixed: the direction
-network for ``--mean-steps`` steps (Adam, ``--lr``, ``--mean-batch-size`` pairs, S
-``--mean-particles``) with every concentration held at ``--initial-concentration``, then the
-concentration network for ``--steps`` steps (``--concentration-lr``, ``--batch-size`` pairs,
-S ``--particles``) with the directions held (model folders
+code's two phases on fresh pairs. First the direction network alone, as a Delta encoder under
+the implicit prior of the cosine energy with a learned concentration (vMF-InfoNCE with a
+learned temperature, ``RPMELBO()``), for ``--mean-steps`` steps (Adam, ``--lr``,
+``--mean-batch-size`` pairs); its concentration starts at that of a pair's latents at the means
+when both posteriors have the initial concentration :math:`k_0`
+(``--initial-concentration``), :math:`(1/\bar\kappa + 2/k_0)^{-1}` (4.93), the Gaussian
+approximation of the convolution of the three vMFs. Then the concentration network, the directions held, by
+MC-InfoNCE: ``RPMELBO(num_particles=S, importance_weighted=True)`` under the implicit prior of
+the cosine energy whose concentration is fixed to :math:`\bar\kappa`, the vMF conditional that
+matches the process's positive rule
+(:func:`~rpm.experiments.uncertainty.process.effective_concentration`, 8.94 for the
+defaults: the rule is not a vMF conditional, and a prior at :math:`\kappa_+` = 20 itself
+rewards compressed means and inflated concentrations), for ``--steps`` steps
+(``--concentration-lr``, ``--batch-size`` pairs, S ``--particles``, every input starting at
+``--initial-concentration``). Model folders
 ``controlled-means/`` and ``controlled/``). Scores on ``--eval-samples`` (10,000) fresh inputs
 (:mod:`rpm.experiments.uncertainty.evaluate`): ``rank_correlation``, Spearman's
 :math:`\rho` between the learned and the true :math:`\kappa`; its precondition
@@ -130,8 +139,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     process.add_argument("--dim", type=_sphere_dim, default=10,
                          help="D, the latent sphere S^(D-1) (default: 10)")
     process.add_argument("--kappa-pos", type=positive_float, default=20.0,
-                         help="kappa_+ of the positive pairs, and of the cosine energy "
-                         "(default: 20)")
+                         help="kappa_+ of the positive pairs' rule (default: 20); the prior's "
+                         "concentration is the vMF one that matches the rule")
     process.add_argument("--kappa-min", type=positive_float, default=16.0,
                          help="the smallest true posterior concentration (default: 16)")
     process.add_argument("--kappa-max", type=positive_float, default=32.0,
@@ -149,7 +158,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     encoder.add_argument("--initial-concentration", type=positive_float, default=22.0,
                          help="every input's concentration before training (default: 22)")
     train = add_training_arguments(
-        parser, {"steps": 3000, "batch_size": 128, "lr": 1e-3, "warmup": 0.0,
+        parser, {"steps": 1000, "batch_size": 512, "lr": 2e-3, "warmup": 0.0,
                  "eval_every": 250, "eval_samples": 10000}, contrastive=True,
         descriptions={"steps": "steps that train the controlled encoder's concentrations; on "
                       "--resume it may grow to extend a run",
@@ -159,18 +168,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                       "eval_every": "score the held-out inputs every STEPS steps; 0: at the "
                       "end only",
                       "eval_samples": "fresh inputs of the controlled process's scores"})
-    train.add_argument("--mean-steps", type=positive_int, default=600,
+    train.add_argument("--mean-steps", type=positive_int, default=4000,
                        help="steps that train the controlled encoder's directions "
-                       "(default: 600)")
-    train.add_argument("--mean-batch-size", type=positive_int, default=128,
-                       help="pairs per step while the directions train, >= 2 (default: 128)")
-    train.add_argument("--mean-particles", type=positive_int, default=64,
-                       help="S while the directions train (default: 64)")
-    train.add_argument("--concentration-lr", type=positive_float, default=3e-3,
-                       help="peak learning rate of the concentration network (default: 3e-3)")
-    train.add_argument("--particles", type=positive_int, default=16,
+                       "(default: 4000)")
+    train.add_argument("--mean-batch-size", type=positive_int, default=512,
+                       help="pairs per step while the directions train, >= 2 (default: 512)")
+    train.add_argument("--concentration-lr", type=positive_float, default=1e-2,
+                       help="peak learning rate of the concentration network (default: 1e-2)")
+    train.add_argument("--particles", type=positive_int, default=4,
                        help="S, posterior draws per pair of the importance-weighted ELBO "
-                       "(default: 16)")
+                       "(default: 4)")
     digits = parser.add_argument_group("digits")
     digits.add_argument("--digits-steps", type=positive_int, default=600,
                         help="steps of the digits encoder (default: 600)")
@@ -256,7 +263,7 @@ def _controlled(args: argparse.Namespace, out, device) -> dict:
     from rpm.experiments.common import derived_seed, fit_with_cosine_schedule, seed_everything
     from rpm.experiments.trained import write_model_record
     from rpm.experiments.uncertainty.evaluate import mean_cosines, spearman
-    from rpm.experiments.uncertainty.model import model_from_arguments
+    from rpm.experiments.uncertainty.model import build_means_rpm, model_from_arguments
     from rpm.experiments.uncertainty.plots import plot_kappa
     from rpm.experiments.uncertainty.process import ControlledProcess
 
@@ -268,15 +275,24 @@ def _controlled(args: argparse.Namespace, out, device) -> dict:
     val_x = process.sample_inputs(VALIDATION_INPUTS,
                                   torch.Generator().manual_seed(derived_seed(args.seed, "eval")))
     seed_everything(args.seed)
+    kappa_pos = process.effective_kappa_pos  # the vMF prior's concentration (U4)
     arguments = {"part": "controlled", "obs_dim": process.obs_dim, "dim": args.dim,
                  "hidden": args.hidden, "depth": args.depth,
                  "concentration_hidden": args.concentration_hidden,
                  "initial_concentration": args.initial_concentration,
-                 "kappa_pos": args.kappa_pos}
+                 "kappa_pos": kappa_pos}
+    means_arguments = {"part": "controlled-means", "obs_dim": process.obs_dim, "dim": args.dim,
+                       "hidden": args.hidden, "depth": args.depth,
+                       "kappa_pos": 1 / (1 / kappa_pos + 2 / args.initial_concentration)}
     model = model_from_arguments(arguments).to(device)
     encoder = model.recognition.net
-    for name in ("controlled-means", "controlled"):
-        write_model_record(out / name, "uncertainty", arguments, (process.obs_dim,))
+    # the first phase's Delta RPM on the same direction network (trained in place)
+    # its concentration starts at the pair's at the means when both posteriors have the initial
+    # concentration: vMF(kappa_pos) convolved with two vMF(k0), 1/kappa = 1/kappa_pos + 2/k0
+    means_model = build_means_rpm(encoder.mean_net, means_arguments["kappa_pos"]).to(device)
+    write_model_record(out / "controlled-means", "uncertainty", means_arguments,
+                       (process.obs_dim,))
+    write_model_record(out / "controlled", "uncertainty", arguments, (process.obs_dim,))
 
     def scores(x: torch.Tensor, cosines: int) -> dict:
         model.eval()
@@ -299,24 +315,23 @@ def _controlled(args: argparse.Namespace, out, device) -> dict:
 
     untrained = validation(0)
     histories = {}
-    for name, steps, trained, lr, batch, particles in (
-            ("controlled-means", args.mean_steps, encoder.mean_net, args.lr,
-             args.mean_batch_size, args.mean_particles),
-            ("controlled", args.steps, encoder.concentration_net, args.concentration_lr,
-             args.batch_size, args.particles)):
-        held = encoder.concentration_net if name == "controlled-means" else encoder.mean_net
-        held.requires_grad_(False)
-        trained.requires_grad_(True)
+    for name, steps, trained, lr, batch, elbo in (
+            ("controlled-means", args.mean_steps, means_model, args.lr, args.mean_batch_size,
+             RPMELBO()),
+            ("controlled", args.steps, model, args.concentration_lr, args.batch_size,
+             RPMELBO(num_particles=args.particles, importance_weighted=True))):
+        encoder.requires_grad_(False)
+        (encoder.mean_net if name == "controlled-means"
+         else encoder.concentration_net).requires_grad_(True)
         score = "means_rank_correlation" if name == "controlled-means" else "rank_correlation"
 
-        elbo = RPMELBO(num_particles=particles, importance_weighted=True)
-
-        def loss_fn(step: int, name=name, batch=batch, elbo=elbo) -> torch.Tensor:
+        def loss_fn(step: int, name=name, batch=batch, elbo=elbo, trained=trained
+                    ) -> torch.Tensor:
             generator = torch.Generator().manual_seed(
                 derived_seed(args.seed, "train", 2 * step + (name == "controlled")))
             x, x2 = process.sample_pairs(batch, generator)
             with pyro.validation_enabled(False):  # our own tensors
-                return elbo.differentiable_loss(model.model, model.guide, x.to(device),
+                return elbo.differentiable_loss(trained.model, trained.guide, x.to(device),
                                                 x2.to(device)) / batch
 
         def eval_fn(step: int, score=score) -> dict:
@@ -324,8 +339,9 @@ def _controlled(args: argparse.Namespace, out, device) -> dict:
             return {key: value for key, value in {**result, "score": result[score]}.items()
                     if value is not None}
 
-        optimizer = torch.optim.Adam(trained.parameters(), lr=lr)
-        histories[name] = fit_with_cosine_schedule(model, optimizer, loss_fn,
+        optimizer = torch.optim.Adam([p for p in trained.parameters() if p.requires_grad],
+                                     lr=lr)
+        histories[name] = fit_with_cosine_schedule(trained, optimizer, loss_fn,
                                                     _phase_args(args, steps), out / name, name,
                                                     eval_fn, log_every=min(50, steps))
     model.eval()
@@ -338,6 +354,7 @@ def _controlled(args: argparse.Namespace, out, device) -> dict:
     return {
         **final,
         "paper_cosine_mse": PAPER_COSINE_MSE,
+        "means_kappa_pos": float(means_model.prior.energy.kappa.detach()),
         "kappa": {"true": _summary(true_kappa), "learned": _summary(kappa)},
         "untrained": untrained,
         "definitions": {
@@ -353,6 +370,7 @@ def _controlled(args: argparse.Namespace, out, device) -> dict:
         "process": {"dim": args.dim, "obs_dim": process.obs_dim, "kappa_pos": args.kappa_pos,
                     "kappa_range": [args.kappa_min, args.kappa_max],
                     "positive_threshold": process.threshold,
+                    "effective_kappa_pos": kappa_pos,
                     "smoothing_steps": args.smoothing_steps},
         "histories": histories,
         "train_seconds": sum(h["evaluations"][-1]["wall_time"] for h in histories.values()),

@@ -10,7 +10,14 @@ cosine energy :math:`f(z, z') = \kappa_+ z^\top z'` (``docs/theory.md``, C1-C5);
   :math:`x \in [0, 1]^P`, a LeakyReLU MLP with ``depth`` hidden layers of ``hidden`` units for
   the direction and one with a single hidden layer of ``concentration_hidden`` units for
   :math:`\log\kappa` (the reference code also keeps the two apart, so that each can be trained
-  alone); :math:`\kappa_+` fixed to the process's.
+  alone); :math:`\kappa_+` fixed to the vMF concentration that matches the process's positive
+  rule (:func:`~rpm.experiments.uncertainty.process.effective_concentration`).
+* ``controlled-means``: the first phase of the controlled encoder, its direction network
+  alone as a Delta encoder :math:`Q(z \mid x) = \delta(z - m(x))` under the implicit prior of
+  the cosine energy with a learned concentration (:func:`build_means_rpm`: vMF-InfoNCE,
+  Zimmermann et al. 2021, with a learned temperature). A Delta encoder's pair model is the
+  energy at the means, the posteriors' widths folded into the learned concentration, which is
+  why it is learned here and fixed in the second phase.
 * ``digits`` (:class:`DigitsEncoder`): an 8 x 8 image, flattened, through two ReLU layers of
   ``hidden`` units shared by a linear direction head (``latent_dim``) and a linear
   :math:`\log\kappa` head; :math:`\kappa_+` learned from ``kappa_pos``.
@@ -32,10 +39,12 @@ import rpm
 from rpm.experiments.uncertainty.process import leaky_mlp
 from rpm.priors import CosineEnergy, ImplicitPrior
 
-__all__ = ["ControlledEncoder", "DigitsEncoder", "PARTS", "build_rpm", "model_from_arguments"]
+__all__ = ["ControlledEncoder", "DigitsEncoder", "PARTS", "build_means_rpm", "build_rpm",
+           "model_from_arguments"]
 
-#: The two models: the controlled process's encoder and the digits encoder.
-PARTS = ("controlled", "digits")
+#: The models: the controlled encoder's directions (first phase), the controlled encoder, and
+#: the digits encoder.
+PARTS = ("controlled-means", "controlled", "digits")
 #: Pixels of one of scikit-learn's digits.
 PIXELS = 64
 
@@ -89,10 +98,21 @@ def build_rpm(encoder: nn.Module, kappa_pos: float, learn_kappa: bool) -> rpm.RP
                    ImplicitPrior(CosineEnergy(kappa_pos, learn_kappa=learn_kappa)))
 
 
+def build_means_rpm(direction_net: nn.Module, kappa_pos: float) -> rpm.RPM:
+    """The first phase's RPM (module docstring): Delta recognition of ``direction_net`` and the
+    implicit prior of ``CosineEnergy(kappa_pos, learn_kappa=True)``."""
+    return rpm.RPM(rpm.DeltaRecognition(direction_net),
+                   ImplicitPrior(CosineEnergy(kappa_pos, learn_kappa=True)))
+
+
 def model_from_arguments(arguments: dict) -> rpm.RPM:
     """The untrained model of a model record's ``arguments`` (``part`` one of :data:`PARTS`,
     with the sizes of its encoder, ``initial_concentration`` and ``kappa_pos``)."""
     part = arguments["part"]
+    if part == "controlled-means":
+        direction_net = leaky_mlp([arguments["obs_dim"]] + [arguments["hidden"]]
+                                  * arguments["depth"] + [arguments["dim"]])
+        return build_means_rpm(direction_net, arguments["kappa_pos"])
     if part == "controlled":
         encoder: nn.Module = ControlledEncoder(
             arguments["obs_dim"], arguments["dim"], arguments["hidden"], arguments["depth"],

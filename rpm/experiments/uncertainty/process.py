@@ -55,6 +55,23 @@ draws one pool of ``pool_factor`` x N candidates for the N reference inputs of a
 gives each candidate to at most one of them (so no two pairs of a batch share an input),
 drawing a new pool for the inputs left without one.
 
+**The positive concentration a vMF prior should use.** (U3) is not a vMF conditional: the
+acceptance saturates at 1 once :math:`\kappa_+ z^\top z' > \ell`, so the positive pairs are
+spread more widely than :math:`\mathrm{vMF}(z, \kappa_+)` would spread them. Under a uniform
+marginal the cosine :math:`c = z^\top z'` of a positive pair has density
+:math:`\propto (1 - c^2)^{(D-3)/2}\, \sigma(\kappa_+ c - \ell)`, and
+:func:`effective_concentration` is the concentration :math:`\bar\kappa` of the vMF
+conditional with the same mean cosine,
+
+.. math::
+
+    A_D(\bar\kappa) = \mathbb E[c] = \frac{\int_0^\pi \cos\theta\, \sin^{D-2}\theta\,
+    \sigma(\kappa_+ \cos\theta - \ell)\, d\theta}{\int_0^\pi \sin^{D-2}\theta\,
+    \sigma(\kappa_+ \cos\theta - \ell)\, d\theta},                         \quad (U4)
+
+:math:`A_D(\kappa) = I_{D/2}(\kappa) / I_{D/2-1}(\kappa)` the vMF's mean resultant length
+(8.94 for D = 10, :math:`\kappa_+ = 20`).
+
 References:
     M. Kirchhof, E. Kasneci and S. J. Oh, "Probabilistic contrastive learning recovers the
     correct aleatoric uncertainty of ambiguous inputs", ICML 2023 (the reference code:
@@ -71,7 +88,7 @@ from torch import nn
 from rpm._validation import check_int, check_positive, check_positive_int
 from rpm.distributions import VonMisesFisher
 
-__all__ = ["ControlledProcess", "leaky_mlp", "log_normaliser_ratio"]
+__all__ = ["ControlledProcess", "effective_concentration", "leaky_mlp", "log_normaliser_ratio"]
 
 #: Reference inputs that fix the concentration's range and check the means' spread.
 REFERENCE_INPUTS = 1000
@@ -106,6 +123,36 @@ def log_normaliser_ratio(kappa: float, dim: int) -> float:
     return log_uniform - (float(density) - kappa)
 
 
+def effective_concentration(kappa_pos: float, threshold: float, dim: int,
+                            grid: int = 20001) -> float:
+    r""":math:`\bar\kappa` of (U4): the concentration of the vMF conditional whose mean
+    cosine equals that of the positive rule :math:`\sigma(\kappa_+ c - \ell)` (U3) under a
+    uniform marginal on :math:`S^{D-1}`. The integrals are trapezoid sums over ``grid``
+    angles in float64; :math:`\bar\kappa` is found by bisection on
+    :math:`A_D`, which increases from 0 to 1."""
+    kappa_pos = check_positive("kappa_pos", kappa_pos)
+    dim = check_int("dim", dim, minimum=2)
+    theta = torch.linspace(0.0, math.pi, check_int("grid", grid, minimum=3), dtype=torch.float64)
+    weight = torch.sin(theta) ** (dim - 2) * torch.sigmoid(kappa_pos * torch.cos(theta)
+                                                           - float(threshold))
+    target = float(torch.trapezoid(torch.cos(theta) * weight, theta)
+                   / torch.trapezoid(weight, theta))
+    if not 0.0 < target < 1.0:
+        raise ValueError(f"the positive rule's mean cosine is {target:.3g}, not in (0, 1): "
+                         "no vMF conditional matches it; raise kappa_pos or lower the threshold")
+    loc = torch.zeros(dim, dtype=torch.float64)
+    loc[0] = 1.0
+    low, high = 1e-6, 1e6
+    for _ in range(200):  # bisection in log kappa
+        middle = math.sqrt(low * high)
+        length = VonMisesFisher(loc, torch.tensor(middle, dtype=torch.float64))\
+            .mean_resultant_length
+        low, high = (middle, high) if float(length) < target else (low, middle)
+        if high / low < 1 + 1e-12:
+            break
+    return math.sqrt(low * high)
+
+
 class ControlledProcess(nn.Module):
     r"""The generative process of the module docstring (U1-U3), drawn from ``seed``.
 
@@ -136,6 +183,9 @@ class ControlledProcess(nn.Module):
                              f"{kappa_max}")
         smoothing_steps = check_int("smoothing_steps", smoothing_steps, minimum=0)
         self.threshold = log_normaliser_ratio(self.kappa_pos, self.dim)
+        #: (U4): the positive concentration of the vMF prior that matches (U3).
+        self.effective_kappa_pos = effective_concentration(self.kappa_pos, self.threshold,
+                                                           self.dim)
         generator = torch.Generator().manual_seed(int(seed))
         for _ in range(MAX_DRAWS):
             with torch.random.fork_rng(devices=[]):
