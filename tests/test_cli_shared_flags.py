@@ -43,8 +43,8 @@ EXPECTED = {
                  "lr": 1e-3, "prior_lr": 1e-2, "eval_every": 100, "window": 20, "data": None},
     "rpm-hmm": {"out": "runs/rpm-hmm", "checkpoint_every": 200, "steps": 800, "batch_size": 32,
                 "lr": 1e-3, "prior_lr": 1e-2, "warmup": 0.05, "eval_every": 100, "window": 100},
-    "uncertainty": {"out": "runs/uncertainty", "checkpoint_every": 500, "steps": 3000,
-                    "batch_size": 128, "lr": 1e-3, "warmup": 0.0, "eval_every": 250,
+    "uncertainty": {"out": "runs/uncertainty", "checkpoint_every": 500, "steps": 1000,
+                    "batch_size": 512, "lr": 2e-3, "warmup": 0.0, "eval_every": 250,
                     "eval_samples": 10000},
 }
 #: The commands whose minibatch gives each pair the others as negatives: --batch-size >= 2.
