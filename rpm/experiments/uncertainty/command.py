@@ -58,7 +58,10 @@ concentration, and the means' cosines), ``corruptions.png`` (the digits' concent
 the crop and the blur), ``reliability.png`` (the probe's reliability diagram) and
 ``training.png`` (each model's loss and held-out score against the step: Spearman's
 :math:`\rho` of the means' cosines, of the concentrations, and the crop score). ``rpm.load(DIR,
-model="controlled")`` (or ``"digits"``) gives a trained RPM.
+model="controlled")`` (or ``"digits"``, or ``"controlled-means"``: the first phase's Delta
+RPM with its learned concentration) gives a trained RPM. ``results.json``'s ``controlled`` also
+records the prior's concentration (``process.effective_kappa_pos``) and the first phase's
+learned one (``means_kappa_pos``).
 
 References:
     M. Kirchhof, E. Kasneci and S. J. Oh, "Probabilistic contrastive learning recovers the
