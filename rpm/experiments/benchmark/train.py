@@ -121,15 +121,12 @@ def train_row(dataset: str, objective: str, seed: int, args: argparse.Namespace,
         flat_train, flat_test = data.train_x.flatten(1), data.test_x.flatten(1)
         scores = score_features(flat_train, flat_test, flat_train, flat_test, data)
         return {**row, **scores, "steps": 0, "seconds": time.perf_counter() - start}
+    dim = encoder_latent_dim(dataset, objective)  # the head's width is the objective's
     seed_everything(seed)  # the same initialisation for every objective of a seed
-    encoder = build_encoder(dataset, int(data.train_x.shape[-1])).to(device)
+    encoder = build_encoder(dataset, int(data.train_x.shape[-1]), dim).to(device)
     if objective == "untrained":
         scores = _score_encoder(encoder, data)
         return {**row, **scores, "steps": 0, "seconds": time.perf_counter() - start}
-    dim = encoder_latent_dim(dataset, objective)
-    if dim != encoder_latent_dim(dataset, "untrained"):  # the head's width is the objective's
-        seed_everything(seed)
-        encoder = build_encoder(dataset, int(data.train_x.shape[-1]), dim).to(device)
     module = BenchmarkObjective(objective, encoder, dim, args.temperature).to(device)
     num_local = LOCAL_VIEWS.get(objective, 0)
     inputs = data.train_x.to(device)
