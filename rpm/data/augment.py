@@ -195,12 +195,7 @@ class RandomView(nn.Module):
         if self.crop_scale is None and side is not None and tuple(images.shape[-2:]) != (side, side):
             raise ValueError(f"images must be {side} x {side} for this view (size={side} and no crop), "
                              f"got {tuple(images.shape[-2:])}; pass crop_scale to crop and resize")
-        if generator is None:
-            return self._apply_ops(images)
-        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-        with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(seed)
-            return self._apply_ops(images)
+        return _seeded(self._apply_ops, images, generator)
 
 
 class MultiViewTransform(nn.Module):

@@ -257,3 +257,22 @@ def test_environment_records_versions_device_and_threads():
     assert env["world_size"] == 1
     commit = env["git_commit"]
     assert commit is None or len(commit.removesuffix("+dirty")) == 40
+
+
+def test_global_rng_from_seeds_the_global_generator_from_one_draw_and_restores_it():
+    """Inside the block the global generator is torch.manual_seed(first draw of the generator),
+    the generator has advanced by that one draw, and outside the global state is unchanged."""
+    import torch
+
+    from rpm.experiments.common import global_rng_from
+
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    generator = torch.Generator().manual_seed(7)
+    with global_rng_from(generator):
+        inside = torch.rand(5)
+    reference = torch.Generator().manual_seed(7)
+    seed = int(torch.randint(0, 2**62, (1,), generator=reference))
+    assert torch.equal(inside, torch.rand(5, generator=torch.Generator().manual_seed(seed)))
+    assert torch.equal(torch.get_rng_state(), before)
+    assert torch.equal(generator.get_state(), reference.get_state())

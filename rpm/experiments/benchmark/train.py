@@ -45,7 +45,12 @@ from rpm.experiments.benchmark.model import (
     build_encoder,
     encoder_latent_dim,
 )
-from rpm.experiments.common import derived_seed, fit_or_resume, seed_everything
+from rpm.experiments.common import (
+    derived_seed,
+    fit_or_resume,
+    global_rng_from,
+    seed_everything,
+)
 
 __all__ = ["KNN_NEIGHBOURS", "PROBE_MAX_ITER", "PROBE_TOLERANCE", "score_features", "train_row"]
 
@@ -143,8 +148,7 @@ def train_row(dataset: str, objective: str, seed: int, args: argparse.Namespace,
         # the draws from torch's global generator (vMF particles, SIGReg's directions) are a
         # function of the seed and the step too (seeded from the step's generator, after the
         # views), so that a resumed row draws the same
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
+        with global_rng_from(generator, [device] if device.type == "cuda" else []):
             return module.loss(views)
 
     optimizer = torch.optim.Adam(module.parameters(), lr=args.lr)

@@ -87,6 +87,7 @@ from torch import nn
 
 from rpm._validation import check_int, check_positive, check_positive_int
 from rpm.distributions import VonMisesFisher
+from rpm.experiments.common import global_rng_from
 
 __all__ = ["ControlledProcess", "effective_concentration", "leaky_mlp", "log_normaliser_ratio"]
 
@@ -188,8 +189,7 @@ class ControlledProcess(nn.Module):
                                                            self.dim)
         generator = torch.Generator().manual_seed(int(seed))
         for _ in range(MAX_DRAWS):
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(int(torch.randint(2**62, (), generator=generator)))
+            with global_rng_from(generator):
                 self.mean_net = leaky_mlp([self.obs_dim, hidden, hidden, self.dim])
                 self.concentration_net = leaky_mlp([self.obs_dim, hidden, 1])
             self.requires_grad_(False)
@@ -242,8 +242,7 @@ class ControlledProcess(nn.Module):
         global generator is left as it was). Shape: (n, D)."""
         mu, kappa = self.posterior(x)
         loc = nn.functional.normalize(mu.double(), dim=-1)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(torch.randint(2**62, (), generator=generator)))
+        with global_rng_from(generator):
             z = VonMisesFisher(loc, kappa.double()).sample()
         return z.to(x.dtype)
 
