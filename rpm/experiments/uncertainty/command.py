@@ -284,14 +284,15 @@ def _controlled(args: argparse.Namespace, out, device) -> dict:
                  "concentration_hidden": args.concentration_hidden,
                  "initial_concentration": args.initial_concentration,
                  "kappa_pos": kappa_pos}
+    # the first phase's Delta RPM: its concentration starts at the pair's at the means when both
+    # posteriors have the initial concentration, vMF(kappa_pos) convolved with two vMF(k0):
+    # 1/kappa = 1/kappa_pos + 2/k0
     means_arguments = {"part": "controlled-means", "obs_dim": process.obs_dim, "dim": args.dim,
                        "hidden": args.hidden, "depth": args.depth,
                        "kappa_pos": 1 / (1 / kappa_pos + 2 / args.initial_concentration)}
     model = model_from_arguments(arguments).to(device)
     encoder = model.recognition.net
-    # the first phase's Delta RPM on the same direction network (trained in place)
-    # its concentration starts at the pair's at the means when both posteriors have the initial
-    # concentration: vMF(kappa_pos) convolved with two vMF(k0), 1/kappa = 1/kappa_pos + 2/k0
+    # on the same direction network as the second phase's model (trained in place)
     means_model = build_means_rpm(encoder.mean_net, means_arguments["kappa_pos"]).to(device)
     write_model_record(out / "controlled-means", "uncertainty", means_arguments,
                        (process.obs_dim,))
