@@ -68,9 +68,15 @@ from rpm.priors._base import (
     hook,
     is_sequence_prior,
 )
+from rpm.priors._energy_paths import energy_paired
+from rpm.priors._implicit import ImplicitPrior
+
+#: The normalisers of the importance-weighted bound (:func:`elbo`'s ``normaliser``).
+NORMALISERS = ("particle", "anchor")
 
 __all__ = [
     "MARGINALS",
+    "NORMALISERS",
     "ObjectiveInputs",
     "check_marginal",
     "elbo",
@@ -355,7 +361,7 @@ def _instance_terms(prior, terms: torch.Tensor, num: int) -> torch.Tensor:
 # -- the ELBO ----------------------------------------------------------------------------------------
 
 def elbo(inputs: ObjectiveInputs, num_particles: int = 1, block_size: int | None = None,
-         importance_weighted: bool = False) -> torch.Tensor:
+         importance_weighted: bool = False, normaliser: str = "particle") -> torch.Tensor:
     r"""The ELBO summed over the batch, from ``num_particles`` reparameterised samples.
 
     With :math:`r^s_i = \log P(z^s_{i,1:J}) - \sum_j \log Q_j(z^s_{i,j})
@@ -373,23 +379,39 @@ def elbo(inputs: ObjectiveInputs, num_particles: int = 1, block_size: int | None
 
         \mathcal{L}_\text{IW} = \sum_i \log \frac1S \sum_{s=1}^S e^{r^s_i}
 
-    (the importance-weighted bound of Burda et al. (2016) of each instance; under the
-    implicit prior with a finite positive concentration, MC-InfoNCE of Kirchhof et al. (2023),
-    ``docs/theory.md#calibrated-posteriors``). Both are the ELBO for S = 1. Each particle is a
-    draw of the whole batch: the implicit prior's normaliser of particle s runs over that
-    particle's candidates :math:`z'^s_j`. The samples are drawn from ``inputs.guides`` in
-    order, as the model's guide draws them, so with the same random numbers
-    :math:`\mathcal{L}` equals ``-Trace_ELBO`` on the model.
+    (the importance-weighted bound of Burda et al. (2016) of each instance,
+    ``docs/theory.md#calibrated-posteriors``, C3). Both are the ELBO for S = 1. Each particle is
+    a draw of the whole batch: the implicit prior's normaliser of particle s runs over that
+    particle's candidates :math:`z'^s_j`. With ``normaliser="anchor"`` (the implicit prior
+    only) the anchor's normaliser is averaged over its S particles before the logarithm, apart
+    from its positives,
+
+    .. math::
+
+        \mathcal{L}_\text{anchor} = \sum_i \Big[\log \frac1S \sum_{s=1}^S
+        e^{f(z^s_i, z'^s_i)} - \log \frac{1}{S M} \sum_{s=1}^S \sum_{j=1}^M
+        e^{f(z^s_i, z'^s_j)}\Big]
+
+    (MC-InfoNCE as Kirchhof et al. (2023) estimate it; the importance-weighted bound of the
+    model whose pair prior is normalised over the anchor's posterior, C6). The samples are
+    drawn from ``inputs.guides`` in order, as the model's guide draws them, so with the same
+    random numbers :math:`\mathcal{L}` equals ``-Trace_ELBO`` on the model.
 
     :param ObjectiveInputs inputs: a batch's inputs
         (:meth:`rpm.RPM.objective_inputs <rpm.models._rpm.RPM.objective_inputs>`).
     :param int num_particles: S.
     :param block_size: block edge for the O(N^2) kernels; None decides by size.
     :param bool importance_weighted: average the particles' weights inside the logarithm.
+    :param str normaliser: with ``importance_weighted``, ``"particle"`` (each particle's weight
+        with its own normaliser) or ``"anchor"`` (:math:`\mathcal{L}_\text{anchor}`).
     :return: a scalar tensor.
     """
     if num_particles != 1:
         check_positive_int("num_particles", num_particles)
+    if normaliser not in NORMALISERS:
+        raise ValueError(f"normaliser must be one of {NORMALISERS}, got {normaliser!r}")
+    if importance_weighted and num_particles > 1 and normaliser == "anchor":
+        return _anchor_normalised_bound(inputs, num_particles, block_size)
     if importance_weighted and num_particles > 1:
         weights = torch.stack([_log_weights(inputs, block_size, per_instance=True)
                                for _ in range(num_particles)])              # (S, N)
@@ -400,6 +422,33 @@ def elbo(inputs: ObjectiveInputs, num_particles: int = 1, block_size: int | None
         total = value if total is None else total + value
     assert total is not None  # num_particles >= 1
     return total if num_particles == 1 else total / num_particles
+
+
+def _anchor_normalised_bound(inputs: ObjectiveInputs, num_particles: int,
+                             block_size: int | None) -> torch.Tensor:
+    r""":math:`\mathcal{L}_\text{anchor}` of :func:`elbo` from ``num_particles`` draws of the
+    batch. Under the implicit prior the log weight of pair i in particle s is
+    :math:`r^s_i = f(z^s_i, z'^s_i) - \log \hat Z^s_i` with
+    :math:`\hat Z^s_i = \frac1M \sum_j e^{f(z^s_i, z'^s_j)}`
+    (:meth:`~rpm.priors.ImplicitPrior.log_ratio`), so the positives' and the normalisers'
+    log-means over the particles are taken apart."""
+    prior = inputs.prior
+    if (not isinstance(prior, ImplicitPrior) or type(prior).log_ratio is not ImplicitPrior.log_ratio
+            or len(inputs.guides) != 2):
+        raise TypeError(
+            "RPMELBO(normaliser='anchor') averages the normaliser of the implicit prior's "
+            "InfoNCE over each anchor's particles: it needs rpm.priors.ImplicitPrior (or a "
+            f"subclass that keeps its log_ratio) over pairs; got {type(prior).__name__}. Use "
+            "normaliser='particle' for other priors")
+    positives, log_normalisers = [], []
+    for _ in range(num_particles):
+        z, z2 = (_rsample(guide) for guide in inputs.guides)
+        ratio = prior.log_ratio(z, z2, None, None, inputs.candidates, block_size)
+        positive = energy_paired(prior.energy, z, z2, block_size)
+        positives.append(positive)
+        log_normalisers.append(positive - ratio)  # log (1/M) sum_j exp f(z_i, z'_j)
+    return (torch.logsumexp(torch.stack(positives), 0)
+            - torch.logsumexp(torch.stack(log_normalisers), 0)).sum()
 
 
 def _log_weights(inputs: ObjectiveInputs, block_size: int | None,

@@ -38,6 +38,7 @@ import torch
 from pyro.infer import ELBO, Trace_ELBO
 from pyro.poutine.runtime import Message, am_i_wrapped, apply_stack
 
+from rpm._objective import NORMALISERS
 from rpm._objective import elbo as objective_elbo
 from rpm._validation import check_bool, check_positive_int, check_positive_int_or_none
 from rpm.models._base import RPMBase, mismatched_model_and_guide
@@ -196,7 +197,8 @@ def _objective(module: RPMBase, elbo: RPMELBO, args: tuple, kwargs: dict) -> tor
     inputs = module.objective_inputs(*args, global_batch=elbo.global_batch,
                                      block_size=elbo.block_size, **kwargs)
     return objective_elbo(inputs, num_particles=elbo.num_particles, block_size=elbo.block_size,
-                          importance_weighted=elbo.importance_weighted)
+                          importance_weighted=elbo.importance_weighted,
+                          normaliser=elbo.normaliser)
 
 
 class RPMELBO(ELBO):
@@ -242,12 +244,22 @@ class RPMELBO(ELBO):
         (Burda et al. 2016; ``rpm._objective.elbo``), in place of
         :math:`\frac1S \sum_s \sum_i r^s_i`. Under the implicit prior with a finite
         positive concentration (e.g. ``ImplicitPrior(CosineEnergy(kappa, learn_kappa=True))``)
-        and a :class:`~rpm.VonMisesFisherRecognition`, this is MC-InfoNCE (Kirchhof et al.
-        2023), whose optimum keeps the posterior's width where the averaged ELBO drives it to
-        zero (``docs/theory.md#calibrated-posteriors``). It is evaluated for the bound model
+        and a :class:`~rpm.VonMisesFisherRecognition`, its optimum keeps the posterior's width
+        where the averaged ELBO drives it to zero (``docs/theory.md#calibrated-posteriors``).
+        It is evaluated for the bound model
         and guide of one model only (Pyro's ``RenyiELBO(alpha=0)`` weights whole traces, i.e.
         the whole batch at once, not each pair). The same as the plain ELBO for S = 1 or
         deterministic encoders.
+    :param str normaliser: with ``importance_weighted``, where the implicit prior's
+        normaliser :math:`\hat Z^s_i = \frac1M \sum_j e^{f(z^s_i, z'^s_j)}` goes:
+        ``"particle"`` (default), inside each particle's weight,
+        :math:`r^s_i = f(z^s_i, z'^s_i) - \log \hat Z^s_i`; ``"anchor"``, averaged over the
+        anchor's S particles apart from the positives, :math:`\sum_i [\log \frac1S \sum_s
+        e^{f(z^s_i, z'^s_i)} - \log \frac1S \sum_s \hat Z^s_i]`: MC-InfoNCE as Kirchhof et
+        al. (2023) estimate it, the importance-weighted bound of the model whose pair prior is
+        normalised over the anchor's posterior (``docs/theory.md#calibrated-posteriors``, C6),
+        whose normaliser is averaged over S M terms and so is far less noisy for small S.
+        Implicit prior (:class:`~rpm.priors.ImplicitPrior`) only.
     :param bool global_batch: under ``torch.distributed``, use every rank's batch: the
         mixture marginals, the implicit prior's negatives and the moments of
         ``marginal="gaussian"`` are gathered from all ranks
@@ -261,15 +273,23 @@ class RPMELBO(ELBO):
     """
 
     def __init__(self, num_particles: int = 1, global_batch: bool = False,
-                 block_size: int | None = None, importance_weighted: bool = False):
+                 block_size: int | None = None, importance_weighted: bool = False,
+                 normaliser: str = "particle"):
         num_particles = check_positive_int("num_particles", num_particles)
         global_batch = check_bool("global_batch", global_batch)
         importance_weighted = check_bool("importance_weighted", importance_weighted)
+        if normaliser not in NORMALISERS:
+            raise ValueError(f"normaliser must be one of {NORMALISERS}, got {normaliser!r}")
+        if normaliser == "anchor" and not importance_weighted:
+            raise ValueError("normaliser='anchor' averages each anchor's normaliser over its "
+                             "particles inside the importance-weighted bound: pass "
+                             "importance_weighted=True as well")
         block_size = check_positive_int_or_none("block_size", block_size)
         super().__init__(num_particles=num_particles)
         self.global_batch = global_batch
         self.block_size = block_size
         self.importance_weighted = importance_weighted
+        self.normaliser = normaliser
 
     def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
         """The negative ELBO as a differentiable scalar tensor; ``args`` are the model's data

@@ -76,21 +76,35 @@ def test_both_estimators_equal_a_float64_loop_on_the_same_samples(dim):
     x2 = torch.cat([mu[n:], kappa[n:, None]], -1)
     model, _ = vmf_model(kappa_pos)
     losses = {}
-    for weighted in (False, True):
+    for name, weighted, normaliser in (("averaged", False, "particle"),
+                                       ("weighted", True, "particle"),
+                                       ("anchor", True, "anchor")):
         pyro.set_rng_seed(11)
-        losses[weighted] = rpm.RPMELBO(num_particles=particles, importance_weighted=weighted) \
+        losses[name] = rpm.RPMELBO(num_particles=particles, importance_weighted=weighted,
+                                   normaliser=normaliser) \
             .differentiable_loss(model.model, model.guide, x, x2).item()
     pyro.set_rng_seed(11)
     q, q2 = VonMisesFisher(mu[:n], kappa[:n]), VonMisesFisher(mu[n:], kappa[n:])
     weights = []  # (S, N): the guide draws z then z2, particle after particle
+    energies = []  # (S, N, N): f(z^s_i, z'^s_j)
     for _ in range(particles):
         z, z2 = q.rsample().tolist(), q2.rsample().tolist()
         weights.append(log_weights_loop(z, z2, kappa_pos))
+        energies.append([[kappa_pos * sum(a * b for a, b in zip(z[i], z2[j], strict=True))
+                          for j in range(n)] for i in range(n)])
     averaged = sum(sum(row) for row in weights) / particles
     weighted = sum(log_mean_exp([weights[s][i] for s in range(particles)]) for i in range(n))
-    assert -losses[False] == pytest.approx(averaged, abs=1e-8)
-    assert -losses[True] == pytest.approx(weighted, abs=1e-8)
+    # the anchor's positives and its normaliser, each log-averaged over the particles (and the
+    # normaliser over the candidates)
+    anchor = sum(log_mean_exp([energies[s][i][i] for s in range(particles)])
+                 - log_mean_exp([energies[s][i][j] for s in range(particles) for j in range(n)])
+                 for i in range(n))
+    assert -losses["averaged"] == pytest.approx(averaged, abs=1e-8)
+    assert -losses["weighted"] == pytest.approx(weighted, abs=1e-8)
+    assert -losses["anchor"] == pytest.approx(anchor, abs=1e-8)
     assert weighted > averaged  # Jensen, per pair (the samples differ between particles)
+    assert abs(anchor - weighted) > 1e-3  # the two normalisers differ
+    losses[False] = losses["averaged"]
     pyro.set_rng_seed(11)
     trace_elbo = Trace_ELBO(num_particles=particles).loss(model.model, model.guide, x, x2)
     assert trace_elbo == pytest.approx(losses[False], abs=1e-8)
@@ -101,17 +115,19 @@ def test_one_particle_or_deterministic_encoders_make_both_estimators_the_elbo():
     x = torch.cat([torch.nn.functional.normalize(torch.randn(5, 3, dtype=torch.float64), dim=-1),
                    torch.full((5, 1), 4.0, dtype=torch.float64)], -1)
     values = []
-    for elbo in (rpm.RPMELBO(), rpm.RPMELBO(importance_weighted=True)):
+    for elbo in (rpm.RPMELBO(), rpm.RPMELBO(importance_weighted=True),
+                 rpm.RPMELBO(importance_weighted=True, normaliser="anchor")):
         pyro.set_rng_seed(2)
         values.append(elbo.loss(model.model, model.guide, x, x.flip(0)))
-    assert values[0] == values[1]
+    assert values[0] == values[1] == values[2]
     delta = rpm.RPM(rpm.DeltaRecognition(torch.nn.Linear(3, 3).double()),
                     ImplicitPrior(CosineEnergy(2.0)))
     z = torch.randn(5, 3, dtype=torch.float64)
     plain = rpm.RPMELBO().loss(delta.model, delta.guide, z, z.flip(0))
-    weighted = rpm.RPMELBO(num_particles=3, importance_weighted=True).loss(
-        delta.model, delta.guide, z, z.flip(0))
-    assert weighted == pytest.approx(plain, abs=1e-12)
+    for normaliser in ("particle", "anchor"):
+        weighted = rpm.RPMELBO(num_particles=3, importance_weighted=True,
+                               normaliser=normaliser).loss(delta.model, delta.guide, z, z.flip(0))
+        assert weighted == pytest.approx(plain, abs=1e-12)
 
 
 def test_importance_weighting_refuses_programs_it_cannot_weight_per_pair():
@@ -123,6 +139,20 @@ def test_importance_weighting_refuses_programs_it_cannot_weight_per_pair():
         elbo.loss(pyro.poutine.scale(model.model, 2.0), model.guide, x, x)
     with pytest.raises(TypeError, match="importance_weighted must be True or False"):
         rpm.RPMELBO(importance_weighted=1)
+
+
+def test_the_anchor_normaliser_refuses_what_it_cannot_average():
+    with pytest.raises(ValueError, match="pass importance_weighted=True as well"):
+        rpm.RPMELBO(num_particles=2, normaliser="anchor")
+    with pytest.raises(ValueError, match="normaliser must be one of"):
+        rpm.RPMELBO(num_particles=2, importance_weighted=True, normaliser="pair")
+    pooled = rpm.RPM(rpm.VonMisesFisherRecognition(FixedVMF(), concentration="raw"),
+                     rpm.priors.PooledImplicitPrior(CosineEnergy(2.0)))
+    x = torch.cat([torch.nn.functional.normalize(torch.randn(4, 3, dtype=torch.float64), dim=-1),
+                   torch.ones(4, 1, dtype=torch.float64)], -1)
+    elbo = rpm.RPMELBO(num_particles=2, importance_weighted=True, normaliser="anchor")
+    with pytest.raises(TypeError, match="got PooledImplicitPrior"):
+        elbo.loss(pooled.model, pooled.guide, x, x)
 
 
 # -- kappa -> infinity ----------------------------------------------------------------------------------
@@ -189,8 +219,9 @@ def vmf_toy(n, kappa_pos, generator, sigma_range=(0.1, 0.35)):
     return views
 
 
-def vmf_objectives(kappa_pos, log_c, particles, n, seed):
-    """Both estimators (per pair) at the posteriors vMF(true direction, c kappa_true)."""
+def vmf_objectives(kappa_pos, log_c, particles, n, seed, normaliser="particle"):
+    """Both estimators (per pair) at the posteriors vMF(true direction, c kappa_true): the
+    importance-weighted one (with ``normaliser``) and the averaged one."""
     generator = torch.Generator().manual_seed(seed)
     (_, mu, kappa, _), (_, mu2, kappa2, _) = vmf_toy(n, kappa_pos, generator)
     x, x2 = torch.cat([mu, kappa[:, None]], -1), torch.cat([mu2, kappa2[:, None]], -1)
@@ -198,19 +229,22 @@ def vmf_objectives(kappa_pos, log_c, particles, n, seed):
     values = []
     for weighted in (True, False):
         pyro.set_rng_seed(seed + 1)
-        values.append(-rpm.RPMELBO(num_particles=particles, importance_weighted=weighted)
+        values.append(-rpm.RPMELBO(num_particles=particles, importance_weighted=weighted,
+                                   normaliser=normaliser if weighted else "particle")
                       .loss(model.model, model.guide, x, x2) / n)
     return values
 
 
-def test_vmf_importance_weighted_elbo_peaks_at_the_true_posterior():
+@pytest.mark.parametrize("normaliser", ["particle", "anchor"])
+def test_vmf_importance_weighted_elbo_peaks_at_the_true_posterior(normaliser):
     """Along kappa = c kappa_true (true directions; kappa_pos = 8, posterior kappa 8 to 120),
-    S = 16, N = 256, common random numbers: the importance-weighted ELBO is largest at c = 1
-    of the grid, above its values at c = 1/2 and 2 and above the near point mass c = 1e4 by at
-    least 0.1 nat per pair; the averaged ELBO increases with c (at c = 1 it is below its value
-    at c = 1e4 by more than 0.3 nat per pair)."""
+    S = 16, N = 256, common random numbers: the importance-weighted ELBO (either normaliser)
+    is largest at c = 1 of the grid, above its values at c = 1/2 and 2 and above the near
+    point mass c = 1e4 by at least 0.1 nat per pair; the averaged ELBO increases with c (at
+    c = 1 it is below its value at c = 1e4 by more than 0.3 nat per pair)."""
     grid = (0.5, 1.0, 2.0, 1e4)
-    weighted, averaged = zip(*(vmf_objectives(8.0, math.log(c), 16, 256, seed=0) for c in grid),
+    weighted, averaged = zip(*(vmf_objectives(8.0, math.log(c), 16, 256, seed=0,
+                                              normaliser=normaliser) for c in grid),
                              strict=True)
     assert max(range(len(grid)), key=lambda k: weighted[k]) == 1
     assert weighted[1] - weighted[3] > 0.1
@@ -218,14 +252,16 @@ def test_vmf_importance_weighted_elbo_peaks_at_the_true_posterior():
     assert averaged[3] - averaged[1] > 0.3
 
 
-def train_vmf_scale(weighted, steps=60, particles=16, n=64, lr=0.2, seed=0):
+def train_vmf_scale(weighted, steps=60, particles=16, n=64, lr=0.2, seed=0,
+                    normaliser="particle"):
     """Learn log c (kappa = c kappa_true, true directions) by Adam on fresh batches from c = 1;
     returns c at the mean of log c over the last quarter of the steps."""
     pyro.set_rng_seed(seed)
     model, head = vmf_model(8.0, log_c=0.0, learn=True)
     optimiser = torch.optim.Adam([head.log_c], lr=lr)
     generator = torch.Generator().manual_seed(seed)
-    elbo = rpm.RPMELBO(num_particles=particles, importance_weighted=weighted)
+    elbo = rpm.RPMELBO(num_particles=particles, importance_weighted=weighted,
+                       normaliser=normaliser)
     path = []
     for _ in range(steps):
         (_, mu, kappa, _), (_, mu2, kappa2, _) = vmf_toy(n, 8.0, generator)
@@ -241,11 +277,14 @@ def train_vmf_scale(weighted, steps=60, particles=16, n=64, lr=0.2, seed=0):
 
 def test_learned_vmf_concentration_stays_calibrated_only_when_importance_weighted():
     """Training c from the truth (c = 1, 60 Adam steps, S = 16, N = 64): importance-weighted, c
-    stays within [2/3, 3/2] (0.93 to 1.31 over seeds 0-3); averaged, kappa runs away (c > 20;
-    72 to 80 over seeds 0-3, and rising with the number of steps)."""
+    stays within [2/3, 3/2] (0.93 to 1.31 over seeds 0-3; with the anchor normaliser 0.94 to
+    1.29); averaged, kappa runs away (c > 20; 72 to 80 over seeds 0-3, and rising with the
+    number of steps)."""
     weighted = train_vmf_scale(True)
+    anchor = train_vmf_scale(True, normaliser="anchor")
     averaged = train_vmf_scale(False)
     assert 2 / 3 < weighted < 3 / 2, weighted
+    assert 2 / 3 < anchor < 3 / 2, anchor
     assert averaged > 20.0, averaged
 
 
