@@ -17,7 +17,9 @@ learned temperature, ``RPMELBO()``), for ``--mean-steps`` steps (Adam, ``--lr``,
 when both posteriors have the initial concentration :math:`k_0`
 (``--initial-concentration``), :math:`(1/\bar\kappa + 2/k_0)^{-1}` (4.93), the Gaussian
 approximation of the convolution of the three vMFs. Then the concentration network, the directions held, by
-MC-InfoNCE: ``RPMELBO(num_particles=S, importance_weighted=True)`` under the implicit prior of
+MC-InfoNCE: ``RPMELBO(num_particles=S, importance_weighted=True, normaliser="anchor")``
+(``--normaliser``: the anchor's InfoNCE normaliser averaged over its S particles, as Kirchhof
+et al. estimate it, ``docs/theory.md`` C6) under the implicit prior of
 the cosine energy whose concentration is fixed to :math:`\bar\kappa`, the vMF conditional that
 matches the process's positive rule
 (:func:`~rpm.experiments.uncertainty.process.effective_concentration`, 8.94 for the
@@ -96,6 +98,8 @@ __all__ = ["FLOORS", "PARTS", "add_parser", "run"]
 #: What the default run must reach (``rank_correlation``: the median of seeds 0-2).
 FLOORS = {"controlled.rank_correlation": 0.8, "controlled.means_rank_correlation": 0.9,
           "digits.cropped_has_bigger_uncertainty": 0.9}
+#: ``--normaliser``: rpm._objective.NORMALISERS, written out so that the parser needs no torch.
+NORMALISERS = ("anchor", "particle")
 #: ``--part``: both parts, or one.
 PARTS = ("all", "controlled", "digits")
 #: The models' folders, in training order.
@@ -181,6 +185,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--particles", type=positive_int, default=4,
                        help="S, posterior draws per pair of the importance-weighted ELBO "
                        "(default: 4)")
+    train.add_argument("--normaliser", choices=NORMALISERS, default="anchor",
+                       help="where the importance-weighted bound of both parts puts the "
+                       "InfoNCE normaliser: averaged over the anchor's particles (MC-InfoNCE as "
+                       "Kirchhof et al. estimate it) or inside each particle's weight "
+                       "(default: anchor)")
     digits = parser.add_argument_group("digits")
     digits.add_argument("--digits-steps", type=positive_int, default=600,
                         help="steps of the digits encoder (default: 600)")
@@ -323,7 +332,8 @@ def _controlled(args: argparse.Namespace, out, device) -> dict:
             ("controlled-means", args.mean_steps, means_model, args.lr, args.mean_batch_size,
              RPMELBO()),
             ("controlled", args.steps, model, args.concentration_lr, args.batch_size,
-             RPMELBO(num_particles=args.particles, importance_weighted=True))):
+             RPMELBO(num_particles=args.particles, importance_weighted=True,
+                     normaliser=args.normaliser))):
         encoder.requires_grad_(False)
         (encoder.mean_net if name == "controlled-means"
          else encoder.concentration_net).requires_grad_(True)
@@ -418,7 +428,8 @@ def _digits(args: argparse.Namespace, out, device) -> dict:
     model = model_from_arguments(arguments).to(device)
     encoder = model.recognition.net
     write_model_record(out / "digits", "uncertainty", arguments, (1, 8, 8))
-    elbo = RPMELBO(num_particles=args.digits_particles, importance_weighted=True)
+    elbo = RPMELBO(num_particles=args.digits_particles, importance_weighted=True,
+                   normaliser=args.normaliser)
     sides = sorted({side for side in CROP_SIDES if side > args.min_side} | {args.min_side},
                    reverse=True)
     sigmas = np.linspace(0.0, args.max_blur, BLUR_LEVELS)

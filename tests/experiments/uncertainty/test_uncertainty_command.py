@@ -38,6 +38,7 @@ def _run(tmp_path, *argv, name="run"):
     (["--dim", "1"], "argument --dim: expected a dimension >= 2"),
     (["--part", "both"], "argument --part: invalid choice"),
     (["--batch-size", "1"], "argument --batch-size: expected a batch size >= 2"),
+    (["--normaliser", "pair"], "argument --normaliser: invalid choice"),
 ])
 def test_bad_flags_are_one_error_line_and_write_nothing(tmp_path, capsys, argv, message):
     assert _run(tmp_path, *argv) == 2
@@ -46,6 +47,13 @@ def test_bad_flags_are_one_error_line_and_write_nothing(tmp_path, capsys, argv, 
     assert len(errors) == 1 and message in errors[0], err
     assert "Traceback" not in err
     assert not (tmp_path / "run").exists()
+
+
+def test_the_normaliser_choices_are_the_objectives():
+    from rpm._objective import NORMALISERS
+    from rpm.experiments.uncertainty.command import NORMALISERS as CHOICES
+
+    assert sorted(CHOICES) == sorted(NORMALISERS)
 
 
 def test_a_smoke_run_writes_its_results_and_figures_and_resumes(tmp_path, capsys):
