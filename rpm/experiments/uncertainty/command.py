@@ -19,9 +19,11 @@ when both posteriors have the initial concentration :math:`k_0`
 approximation of the convolution of the three vMFs. Then the concentration network, the directions held, by
 MC-InfoNCE: ``RPMELBO(num_particles=S, importance_weighted=True, normaliser="anchor")``
 (``--normaliser``: the anchor's InfoNCE normaliser averaged over its S particles, as Kirchhof
-et al. estimate it, ``docs/theory.md`` C6) under the implicit prior of
-the cosine energy whose concentration is fixed to :math:`\bar\kappa`, the vMF conditional that
-matches the process's positive rule
+et al. estimate it, ``docs/theory.md`` C6) under the implicit prior whose energy is the
+process's own positive rule, :math:`f(z, z') = \log\sigma(\kappa_+ z^\top z' - \ell)`
+(:class:`~rpm.experiments.uncertainty.model.PositiveRuleEnergy`; ``--energy rule``), or, with
+``--energy cosine``, the cosine energy whose concentration is fixed to :math:`\bar\kappa`, the
+vMF conditional that matches that rule
 (:func:`~rpm.experiments.uncertainty.process.effective_concentration`, 8.94 for the
 defaults: the rule is not a vMF conditional, and a prior at :math:`\kappa_+` = 20 itself
 rewards compressed means and inflated concentrations), for ``--steps`` steps
@@ -100,6 +102,8 @@ FLOORS = {"controlled.rank_correlation": 0.8, "controlled.means_rank_correlation
           "digits.cropped_has_bigger_uncertainty": 0.9}
 #: ``--normaliser``: rpm._objective.NORMALISERS, written out so that the parser needs no torch.
 NORMALISERS = ("anchor", "particle")
+#: ``--energy``: the concentration phase's energy.
+ENERGIES = ("rule", "cosine")
 #: ``--part``: both parts, or one.
 PARTS = ("all", "controlled", "digits")
 #: The models' folders, in training order.
@@ -182,9 +186,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="pairs per step while the directions train, >= 2 (default: 512)")
     train.add_argument("--concentration-lr", type=positive_float, default=1e-2,
                        help="peak learning rate of the concentration network (default: 1e-2)")
-    train.add_argument("--particles", type=positive_int, default=4,
+    train.add_argument("--particles", type=positive_int, default=16,
                        help="S, posterior draws per pair of the importance-weighted ELBO "
-                       "(default: 4)")
+                       "(default: 16)")
+    train.add_argument("--energy", choices=ENERGIES, default="rule",
+                       help="the controlled encoder's concentration phase: the process's own "
+                       "positive rule log sigmoid(kappa_+ z'z - l) as the energy, or the cosine "
+                       "energy at the vMF concentration that matches it (default: rule)")
     train.add_argument("--normaliser", choices=NORMALISERS, default="anchor",
                        help="where the importance-weighted bound of both parts puts the "
                        "InfoNCE normaliser: averaged over the anchor's particles (MC-InfoNCE as "
@@ -292,7 +300,8 @@ def _controlled(args: argparse.Namespace, out, device) -> dict:
                  "hidden": args.hidden, "depth": args.depth,
                  "concentration_hidden": args.concentration_hidden,
                  "initial_concentration": args.initial_concentration,
-                 "kappa_pos": kappa_pos}
+                 "kappa_pos": kappa_pos, "energy": args.energy,
+                 "rule_kappa_pos": process.kappa_pos, "rule_threshold": process.threshold}
     # the first phase's Delta RPM: its concentration starts at the pair's at the means when both
     # posteriors have the initial concentration, vMF(kappa_pos) convolved with two vMF(k0):
     # 1/kappa = 1/kappa_pos + 2/k0

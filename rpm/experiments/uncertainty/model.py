@@ -3,15 +3,17 @@ r"""The models of ``rpm uncertainty``: von Mises-Fisher encoders trained by MC-I
 Each model is an :class:`rpm.RPM` with :class:`~rpm.VonMisesFisherRecognition`
 :math:`Q(z \mid x) = \mathrm{vMF}(\mu(x), \kappa(x))` (``concentration="raw"``: the network
 returns :math:`\kappa(x) = \exp(\log\kappa_0 + h(x))` itself) and the implicit prior of the
-cosine energy :math:`f(z, z') = \kappa_+ z^\top z'` (``docs/theory.md``, C1-C5); trained with
-``RPMELBO(num_particles=S, importance_weighted=True)``.
+cosine energy :math:`f(z, z') = \kappa_+ z^\top z'` (``docs/theory.md``, C1-C6) or of the
+controlled process's own positive rule (:class:`PositiveRuleEnergy`); trained with
+``RPMELBO(num_particles=S, importance_weighted=True, normaliser=...)``.
 
 * ``controlled`` (:class:`ControlledEncoder`): two separate networks of the input
   :math:`x \in [0, 1]^P`, a LeakyReLU MLP with ``depth`` hidden layers of ``hidden`` units for
   the direction and one with a single hidden layer of ``concentration_hidden`` units for
   :math:`\log\kappa` (the reference code also keeps the two apart, so that each can be trained
-  alone); :math:`\kappa_+` fixed to the vMF concentration that matches the process's positive
-  rule (:func:`~rpm.experiments.uncertainty.process.effective_concentration`).
+  alone); the energy the process's positive rule (``energy="rule"`` in its arguments) or the
+  cosine energy with :math:`\kappa_+` fixed to the vMF concentration that matches the rule
+  (:func:`~rpm.experiments.uncertainty.process.effective_concentration`).
 * ``controlled-means``: the first phase of the controlled encoder, its direction network
   alone as a Delta encoder :math:`Q(z \mid x) = \delta(z - m(x))` under the implicit prior of
   the cosine energy with a learned concentration (:func:`build_means_rpm`: vMF-InfoNCE,
@@ -37,10 +39,11 @@ from torch import nn
 
 import rpm
 from rpm.experiments.uncertainty.process import leaky_mlp
-from rpm.priors import CosineEnergy, ImplicitPrior
+from rpm.priors import CosineEnergy, Energy, ImplicitPrior
+from rpm.priors._energies import unit_vectors
 
-__all__ = ["ControlledEncoder", "DigitsEncoder", "PARTS", "build_means_rpm", "build_rpm",
-           "model_from_arguments"]
+__all__ = ["ControlledEncoder", "DigitsEncoder", "PARTS", "PositiveRuleEnergy",
+           "build_means_rpm", "build_rpm", "model_from_arguments"]
 
 #: The models: the controlled encoder's directions (first phase), the controlled encoder, and
 #: the digits encoder.
@@ -91,11 +94,50 @@ class DigitsEncoder(nn.Module):
         return self.direction(h), torch.exp(self.log_initial + self.log_concentration(h)[:, 0])
 
 
-def build_rpm(encoder: nn.Module, kappa_pos: float, learn_kappa: bool) -> rpm.RPM:
+class PositiveRuleEnergy(Energy):
+    r"""The controlled process's positive rule (U3 of
+    :mod:`~rpm.experiments.uncertainty.process`) as the energy of the implicit prior,
+
+    .. math::
+
+        f(z, z') = \log \sigma\big(\kappa_+ \hat z^\top \hat z' - \ell\big)
+        = -\operatorname{softplus}\big(\ell - \kappa_+ \hat z^\top \hat z'\big),
+
+    so that :math:`P(z' \mid z) \propto Q(z')\, e^{f(z, z')}` is the process's own conditional
+    of a partner's latent (a candidate accepted with probability :math:`\sigma(\cdot)`), where
+    :class:`~rpm.priors.CosineEnergy` at the matched concentration (U4) approximates it by a vMF.
+
+    :param float kappa_pos: :math:`\kappa_+`.
+    :param float threshold: :math:`\ell`.
+    """
+
+    def __init__(self, kappa_pos: float, threshold: float) -> None:
+        super().__init__()
+        self.register_buffer("kappa_pos", torch.tensor(float(kappa_pos), dtype=torch.float64))
+        self.register_buffer("threshold", torch.tensor(float(threshold), dtype=torch.float64))
+
+    def _of_cosines(self, cosines: torch.Tensor) -> torch.Tensor:
+        kappa_pos, threshold = self.kappa_pos.to(cosines.dtype), self.threshold.to(cosines.dtype)
+        # logsigmoid, not -softplus: softplus is linear above its threshold (20), 2e-9 off
+        return nn.functional.logsigmoid(kappa_pos * cosines - threshold)
+
+    def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+        self.check_latents(z, z2)
+        return self._of_cosines(unit_vectors(z) @ unit_vectors(z2).T)
+
+    def paired(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+        self.check_latents(z, z2)
+        return self._of_cosines((unit_vectors(z) * unit_vectors(z2)).sum(-1))
+
+
+def build_rpm(encoder: nn.Module, kappa_pos: float, learn_kappa: bool,
+              energy: Energy | None = None) -> rpm.RPM:
     """The RPM of an encoder (module docstring): vMF recognition of its raw concentration and
-    the implicit prior of ``CosineEnergy(kappa_pos, learn_kappa)``."""
+    the implicit prior of ``energy``, by default ``CosineEnergy(kappa_pos, learn_kappa)``."""
+    if energy is None:
+        energy = CosineEnergy(kappa_pos, learn_kappa=learn_kappa)
     return rpm.RPM(rpm.VonMisesFisherRecognition(encoder, concentration="raw"),
-                   ImplicitPrior(CosineEnergy(kappa_pos, learn_kappa=learn_kappa)))
+                   ImplicitPrior(energy))
 
 
 def build_means_rpm(direction_net: nn.Module, kappa_pos: float) -> rpm.RPM:
@@ -117,7 +159,9 @@ def model_from_arguments(arguments: dict) -> rpm.RPM:
         encoder: nn.Module = ControlledEncoder(
             arguments["obs_dim"], arguments["dim"], arguments["hidden"], arguments["depth"],
             arguments["concentration_hidden"], arguments["initial_concentration"])
-        return build_rpm(encoder, arguments["kappa_pos"], learn_kappa=False)
+        rule = (PositiveRuleEnergy(arguments["rule_kappa_pos"], arguments["rule_threshold"])
+                if arguments.get("energy") == "rule" else None)
+        return build_rpm(encoder, arguments["kappa_pos"], learn_kappa=False, energy=rule)
     if part == "digits":
         encoder = DigitsEncoder(arguments["latent_dim"], arguments["hidden"],
                                 arguments["initial_concentration"])

@@ -107,9 +107,32 @@ def test_the_trained_models_load_back(tmp_path):
     # cosine concentration): both models share them
     torch.testing.assert_close(torch.nn.functional.normalize(means.recognition(x).v, dim=-1),
                                q.loc)
-    kappa_bar = json.loads((tmp_path / "run" / "results.json").read_text())[
-        "controlled"]["process"]["effective_kappa_pos"]
-    assert model.prior.energy.kappa.item() == pytest.approx(kappa_bar)
-    assert means.prior.energy.kappa.item() != pytest.approx(kappa_bar)  # learned
+    process = json.loads((tmp_path / "run" / "results.json").read_text())["controlled"][
+        "process"]
+    # the default energy is the process's positive rule
+    assert model.prior.energy.kappa_pos.item() == process["kappa_pos"] == 20.0
+    assert model.prior.energy.threshold.item() == pytest.approx(process["positive_threshold"])
+    assert means.prior.energy.kappa.item() != pytest.approx(process["effective_kappa_pos"])
     with pytest.raises(ValueError, match="trained on inputs of shape"):
         model.encode(torch.rand(3, 4))
+
+
+@pytest.mark.parametrize("energy", ["rule", "cosine"])
+def test_the_controlled_model_record_rebuilds_its_energy(energy):
+    """model_from_arguments gives the concentration phase's prior the record's energy: the
+    process's positive rule, or the cosine energy at the matched concentration; a record from
+    before the choice (no "energy") is the cosine one."""
+    from rpm.experiments.uncertainty.model import PositiveRuleEnergy, model_from_arguments
+    from rpm.priors import CosineEnergy
+
+    arguments = {"part": "controlled", "obs_dim": 10, "dim": 10, "hidden": 8, "depth": 1,
+                 "concentration_hidden": 4, "initial_concentration": 22.0, "kappa_pos": 8.94,
+                 "energy": energy, "rule_kappa_pos": 20.0, "rule_threshold": 11.15}
+    built = model_from_arguments(arguments).prior.energy
+    if energy == "rule":
+        assert isinstance(built, PositiveRuleEnergy)
+        assert (built.kappa_pos.item(), built.threshold.item()) == (20.0, 11.15)
+    else:
+        assert isinstance(built, CosineEnergy) and built.kappa.item() == pytest.approx(8.94)
+    del arguments["energy"]
+    assert isinstance(model_from_arguments(arguments).prior.energy, CosineEnergy)

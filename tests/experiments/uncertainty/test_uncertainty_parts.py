@@ -128,6 +128,28 @@ def test_positive_pairs_follow_the_acceptance_probability(process):
     assert float(drawn.mean()) > float(cosines.mean()) + 0.3
 
 
+def test_positive_rule_energy_is_the_log_acceptance_probability(process):
+    """PositiveRuleEnergy(kappa_+, l)(z, z') = log sigma(kappa_+ z.z' / (|z| |z'|) - l), the
+    log of the process's acceptance probability, for unnormalised rows too; its paired form is
+    the matrix's diagonal; float64 to 1e-12."""
+    from rpm.experiments.uncertainty.model import PositiveRuleEnergy
+
+    energy = PositiveRuleEnergy(process.kappa_pos, process.threshold)
+    generator = torch.Generator().manual_seed(4)
+    z = 3.0 * torch.randn(6, process.dim, generator=generator, dtype=torch.float64)
+    z2 = torch.randn(5, process.dim, generator=generator, dtype=torch.float64)
+    unit, unit2 = z / z.norm(dim=-1, keepdim=True), z2 / z2.norm(dim=-1, keepdim=True)
+    expected = [[float(special.log_expit(process.kappa_pos * float(unit[i] @ unit2[j])
+                                        - process.threshold)) for j in range(5)]
+                for i in range(6)]
+    torch.testing.assert_close(energy(z, z2), torch.tensor(expected, dtype=torch.float64),
+                               rtol=1e-12, atol=1e-12)
+    accepted = process.positive_probability(unit.float(), unit2.float()).double().log()
+    torch.testing.assert_close(energy(z, z2), accepted, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(energy.paired(z[:5], z2), energy(z[:5], z2).diagonal(),
+                               rtol=1e-12, atol=1e-12)
+
+
 def test_crop_keeps_the_window_a_loop_finds():
     """Pixel (r, c) survives iff its centre (c + 0.5, r + 0.5) lies in the square of side 8s at
     corner u (8 - 8s); windows of a smaller side with the same u lie inside the larger."""
