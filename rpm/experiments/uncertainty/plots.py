@@ -18,11 +18,16 @@ __all__ = ["plot_corruptions", "plot_kappa", "plot_reliability"]
 def plot_kappa(path: str | os.PathLike, true_kappa: np.ndarray, learned_kappa: np.ndarray,
                true_cosines: np.ndarray, learned_cosines: np.ndarray, rank_correlation: float,
                means_rank_correlation: float) -> Figure:
-    """Left: the learned against the true posterior concentration of fresh inputs; right: the
-    learned against the true pairwise cosines of their means (a subsample of the pairs)."""
+    """Left: the learned against the true posterior concentration of fresh inputs, with the
+    diagonal (a calibrated level lies on it); right: the learned against the true pairwise
+    cosines of their means (a subsample of the pairs)."""
     figure = Figure(figsize=(10, 4.4))
     left, right = figure.subplots(1, 2)
     left.scatter(true_kappa, learned_kappa, s=3, alpha=0.3, color="tab:purple", linewidths=0)
+    span = [float(min(true_kappa.min(), learned_kappa.min())),
+            float(max(true_kappa.max(), learned_kappa.max()))]
+    left.plot(span, span, color="grey", linestyle="--", linewidth=1, label="equal")
+    left.legend(loc="upper left")
     left.set_xlabel(r"true posterior $\kappa(x)$")
     left.set_ylabel(r"learned $\hat\kappa(x)$")
     left.set_title(f"concentration: Spearman {rank_correlation:.3f}")
