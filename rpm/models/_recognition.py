@@ -329,7 +329,8 @@ class VonMisesFisherRecognition(NamedModule):
     the sphere, an ambiguous input) and :math:`1 - (D-1)/(2\kappa) + O(\kappa^{-2})` for large
     :math:`\kappa`. Trained by MC-InfoNCE (the implicit prior with a finite positive
     concentration, the particles averaged inside the logarithm:
-    ``RPMELBO(num_particles=S, importance_weighted=True)``) it learns the posterior's width
+    ``RPMELBO(num_particles=S, importance_weighted=True)``, with ``normaliser="anchor"`` as
+    Kirchhof et al. estimate it) it learns the posterior's width
     (``docs/theory.md#calibrated-posteriors``); under the plain ELBO of an implicit prior
     :math:`\kappa` grows without bound instead (``docs/theory.md#stochastic-encoders``).
 

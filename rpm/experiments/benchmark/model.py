@@ -70,7 +70,8 @@ mcinfonce      MC-InfoNCE: von Mises-Fisher recognition :math:`\mathrm{vMF}(\hat
                \kappa_0 e^{w^\top h + b}`, a linear head on the backbone starting at zero,
                :math:`\kappa_0` = :data:`INITIAL_CONCENTRATION_PER_DIM` D) with
                ``simclr``'s implicit prior (cosine energy, :math:`\kappa_+ = 1/\tau`), trained
-               by ``RPMELBO(num_particles=S, importance_weighted=True)``, S =
+               by ``RPMELBO(num_particles=S, importance_weighted=True)`` (each
+               particle's own normaliser, ``docs/theory.md`` C3), S =
                :data:`MC_PARTICLES` (Kirchhof et al.)
 =============  ============================================================================
 
