@@ -79,6 +79,7 @@ __all__ = [
     "NORMALISERS",
     "ObjectiveInputs",
     "check_marginal",
+    "check_normaliser",
     "elbo",
     "likelihood_factor",
     "likelihood_marginals",
@@ -127,6 +128,22 @@ class ObjectiveInputs:
 
 
 # -- the choice of marginal ---------------------------------------------------------------------
+
+def check_normaliser(normaliser, importance_weighted: bool) -> str:
+    """``normaliser`` (one of :data:`NORMALISERS`) checked against ``importance_weighted``:
+    ``"anchor"`` averages the normaliser inside the importance-weighted bound only.
+
+    :raises ValueError: for an unknown normaliser, or ``"anchor"`` without
+        ``importance_weighted``.
+    """
+    if normaliser not in NORMALISERS:
+        raise ValueError(f"normaliser must be one of {NORMALISERS}, got {normaliser!r}")
+    if normaliser == "anchor" and not importance_weighted:
+        raise ValueError("normaliser='anchor' averages each anchor's normaliser over its "
+                         "particles inside the importance-weighted bound: pass "
+                         "importance_weighted=True as well")
+    return normaliser
+
 
 def check_marginal(marginal, prior) -> str:
     r"""``marginal`` (one of :data:`MARGINALS`) checked against ``prior``.
@@ -408,8 +425,7 @@ def elbo(inputs: ObjectiveInputs, num_particles: int = 1, block_size: int | None
     """
     if num_particles != 1:
         check_positive_int("num_particles", num_particles)
-    if normaliser not in NORMALISERS:
-        raise ValueError(f"normaliser must be one of {NORMALISERS}, got {normaliser!r}")
+    check_normaliser(normaliser, importance_weighted)
     if importance_weighted and num_particles > 1 and normaliser == "anchor":
         return _anchor_normalised_bound(inputs, num_particles, block_size)
     if importance_weighted and num_particles > 1:

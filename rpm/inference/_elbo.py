@@ -38,7 +38,7 @@ import torch
 from pyro.infer import ELBO, Trace_ELBO
 from pyro.poutine.runtime import Message, am_i_wrapped, apply_stack
 
-from rpm._objective import NORMALISERS
+from rpm._objective import check_normaliser
 from rpm._objective import elbo as objective_elbo
 from rpm._validation import check_bool, check_positive_int, check_positive_int_or_none
 from rpm.models._base import RPMBase, mismatched_model_and_guide
@@ -278,12 +278,7 @@ class RPMELBO(ELBO):
         num_particles = check_positive_int("num_particles", num_particles)
         global_batch = check_bool("global_batch", global_batch)
         importance_weighted = check_bool("importance_weighted", importance_weighted)
-        if normaliser not in NORMALISERS:
-            raise ValueError(f"normaliser must be one of {NORMALISERS}, got {normaliser!r}")
-        if normaliser == "anchor" and not importance_weighted:
-            raise ValueError("normaliser='anchor' averages each anchor's normaliser over its "
-                             "particles inside the importance-weighted bound: pass "
-                             "importance_weighted=True as well")
+        normaliser = check_normaliser(normaliser, importance_weighted)
         block_size = check_positive_int_or_none("block_size", block_size)
         super().__init__(num_particles=num_particles)
         self.global_batch = global_batch
