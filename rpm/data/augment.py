@@ -49,6 +49,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from rpm._random import global_rng_from
 from rpm._validation import check_int, check_nonnegative, check_positive_int, check_positive_int_or_none
 
 __all__ = ["ColourView", "MultiViewTransform", "RandomView", "multi_crop_views", "quarter_turn_pair"]
@@ -281,9 +282,7 @@ def _seeded(apply, images: torch.Tensor, generator: torch.Generator | None) -> t
     from torch's global generator when it is ``None``."""
     if generator is None:
         return apply(images)
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-    with torch.random.fork_rng(devices=[]):
-        torch.default_generator.manual_seed(seed)
+    with global_rng_from(generator):
         return apply(images)
 
 

@@ -93,7 +93,6 @@ __all__ = [
     "device_name",
     "environment",
     "fraction_of_frames",
-    "global_rng_from",
     "nonnegative_float",
     "nonnegative_int",
     "momentum",
@@ -1115,21 +1114,6 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
     pyro.set_rng_seed(seed)
-
-
-@contextlib.contextmanager
-def global_rng_from(generator, devices=()) -> Iterator[None]:
-    """Inside the block, torch's global generator is seeded with one number drawn from
-    ``generator`` (a CPU ``torch.Generator``), so that code drawing from the global generator
-    (Pyro's samplers, torch.distributions) draws a function of ``generator``'s state; the
-    global generator's state (the CPU's and that of each CUDA device in ``devices``) is
-    restored at the end (:func:`torch.random.fork_rng`)."""
-    import torch
-
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-    with torch.random.fork_rng(devices=list(devices)):
-        torch.manual_seed(seed)
-        yield
 
 
 # --------------------------------------------------------------------------- results

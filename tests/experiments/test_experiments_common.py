@@ -264,7 +264,7 @@ def test_global_rng_from_seeds_the_global_generator_from_one_draw_and_restores_i
     the generator has advanced by that one draw, and outside the global state is unchanged."""
     import torch
 
-    from rpm.experiments.common import global_rng_from
+    from rpm._random import global_rng_from
 
     torch.manual_seed(123)
     before = torch.get_rng_state()

@@ -37,6 +37,7 @@ from typing import cast
 
 import torch
 
+from rpm._random import global_rng_from
 from rpm.evaluation import fit_linear_probe, knn_accuracy, representations
 from rpm.experiments.benchmark.data import BenchmarkData, multi_views
 from rpm.experiments.benchmark.model import (
@@ -45,12 +46,7 @@ from rpm.experiments.benchmark.model import (
     build_encoder,
     encoder_latent_dim,
 )
-from rpm.experiments.common import (
-    derived_seed,
-    fit_or_resume,
-    global_rng_from,
-    seed_everything,
-)
+from rpm.experiments.common import derived_seed, fit_or_resume, seed_everything
 
 __all__ = ["KNN_NEIGHBOURS", "PROBE_MAX_ITER", "PROBE_TOLERANCE", "score_features", "train_row"]
 

@@ -85,9 +85,9 @@ import math
 import torch
 from torch import nn
 
+from rpm._random import global_rng_from
 from rpm._validation import check_int, check_positive, check_positive_int
 from rpm.distributions import VonMisesFisher
-from rpm.experiments.common import global_rng_from
 
 __all__ = ["ControlledProcess", "effective_concentration", "leaky_mlp", "log_normaliser_ratio"]
 
