@@ -70,7 +70,8 @@ from torch.distributions import Gamma
 
 from rpm.ops._bessel import bessel_iv_ratio, log_bessel_ive
 
-__all__ = ["VonMisesFisher"]
+__all__ = ["TabulatedLogNormaliser", "VonMisesFisher", "log_normaliser_plus_concentration",
+           "uniform_log_density"]
 
 #: Rounds of Wood's rejection sampler before giving up (each accepts most proposals).
 _MAX_ROUNDS = 1000
@@ -200,11 +201,8 @@ class VonMisesFisher(TorchDistribution):
         return length / kappa + (1 - dim * length / kappa - length**2) * self.loc**2
 
     def _log_normalizer_plus_kappa(self) -> torch.Tensor:
-        r""":math:`\log C_D(\kappa) + \kappa`, with :math:`\log I_\nu(\kappa) - \kappa` taken
-        whole (``log_bessel_ive``) so that nothing of size :math:`\kappa` cancels."""
-        order = self._order
-        return (order * self.concentration.log() - (order + 1) * math.log(2 * math.pi)
-                - log_bessel_ive(order, self.concentration))
+        r""":math:`\log C_D(\kappa) + \kappa` (:func:`log_normaliser_plus_concentration`)."""
+        return log_normaliser_plus_concentration(self.event_shape[0], self.concentration)
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         if self._validate_args:
@@ -235,6 +233,119 @@ class VonMisesFisher(TorchDistribution):
         sine = torch.sqrt(omega * two_minus_omega).unsqueeze(-1)
         along_e1 = torch.cat([(1 - omega).unsqueeze(-1), sine * tangent], dim=-1)
         return _reflect_e1_to(self.loc.to(torch.float64).expand(shape), along_e1).to(self.loc.dtype)
+
+
+def log_normaliser_plus_concentration(dim: int, kappa: torch.Tensor) -> torch.Tensor:
+    r""":math:`\log C_D(\kappa) + \kappa = \nu \log\kappa - \frac D2 \log 2\pi -
+    \log\operatorname{ive}_\nu(\kappa)`, :math:`\nu = D/2 - 1`, elementwise: the vMF
+    log-normaliser with :math:`\log I_\nu(\kappa) - \kappa` taken whole (``log_bessel_ive``),
+    so that nothing of size :math:`\kappa` cancels; differentiable in :math:`\kappa` to any
+    order, :math:`\frac{d}{d\kappa}(\log C_D(\kappa) + \kappa) = 1 - A_D(\kappa)`.
+
+    :param int dim: D >= 2.
+    :param torch.Tensor kappa: :math:`\kappa > 0`. Shape: any.
+    :returns: shape and dtype of ``kappa``.
+    """
+    order = dim / 2 - 1
+    return (order * kappa.log() - dim / 2 * math.log(2 * math.pi)
+            - log_bessel_ive(order, kappa))
+
+
+def uniform_log_density(dim: int) -> float:
+    r""":math:`\log C_D(0) = \log\Gamma(D/2) - \log 2 - \frac D2 \log\pi`, the log-density of
+    the uniform distribution on :math:`S^{D-1}` (minus the log of its area), the limit of
+    :math:`\log C_D(\kappa)` as :math:`\kappa \to 0`."""
+    return math.lgamma(dim / 2) - math.log(2.0) - dim / 2 * math.log(math.pi)
+
+
+class TabulatedLogNormaliser(torch.nn.Module):
+    r""":math:`g(\kappa) = \log C_D(\kappa) + \kappa` by piecewise cubic Hermite interpolation
+    in :math:`s = \log\kappa`, for energies that evaluate it on a whole (N, M) matrix of
+    concentrations at every step, where the exact series
+    (:func:`log_normaliser_plus_concentration`) costs tens of float64 passes over the matrix
+    and three more in the backward pass.
+
+    At construction the exact :math:`g` and its slope in :math:`s`,
+
+    .. math::
+
+        \frac{dg}{ds} = \kappa\,\big(1 - A_D(\kappa)\big),
+
+    are computed in float64 at ``points`` equally spaced nodes :math:`s_k` from :math:`\log`
+    ``low`` to :math:`\log` ``high``. For :math:`\kappa` in that range, with :math:`s_k \le s
+    \le s_{k+1}`, :math:`h = s_{k+1} - s_k` and :math:`u = (s - s_k)/h`, the Hermite cubic that
+    matches :math:`g` and :math:`dg/ds` at both nodes is
+
+    .. math::
+
+        g \approx (1 + 2u)(1 - u)^2 g_k + u (1 - u)^2 h g'_k + u^2 (3 - 2u) g_{k+1}
+            + u^2 (u - 1) h g'_{k+1},
+
+    held as the coefficients of :math:`1, u, u^2, u^3` (rounded to the input's dtype) and
+    evaluated by Horner's rule in the input's dtype; autograd differentiates the interpolant.
+    The slope rises from 0 to :math:`(D-1)/2` and every derivative of :math:`g` in :math:`s`
+    stays bounded, so the error falls as :math:`h^4`: in float64, with the defaults, it is
+    within :math:`10^{-11}` of the exact function (its derivative in :math:`\kappa` within
+    :math:`10^{-8}`) for :math:`D \le 64`; in float32 the rounding of :math:`s` and of
+    :math:`g` dominates. Concentrations outside the range (or not finite) are evaluated by the
+    exact function.
+
+    :param int dim: D >= 2.
+    :param float low: the smallest tabulated :math:`\kappa > 0`.
+    :param float high: the largest tabulated :math:`\kappa`, above ``low``.
+    :param int points: table nodes, >= 2.
+    """
+
+    coefficients: torch.Tensor
+
+    def __init__(self, dim: int, low: float = 1e-2, high: float = 1e4, points: int = 4096):
+        super().__init__()
+        if not (isinstance(dim, int) and dim >= 2):
+            raise ValueError(f"TabulatedLogNormaliser needs an integer dim >= 2, got {dim!r}")
+        if not (0 < low < high < math.inf):
+            raise ValueError(f"TabulatedLogNormaliser needs 0 < low < high < inf, got low "
+                             f"{low!r}, high {high!r}")
+        if not (isinstance(points, int) and points >= 2):
+            raise ValueError(f"TabulatedLogNormaliser needs an integer points >= 2, got "
+                             f"{points!r}")
+        self.dim = dim
+        self.intervals = points - 1
+        self.low, self.high = float(low), float(high)
+        self.log_low = math.log(low)
+        self.step = (math.log(high) - self.log_low) / (points - 1)
+        nodes = torch.linspace(self.log_low, math.log(high), points, dtype=torch.float64)
+        kappa = nodes.exp()
+        values = log_normaliser_plus_concentration(dim, kappa)
+        slopes = self.step * kappa * (1 - bessel_iv_ratio(dim / 2 - 1, kappa))  # h dg/ds
+        rise = values[1:] - values[:-1]
+        self.register_buffer("coefficients", torch.stack([
+            values[:-1], slopes[:-1], 3 * rise - 2 * slopes[:-1] - slopes[1:],
+            -2 * rise + slopes[:-1] + slopes[1:]], dim=-1))                # (points - 1, 4)
+
+    def forward(self, kappa: torch.Tensor) -> torch.Tensor:
+        r""":math:`\log C_D(\kappa) + \kappa`, elementwise (class docstring).
+
+        :param torch.Tensor kappa: :math:`\kappa > 0`, a floating tensor. Shape: any.
+        :returns: shape and dtype of ``kappa``.
+        """
+        if not kappa.is_floating_point():
+            raise TypeError(f"TabulatedLogNormaliser takes a floating tensor, got dtype "
+                            f"{kappa.dtype}")
+        position = (kappa.clamp(self.low, self.high).log() - self.log_low) / self.step
+        index = position.detach().floor().clamp(max=self.intervals - 1).long()
+        u = position - index
+        c = self.coefficients.to(kappa.dtype)[index]                     # (..., 4)
+        result = c[..., 0] + u * (c[..., 1] + u * (c[..., 2] + u * c[..., 3]))
+        inside = (kappa >= self.low) & (kappa <= self.high)
+        if not bool(inside.all()):  # the exact function where the table does not reach
+            outside = ~inside
+            result = result.masked_scatter(
+                outside, log_normaliser_plus_concentration(self.dim, kappa[outside]))
+        return result
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, low={self.low}, high={self.high}, "
+                f"points={self.intervals + 1}")
 
 
 def _describe(value: object) -> str:

@@ -271,3 +271,64 @@ def test_values_off_the_sphere_are_refused_by_log_prob():
     dist = VonMisesFisher(unit(3).float(), 1.0)
     with pytest.raises(ValueError, match="support"):
         dist.log_prob(torch.tensor([1.0, 1.0, 0.0]))
+
+
+@pytest.mark.parametrize("dim", [2, 3, 10, 64])
+def test_tabulated_log_normaliser_matches_scipy_and_its_derivative(dim):
+    """TabulatedLogNormaliser(D)(kappa) = log C_D(kappa) + kappa, with C_D from scipy's ive, to
+    1e-10 in float64 over the table's range (log-uniform kappa, node and interval points
+    alike); its derivative in kappa is 1 - A_D(kappa) to 1e-7; float32 input stays float32,
+    within float32 rounding of the value; kappa outside the range takes the exact function."""
+    from rpm.distributions._von_mises_fisher import TabulatedLogNormaliser
+
+    table = TabulatedLogNormaliser(dim)
+    generator = torch.Generator().manual_seed(dim)
+    kappa = torch.exp(torch.empty(4000, dtype=torch.float64).uniform_(
+        math.log(1e-2), math.log(1e4), generator=generator))
+    kappa = torch.cat([kappa, torch.tensor([1e-2, 1e4, 1.0], dtype=torch.float64)])
+    k = kappa.numpy()
+    order = dim / 2 - 1
+    expected = order * np.log(k) - dim / 2 * math.log(2 * math.pi) - np.log(special.ive(order, k))
+    kappa.requires_grad_(True)
+    value = table(kappa)
+    np.testing.assert_allclose(value.detach().numpy(), expected, rtol=0, atol=1e-10)
+    (slope,) = torch.autograd.grad(value.sum(), kappa)
+    mean_length = special.ive(dim / 2, k) / special.ive(order, k)
+    np.testing.assert_allclose(slope.numpy(), 1 - mean_length, rtol=0, atol=1e-7)
+    single = table(kappa.detach().float())
+    assert single.dtype == torch.float32
+    np.testing.assert_allclose(single.double().numpy(), expected,
+                               rtol=0, atol=4e-7 * (1 + np.abs(expected)).max())
+    outside = torch.tensor([1e-3, 3e4], dtype=torch.float64)
+    k = outside.numpy()
+    expected = order * np.log(k) - dim / 2 * math.log(2 * math.pi) - np.log(special.ive(order, k))
+    np.testing.assert_allclose(table(outside).numpy(), expected, rtol=0, atol=1e-11)
+
+
+def test_tabulated_log_normaliser_refuses_bad_settings():
+    from rpm.distributions._von_mises_fisher import TabulatedLogNormaliser
+
+    with pytest.raises(ValueError, match="dim >= 2"):
+        TabulatedLogNormaliser(1)
+    with pytest.raises(ValueError, match="0 < low < high"):
+        TabulatedLogNormaliser(3, low=10.0, high=1.0)
+    with pytest.raises(ValueError, match="points >= 2"):
+        TabulatedLogNormaliser(3, points=1)
+    with pytest.raises(TypeError, match="floating tensor"):
+        TabulatedLogNormaliser(3)(torch.tensor([1, 2]))
+
+
+def test_uniform_log_density_is_minus_the_log_area_of_the_sphere():
+    """log C_D(0): 1/(2 pi) on the circle, 1/(4 pi) on S^2, Gamma(D/2) / (2 pi^(D/2)) in
+    general, and the limit of log C_D(kappa) as kappa -> 0."""
+    from rpm.distributions._von_mises_fisher import (
+        log_normaliser_plus_concentration,
+        uniform_log_density,
+    )
+
+    assert uniform_log_density(2) == pytest.approx(-math.log(2 * math.pi), abs=1e-14)
+    assert uniform_log_density(3) == pytest.approx(-math.log(4 * math.pi), abs=1e-14)
+    tiny = torch.tensor(1e-9, dtype=torch.float64)
+    for dim in (2, 5, 10, 64):
+        assert float(log_normaliser_plus_concentration(dim, tiny)) == pytest.approx(
+            uniform_log_density(dim), abs=1e-8)
