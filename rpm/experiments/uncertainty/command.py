@@ -10,13 +10,17 @@ sphere :math:`S^{D-1}` (``--dim`` 10) with true posterior :math:`\mathrm{vMF}(\m
 ``--kappa-max`` (16 to 32, the reference run), positive pairs whose latents are close
 (:math:`\kappa_+` ``--kappa-pos`` 20). The encoder
 (:class:`~rpm.experiments.uncertainty.model.ControlledEncoder`) is trained in the reference
-code's two phases on fresh pairs. First the direction network alone, as a Delta encoder under
-the implicit prior of the cosine energy with a learned concentration (vMF-InfoNCE with a
-learned temperature, ``RPMELBO()``), for ``--mean-steps`` steps (Adam, ``--lr``,
-``--mean-batch-size`` pairs); its concentration starts at that of a pair's latents at the means
-when both posteriors have the initial concentration :math:`k_0`
-(``--initial-concentration``), :math:`(1/\bar\kappa + 2/k_0)^{-1}` (4.93), the Gaussian
-approximation of the convolution of the three vMFs. Then the concentration network, the directions held, by
+code's two phases on fresh pairs. First the direction network and the concentration network
+together, as a Delta encoder of (direction, log width :math:`-\log\kappa(x)`, partner log
+weight) under the implicit prior of the convolved cosine energy
+(:class:`~rpm.experiments.uncertainty.model.ConvolvedCosineEnergy`: InfoNCE whose critic is a
+vMF of the partner's direction about the anchor's at the concentration :math:`\tau`,
+:math:`1/\tau = 1/a + 1/\kappa(x) + 1/\kappa(x')`, plus a learned weight of the partner;
+``RPMELBO()``), for ``--mean-steps`` steps (Adam, ``--lr``, ``--mean-batch-size`` pairs,
+``--weight-hidden`` units in the weight network); the coupling :math:`a` starts at
+:math:`\bar\kappa` below and is learned. A Delta encoder of the directions alone would have to
+bend its map to absorb the inputs' widths, which the second phase then misreads. Then the
+concentration network alone, from the widths of the first phase, the directions held, by
 MC-InfoNCE: ``RPMELBO(num_particles=S, importance_weighted=True, normaliser="anchor")``
 (``--normaliser``: the anchor's InfoNCE normaliser averaged over its S particles, as Kirchhof
 et al. estimate it, ``docs/theory.md`` C6) under the implicit prior whose energy is the
@@ -27,8 +31,8 @@ vMF conditional that matches that rule
 (:func:`~rpm.experiments.uncertainty.process.effective_concentration`, 8.94 for the
 defaults: the rule is not a vMF conditional, and a prior at :math:`\kappa_+` = 20 itself
 rewards compressed means and inflated concentrations), for ``--steps`` steps
-(``--concentration-lr``, ``--batch-size`` pairs, S ``--particles``, every input starting at
-``--initial-concentration``). Model folders
+(``--concentration-lr``, ``--batch-size`` pairs, S ``--particles``; before the first phase
+every input's concentration is ``--initial-concentration``). Model folders
 ``controlled-means/`` and ``controlled/``). Scores on ``--eval-samples`` (10,000) fresh inputs
 (:mod:`rpm.experiments.uncertainty.evaluate`): ``rank_correlation``, Spearman's
 :math:`\rho` between the learned and the true :math:`\kappa`; its precondition
@@ -63,9 +67,10 @@ the crop and the blur), ``reliability.png`` (the probe's reliability diagram) an
 ``training.png`` (each model's loss and held-out score against the step: Spearman's
 :math:`\rho` of the means' cosines, of the concentrations, and the crop score). ``rpm.load(DIR,
 model="controlled")`` (or ``"digits"``, or ``"controlled-means"``: the first phase's Delta
-RPM with its learned concentration) gives a trained RPM. ``results.json``'s ``controlled`` also
-records the prior's concentration (``process.effective_kappa_pos``) and the first phase's
-learned one (``means_kappa_pos``).
+RPM, with its learned coupling :math:`a` and the widths as the first phase left them) gives a
+trained RPM. ``results.json``'s ``controlled`` also records the prior's concentration
+(``process.effective_kappa_pos``), the first phase's learned coupling (``means_kappa_pos``) and
+its scores on the same inputs (``first_phase``: ``rank_correlation`` is that of its widths).
 
 References:
     M. Kirchhof, E. Kasneci and S. J. Oh, "Probabilistic contrastive learning recovers the
@@ -164,8 +169,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                          help="width of the direction network's hidden layers (default: 128)")
     encoder.add_argument("--depth", type=positive_int, default=3,
                          help="hidden layers of the direction network (default: 3)")
-    encoder.add_argument("--concentration-hidden", type=positive_int, default=10,
-                         help="width of the concentration network's hidden layer (default: 10)")
+    encoder.add_argument("--concentration-hidden", type=positive_int, default=32,
+                         help="width of the concentration network's hidden layer (default: 32)")
+    encoder.add_argument("--weight-hidden", type=positive_int, default=32,
+                         help="width of the hidden layer of the first phase's partner weight "
+                         "network (default: 32)")
     encoder.add_argument("--initial-concentration", type=positive_float, default=22.0,
                          help="every input's concentration before training (default: 22)")
     train = add_training_arguments(
@@ -179,13 +187,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                       "eval_every": "score the held-out inputs every STEPS steps; 0: at the "
                       "end only",
                       "eval_samples": "fresh inputs of the controlled process's scores"})
-    train.add_argument("--mean-steps", type=positive_int, default=4000,
-                       help="steps that train the controlled encoder's directions "
-                       "(default: 4000)")
+    train.add_argument("--mean-steps", type=positive_int, default=8000,
+                       help="steps of the first phase, which trains the controlled encoder's "
+                       "directions and widths (default: 8000)")
     train.add_argument("--mean-batch-size", type=positive_int, default=512,
                        help="pairs per step while the directions train, >= 2 (default: 512)")
-    train.add_argument("--concentration-lr", type=positive_float, default=1e-2,
-                       help="peak learning rate of the concentration network (default: 1e-2)")
+    train.add_argument("--concentration-lr", type=positive_float, default=3e-3,
+                       help="peak learning rate of the concentration network in the second "
+                       "phase (default: 3e-3)")
     train.add_argument("--particles", type=positive_int, default=16,
                        help="S, posterior draws per pair of the importance-weighted ELBO "
                        "(default: 16)")
@@ -302,16 +311,13 @@ def _controlled(args: argparse.Namespace, out, device) -> dict:
                  "initial_concentration": args.initial_concentration,
                  "kappa_pos": kappa_pos, "energy": args.energy,
                  "rule_kappa_pos": process.kappa_pos, "rule_threshold": process.threshold}
-    # the first phase's Delta RPM: its concentration starts at the pair's at the means when both
-    # posteriors have the initial concentration, vMF(kappa_pos) convolved with two vMF(k0):
-    # 1/kappa = 1/kappa_pos + 2/k0
-    means_arguments = {"part": "controlled-means", "obs_dim": process.obs_dim, "dim": args.dim,
-                       "hidden": args.hidden, "depth": args.depth,
-                       "kappa_pos": 1 / (1 / kappa_pos + 2 / args.initial_concentration)}
+    # the first phase's Delta RPM on the same encoder (trained in place): its pair
+    # concentration starts at the prior's
+    means_arguments = {**arguments, "part": "controlled-means",
+                       "weight_hidden": args.weight_hidden}
     model = model_from_arguments(arguments).to(device)
     encoder = model.recognition.net
-    # on the same direction network as the second phase's model (trained in place)
-    means_model = build_means_rpm(encoder.mean_net, means_arguments["kappa_pos"]).to(device)
+    means_model = build_means_rpm(encoder, args.weight_hidden, kappa_pos).to(device)
     write_model_record(out / "controlled-means", "uncertainty", means_arguments,
                        (process.obs_dim,))
     write_model_record(out / "controlled", "uncertainty", arguments, (process.obs_dim,))
@@ -343,9 +349,10 @@ def _controlled(args: argparse.Namespace, out, device) -> dict:
             ("controlled", args.steps, model, args.concentration_lr, args.batch_size,
              RPMELBO(num_particles=args.particles, importance_weighted=True,
                      normaliser=args.normaliser))):
-        encoder.requires_grad_(False)
-        (encoder.mean_net if name == "controlled-means"
-         else encoder.concentration_net).requires_grad_(True)
+        # the first phase trains the whole encoder and its own prior; the second the
+        # concentration network alone
+        encoder.requires_grad_(name == "controlled-means")
+        encoder.concentration_net.requires_grad_(True)
         score = "means_rank_correlation" if name == "controlled-means" else "rank_correlation"
 
         def loss_fn(step: int, name=name, batch=batch, elbo=elbo, trained=trained
@@ -367,6 +374,9 @@ def _controlled(args: argparse.Namespace, out, device) -> dict:
         histories[name] = fit_with_cosine_schedule(trained, optimizer, loss_fn,
                                                     _phase_args(args, steps), out / name, name,
                                                     eval_fn, log_every=min(50, steps))
+        if name == "controlled-means":
+            first_phase = scores(test_x, COSINE_INPUTS)
+            del first_phase["_arrays"]
     model.eval()
     final = scores(test_x, COSINE_INPUTS)
     true_kappa, kappa, true_cosines, learned_cosines = final.pop("_arrays")
@@ -377,7 +387,8 @@ def _controlled(args: argparse.Namespace, out, device) -> dict:
     return {
         **final,
         "paper_cosine_mse": PAPER_COSINE_MSE,
-        "means_kappa_pos": float(means_model.prior.energy.kappa.detach()),
+        "means_kappa_pos": float(means_model.prior.energy.pair_concentration.detach()),
+        "first_phase": first_phase,
         "kappa": {"true": _summary(true_kappa), "learned": _summary(kappa)},
         "untrained": untrained,
         "definitions": {

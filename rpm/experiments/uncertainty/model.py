@@ -14,18 +14,25 @@ controlled process's own positive rule (:class:`PositiveRuleEnergy`); trained wi
   alone); the energy the process's positive rule (``energy="rule"`` in its arguments) or the
   cosine energy with :math:`\kappa_+` fixed to the vMF concentration that matches the rule
   (:func:`~rpm.experiments.uncertainty.process.effective_concentration`).
-* ``controlled-means``: the first phase of the controlled encoder, its direction network
-  alone as a Delta encoder :math:`Q(z \mid x) = \delta(z - m(x))` under the implicit prior of
-  the cosine energy with a learned concentration (:func:`build_means_rpm`: vMF-InfoNCE,
-  Zimmermann et al. 2021, with a learned temperature). A Delta encoder's pair model is the
-  energy at the means, the posteriors' widths folded into the learned concentration, which is
-  why it is learned here and fixed in the second phase.
+* ``controlled-means``: the first phase of the controlled encoder, a Delta encoder
+  :math:`Q(z \mid x) = \delta(z - (m(x), w(x), b(x)))` (:class:`WidthAwareMeans`) of the
+  direction network :math:`m`, the log width :math:`w(x) = -\log\kappa(x)` of the concentration
+  network and a partner log weight :math:`b(x)`, under the implicit prior of
+  :class:`ConvolvedCosineEnergy` (:func:`build_means_rpm`): InfoNCE whose critic is the
+  log-density of a vMF of the partner's direction about the anchor's, at the pair
+  concentration :math:`\tau` of a learned coupling :math:`a` convolved with both inputs'
+  widths, plus the partner's weight. A Delta encoder under a cosine energy of one
+  concentration fits every input's pairs with one slope, and its map bends to absorb what the
+  posteriors' widths (and the partners' marginal, unlike the inputs') do to the pairs: the
+  concentration phase then reads those bends as uncertainty. With the widths and the weight
+  in the critic the map bends far less, and the widths it learns are the second phase's
+  start.
 * ``digits`` (:class:`DigitsEncoder`): an 8 x 8 image, flattened, through two ReLU layers of
   ``hidden`` units shared by a linear direction head (``latent_dim``) and a linear
   :math:`\log\kappa` head; :math:`\kappa_+` learned from ``kappa_pos``.
 
-The last layer of each :math:`\log\kappa` head starts at zero weights and bias 0, so every
-input starts at :math:`\kappa_0` (``initial_concentration``).
+The last layer of each :math:`\log\kappa` head (and of the partner weight network) starts at
+zero weights and bias 0, so every input starts at :math:`\kappa_0` (``initial_concentration``).
 
 :func:`model_from_arguments` rebuilds either from its model record (``rpm.load``).
 """
@@ -35,15 +42,20 @@ from __future__ import annotations
 import math
 
 import torch
+from pyro.distributions import constraints
+from pyro.nn import PyroParam
 from torch import nn
 
 import rpm
+from rpm.distributions._von_mises_fisher import TabulatedLogNormaliser, uniform_log_density
 from rpm.experiments.uncertainty.process import leaky_mlp
 from rpm.priors import CosineEnergy, Energy, ImplicitPrior
-from rpm.priors._energies import unit_vectors
+from rpm.priors._base import positive_hyperparameter
+from rpm.priors._energies import _in_dtype, unit_vectors
 
-__all__ = ["ControlledEncoder", "DigitsEncoder", "PARTS", "PositiveRuleEnergy",
-           "build_means_rpm", "build_rpm", "model_from_arguments"]
+__all__ = ["ControlledEncoder", "ConvolvedCosineEnergy", "DigitsEncoder", "PARTS",
+           "PositiveRuleEnergy", "WidthAwareMeans", "build_means_rpm", "build_rpm",
+           "model_from_arguments"]
 
 #: The models: the controlled encoder's directions (first phase), the controlled encoder, and
 #: the digits encoder.
@@ -94,6 +106,107 @@ class DigitsEncoder(nn.Module):
         return self.direction(h), torch.exp(self.log_initial + self.log_concentration(h)[:, 0])
 
 
+class ConvolvedCosineEnergy(Energy):
+    r"""The energy of the first phase's Delta RPM (module docstring): latents
+    :math:`z = (d, w, b) \in \mathbb R^{D+2}` carry a direction :math:`d`, a log width
+    :math:`w` (the posterior's :math:`1/\kappa`, as a logarithm) and a log partner weight
+    :math:`b`, and
+
+    .. math::
+
+        f(z, z') = \log \frac{\mathrm{vMF}(\hat d'; \hat d, \tau)}{C_D(0)} + b'
+        = \tau\, \hat d^\top \hat d' + \log C_D(\tau) - \log C_D(0) + b', \qquad
+        \frac 1\tau = \frac 1a + e^{w} + e^{w'}.
+
+    :math:`\tau` is the Gaussian approximation to the concentration of a vMF of concentration
+    :math:`a` (the positive pairs' coupling) convolved with the two posteriors
+    :math:`\mathrm{vMF}(\hat d, e^{-w})` and :math:`\mathrm{vMF}(\hat d', e^{-w'})`: a Delta
+    encoder of the means alone fits the pair log-ratio with one slope for every input and bends
+    its map to absorb the inputs' widths, while this energy lets each input's width set its own
+    slope. :math:`\log C_D(\tau)` normalises the conditional of :math:`\hat d'` for every
+    :math:`\tau`, so a width changes how spread an input's partners are, not only the scale of
+    the critic. :math:`b'` is a term of the partner alone: where partners are distributed
+    unlike the inputs (:math:`\log P_\text{partner}(x') / P(x')`), InfoNCE's optimal critic
+    carries it, and a critic without it bends the map instead. Under
+    :class:`~rpm.priors.ImplicitPrior` the RPM ELBO is InfoNCE with this critic (the anchor's
+    row normalised over the batch's partners; a term of the anchor alone would cancel).
+    :math:`\log C_D(\tau) + \tau` is tabulated
+    (:class:`~rpm.distributions._von_mises_fisher.TabulatedLogNormaliser`).
+
+    :param int dim: D >= 2, the direction's dimension (the latents have D + 2).
+    :param float pair_concentration: :math:`a > 0` (its initial value when learned).
+    :param bool learn_pair_concentration: learn :math:`a` (a positive :class:`PyroParam`).
+    """
+
+    def __init__(self, dim: int, pair_concentration: float,
+                 learn_pair_concentration: bool = True) -> None:
+        super().__init__()
+        if not (isinstance(dim, int) and dim >= 2):
+            raise ValueError(f"ConvolvedCosineEnergy needs the direction's dimension D >= 2, "
+                             f"got {dim!r}")
+        self.direction_dim = dim
+        self.dim = dim + 2
+        value = positive_hyperparameter("pair_concentration", pair_concentration)
+        if learn_pair_concentration:
+            self.pair_concentration: torch.Tensor = PyroParam(  # type: ignore[assignment]
+                value, constraints.positive)
+        else:
+            self.register_buffer("pair_concentration", value)
+        self.log_normaliser = TabulatedLogNormaliser(dim)
+        self.log_uniform = uniform_log_density(dim)
+
+    def check_latents(self, z: torch.Tensor, z2: torch.Tensor) -> None:
+        if (isinstance(z, torch.Tensor) and z.dim() == 2 and isinstance(z2, torch.Tensor)
+                and z2.dim() == 2 and z.shape[1] == z2.shape[1] and z.shape[1] != self.dim):
+            raise ValueError(f"ConvolvedCosineEnergy(dim={self.direction_dim}) takes latents "
+                             f"(direction, log width, log partner weight) of dimension "
+                             f"{self.dim}, got {z.shape[1]}; the encoder must return "
+                             "D + 2 columns")
+        super().check_latents(z, z2)
+
+    def _of(self, cosines: torch.Tensor, width: torch.Tensor, width2: torch.Tensor,
+            weight2: torch.Tensor) -> torch.Tensor:
+        pair = _in_dtype(self.pair_concentration, cosines.dtype)
+        tau = 1 / (1 / pair + width.exp() + width2.exp())
+        # tau (c - 1) + (log C_D(tau) + tau): nothing of size tau cancels
+        return (tau * (cosines - 1) + self.log_normaliser(tau) - self.log_uniform + weight2)
+
+    def forward(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+        self.check_latents(z, z2)
+        D = self.direction_dim
+        cosines = unit_vectors(z[:, :D]) @ unit_vectors(z2[:, :D]).T
+        return self._of(cosines, z[:, D, None], z2[None, :, D], z2[None, :, D + 1])
+
+    def paired(self, z: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+        self.check_latents(z, z2)
+        D = self.direction_dim
+        cosines = (unit_vectors(z[:, :D]) * unit_vectors(z2[:, :D])).sum(-1)
+        return self._of(cosines, z[:, D], z2[:, D], z2[:, D + 1])
+
+
+class WidthAwareMeans(nn.Module):
+    r"""The first phase's encoder of the means (module docstring): x (N, P) ->
+    :math:`(m(x), w(x), b(x))` (N, D + 2) for :class:`ConvolvedCosineEnergy`, with the
+    direction network :math:`m` and the log width :math:`w(x) = -\log\kappa(x)` of a
+    :class:`ControlledEncoder` (its own two networks, trained in place: after this phase the
+    encoder's concentration is :math:`e^{-w(x)}`), and a partner log weight :math:`b(x)` from a
+    LeakyReLU network of one hidden layer of ``weight_hidden`` units whose last layer starts at
+    zero.
+    """
+
+    def __init__(self, encoder: ControlledEncoder, weight_hidden: int) -> None:
+        super().__init__()
+        self.encoder = encoder
+        obs_dim = encoder.mean_net[0].in_features
+        self.weight_net = leaky_mlp([obs_dim, weight_hidden, 1])
+        _zero_last(self.weight_net[-1])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        encoder = self.encoder
+        log_width = -(encoder.log_initial + encoder.concentration_net(x))
+        return torch.cat([encoder.mean_net(x), log_width, self.weight_net(x)], dim=-1)
+
+
 class PositiveRuleEnergy(Energy):
     r"""The controlled process's positive rule (U3 of
     :mod:`~rpm.experiments.uncertainty.process`) as the energy of the implicit prior,
@@ -140,11 +253,20 @@ def build_rpm(encoder: nn.Module, kappa_pos: float, learn_kappa: bool,
                    ImplicitPrior(energy))
 
 
-def build_means_rpm(direction_net: nn.Module, kappa_pos: float) -> rpm.RPM:
-    """The first phase's RPM (module docstring): Delta recognition of ``direction_net`` and the
-    implicit prior of ``CosineEnergy(kappa_pos, learn_kappa=True)``."""
-    return rpm.RPM(rpm.DeltaRecognition(direction_net),
-                   ImplicitPrior(CosineEnergy(kappa_pos, learn_kappa=True)))
+def build_means_rpm(encoder: ControlledEncoder, weight_hidden: int,
+                    pair_concentration: float) -> rpm.RPM:
+    """The first phase's RPM (module docstring): Delta recognition of
+    ``WidthAwareMeans(encoder, weight_hidden)`` and the implicit prior of
+    ``ConvolvedCosineEnergy(D, pair_concentration)`` with :math:`a` learned."""
+    dim = encoder.mean_net[-1].out_features
+    return rpm.RPM(rpm.DeltaRecognition(WidthAwareMeans(encoder, weight_hidden)),
+                   ImplicitPrior(ConvolvedCosineEnergy(dim, pair_concentration)))
+
+
+def _controlled_encoder(arguments: dict) -> ControlledEncoder:
+    return ControlledEncoder(arguments["obs_dim"], arguments["dim"], arguments["hidden"],
+                             arguments["depth"], arguments["concentration_hidden"],
+                             arguments["initial_concentration"])
 
 
 def model_from_arguments(arguments: dict) -> rpm.RPM:
@@ -152,13 +274,10 @@ def model_from_arguments(arguments: dict) -> rpm.RPM:
     with the sizes of its encoder, ``initial_concentration`` and ``kappa_pos``)."""
     part = arguments["part"]
     if part == "controlled-means":
-        direction_net = leaky_mlp([arguments["obs_dim"]] + [arguments["hidden"]]
-                                  * arguments["depth"] + [arguments["dim"]])
-        return build_means_rpm(direction_net, arguments["kappa_pos"])
+        return build_means_rpm(_controlled_encoder(arguments), arguments["weight_hidden"],
+                               arguments["kappa_pos"])
     if part == "controlled":
-        encoder: nn.Module = ControlledEncoder(
-            arguments["obs_dim"], arguments["dim"], arguments["hidden"], arguments["depth"],
-            arguments["concentration_hidden"], arguments["initial_concentration"])
+        encoder: nn.Module = _controlled_encoder(arguments)
         rule = (PositiveRuleEnergy(arguments["rule_kappa_pos"], arguments["rule_threshold"])
                 if arguments.get("energy") == "rule" else None)
         return build_rpm(encoder, arguments["kappa_pos"], learn_kappa=False, energy=rule)

@@ -88,6 +88,10 @@ from torch import nn
 from rpm._random import global_rng_from
 from rpm._validation import check_int, check_positive, check_positive_int
 from rpm.distributions import VonMisesFisher
+from rpm.distributions._von_mises_fisher import (
+    log_normaliser_plus_concentration,
+    uniform_log_density,
+)
 
 __all__ = ["ControlledProcess", "effective_concentration", "leaky_mlp", "log_normaliser_ratio"]
 
@@ -114,14 +118,13 @@ def leaky_mlp(sizes: list[int]) -> nn.Sequential:
 def log_normaliser_ratio(kappa: float, dim: int) -> float:
     r""":math:`\log C_D(0) / C_D(\kappa)` (U3) in float64: :math:`\log C_D(0) = \log
     \Gamma(D/2) - \log 2 - (D/2) \log \pi` (the inverse area of :math:`S^{D-1}`) and
-    :math:`\log C_D(\kappa) = \log \mathrm{vMF}(\mu; \mu, \kappa) - \kappa`."""
+    :math:`\log C_D(\kappa)` from
+    :func:`~rpm.distributions._von_mises_fisher.log_normaliser_plus_concentration`."""
     kappa = check_positive("kappa", kappa)
     dim = check_int("dim", dim, minimum=2)
-    loc = torch.zeros(dim, dtype=torch.float64)
-    loc[0] = 1.0
-    density = VonMisesFisher(loc, torch.tensor(kappa, dtype=torch.float64)).log_prob(loc)
-    log_uniform = math.lgamma(dim / 2) - math.log(2.0) - dim / 2 * math.log(math.pi)
-    return log_uniform - (float(density) - kappa)
+    log_normaliser = log_normaliser_plus_concentration(
+        dim, torch.tensor(kappa, dtype=torch.float64))
+    return uniform_log_density(dim) - (float(log_normaliser) - kappa)
 
 
 def effective_concentration(kappa_pos: float, threshold: float, dim: int,
@@ -272,11 +275,12 @@ class ControlledProcess(nn.Module):
         while len(waiting):
             candidates = self.sample_inputs(pool_factor * n, generator)
             z_candidates = self.sample_latents(candidates, generator)
-            accepted = torch.rand(len(waiting), len(candidates), generator=generator) \
-                < self.positive_probability(z[waiting], z_candidates)
-            # a random order of each row's accepted candidates; taken candidates drop out
-            priority = torch.where(accepted, torch.rand(accepted.shape, generator=generator),
-                                   torch.tensor(-1.0))
+            probability = self.positive_probability(z[waiting], z_candidates)
+            uniform = torch.rand(probability.shape, generator=generator)
+            accepted = uniform < probability
+            # a random order of each row's accepted candidates (given u < p, u / p is uniform on
+            # [0, 1) and independent of the other entries); taken candidates drop out
+            priority = torch.where(accepted, uniform / probability, torch.tensor(-1.0))
             served = torch.zeros(len(waiting), dtype=torch.bool)
             while True:
                 best, choice = priority.max(1)

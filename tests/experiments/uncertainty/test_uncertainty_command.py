@@ -103,16 +103,19 @@ def test_the_trained_models_load_back(tmp_path):
     q = model.recognition(x)
     assert q.concentration.shape == (7,) and bool((q.concentration > 0).all())
     means = rpm.load(tmp_path / "run", model="controlled-means")
-    # the directions were trained in the first phase only (a Delta encoder under a learned
-    # cosine concentration): both models share them
-    torch.testing.assert_close(torch.nn.functional.normalize(means.recognition(x).v, dim=-1),
-                               q.loc)
+    # the directions were trained in the first phase only (a Delta encoder of (direction, log
+    # width, log partner weight)): both models share them; the widths went on training
+    latents = means.recognition(x).v
+    assert latents.shape == (7, 12)
+    torch.testing.assert_close(torch.nn.functional.normalize(latents[:, :10], dim=-1), q.loc)
+    assert not torch.allclose(torch.exp(-latents[:, 10]), q.concentration)
     process = json.loads((tmp_path / "run" / "results.json").read_text())["controlled"][
         "process"]
     # the default energy is the process's positive rule
     assert model.prior.energy.kappa_pos.item() == process["kappa_pos"] == 20.0
     assert model.prior.energy.threshold.item() == pytest.approx(process["positive_threshold"])
-    assert means.prior.energy.kappa.item() != pytest.approx(process["effective_kappa_pos"])
+    assert means.prior.energy.pair_concentration.item() != pytest.approx(
+        process["effective_kappa_pos"])
     with pytest.raises(ValueError, match="trained on inputs of shape"):
         model.encode(torch.rand(3, 4))
 

@@ -231,3 +231,87 @@ def test_posterior_predictive_averages_the_probe_over_posterior_draws():
     loop = np.mean([probe.predict_proba(draws[k].numpy()) for k in range(500)], axis=0)
     np.testing.assert_allclose(wide, loop, atol=1e-12)
     assert wide.max(1).mean() < plain.max(1).mean()
+
+
+def _convolved_critic_loop(z, z2, dim, pair):
+    """f(z_i, z'_j) = log vMF(d'_j; d_i, tau) - log C_D(0) + b'_j, 1/tau = 1/a + e^w_i + e^w'_j,
+    entry by entry from scipy's Bessel function (float64)."""
+    order = dim / 2 - 1
+    log_c0 = math.lgamma(dim / 2) - math.log(2) - dim / 2 * math.log(math.pi)
+    rows = []
+    for i in range(len(z)):
+        row = []
+        for j in range(len(z2)):
+            d, d2 = z[i, :dim].numpy(), z2[j, :dim].numpy()
+            cosine = float(d @ d2) / float(np.linalg.norm(d) * np.linalg.norm(d2))
+            tau = 1 / (1 / pair + math.exp(float(z[i, dim])) + math.exp(float(z2[j, dim])))
+            log_c = (order * math.log(tau) - dim / 2 * math.log(2 * math.pi)
+                     - math.log(special.iv(order, tau)))
+            row.append(tau * cosine + log_c - log_c0 + float(z2[j, dim + 1]))
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("dim", [3, 10])
+def test_convolved_cosine_energy_is_a_vmf_log_density_ratio(dim):
+    """ConvolvedCosineEnergy(D, a)(z, z') against a loop from its equation (scipy's I_nu), for
+    unnormalised directions and widths from 1e-3 to 10; its paired form is the matrix's
+    diagonal; with both widths huge it tends to b' alone (the uniform conditional); float64."""
+    from rpm.experiments.uncertainty.model import ConvolvedCosineEnergy
+
+    energy = ConvolvedCosineEnergy(dim, 8.94).double()
+    generator = torch.Generator().manual_seed(dim)
+    z = torch.randn(6, dim + 2, generator=generator, dtype=torch.float64)
+    z2 = torch.randn(5, dim + 2, generator=generator, dtype=torch.float64)
+    z[:, :dim] *= 3.0
+    z[:, dim] = torch.linspace(math.log(1e-3), math.log(10.0), 6, dtype=torch.float64)
+    expected = _convolved_critic_loop(z, z2, dim, 8.94)
+    torch.testing.assert_close(energy(z, z2), expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(energy.paired(z[:5], z2), energy(z[:5], z2).diagonal(),
+                               rtol=1e-12, atol=1e-12)
+    wide, wide2 = z.clone(), z2.clone()
+    wide[:, dim], wide2[:, dim] = 20.0, 20.0                   # 1/tau ~ e^20: tau ~ 1e-9
+    torch.testing.assert_close(energy(wide, wide2), wide2[:, dim + 1].expand(6, 5),
+                               rtol=0, atol=1e-7)
+
+
+def test_convolved_cosine_energy_learns_its_coupling_and_names_the_latent_layout():
+    from rpm.experiments.uncertainty.model import ConvolvedCosineEnergy
+
+    energy = ConvolvedCosineEnergy(4, 5.0)
+    z = torch.randn(3, 6)
+    energy(z, z).sum().backward()
+    (parameter,) = list(energy.parameters())
+    assert parameter.grad is not None and float(parameter.grad.abs()) > 0
+    assert not list(ConvolvedCosineEnergy(4, 5.0, learn_pair_concentration=False).parameters())
+    with pytest.raises(ValueError, match=r"\(direction, log width, log partner weight\) of "
+                       "dimension 6, got 4"):
+        energy(torch.randn(3, 4), torch.randn(3, 4))
+    with pytest.raises(ValueError, match="D >= 2"):
+        ConvolvedCosineEnergy(1, 5.0)
+    with pytest.raises(ValueError, match="pair_concentration must be a finite positive"):
+        ConvolvedCosineEnergy(4, 0.0)
+
+
+def test_first_phase_elbo_is_infonce_with_the_convolved_critic():
+    """RPMELBO() of build_means_rpm is, for N pairs, sum_i -(F_ii - log sum_j e^F_ij) - N log N
+    with F the loop's critic at the encoder's (m(x), -log kappa(x), b(x)) (float64); the width
+    column is minus the log of the ControlledEncoder's concentration, so the second phase
+    starts from it."""
+    from rpm import RPMELBO
+    from rpm.experiments.uncertainty.model import ControlledEncoder, build_means_rpm
+
+    torch.manual_seed(0)
+    encoder = ControlledEncoder(10, 4, 16, 1, 8, 22.0).double()
+    means = build_means_rpm(encoder, 8, 8.94).double()
+    with torch.no_grad():
+        for parameter in means.parameters():               # move the zero-started layers
+            parameter.add_(0.3 * torch.randn_like(parameter))
+    x, x2 = torch.rand(7, 10, dtype=torch.float64), torch.rand(7, 10, dtype=torch.float64)
+    z, z2 = means.recognition.net(x).detach(), means.recognition.net(x2).detach()
+    torch.testing.assert_close(z[:, 4], -encoder(x)[1].detach().log(), rtol=1e-12, atol=1e-12)
+    pair = float(means.prior.energy.pair_concentration.detach())
+    critic = _convolved_critic_loop(z, z2, 4, pair)
+    expected = float(-(critic.diagonal() - torch.logsumexp(critic, 1)).sum() - 7 * math.log(7))
+    loss = RPMELBO().differentiable_loss(means.model, means.guide, x, x2)
+    assert float(loss) == pytest.approx(expected, abs=1e-9)
