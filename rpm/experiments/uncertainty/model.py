@@ -271,9 +271,18 @@ def _controlled_encoder(arguments: dict) -> ControlledEncoder:
 
 def model_from_arguments(arguments: dict) -> rpm.RPM:
     """The untrained model of a model record's ``arguments`` (``part`` one of :data:`PARTS`,
-    with the sizes of its encoder, ``initial_concentration`` and ``kappa_pos``)."""
+    with the sizes of its encoder, ``initial_concentration`` and ``kappa_pos``). A
+    ``controlled-means`` record without ``weight_hidden`` is one of the earlier first phase (the
+    directions alone under the cosine energy with a learned concentration), rebuilt as such."""
     part = arguments["part"]
     if part == "controlled-means":
+        if "weight_hidden" not in arguments:
+            # a record of the earlier first phase: the directions alone, as a Delta encoder under
+            # the cosine energy with a learned concentration (vMF-InfoNCE)
+            direction_net = leaky_mlp([arguments["obs_dim"]] + [arguments["hidden"]]
+                                      * arguments["depth"] + [arguments["dim"]])
+            return rpm.RPM(rpm.DeltaRecognition(direction_net), ImplicitPrior(
+                CosineEnergy(arguments["kappa_pos"], learn_kappa=True)))
         return build_means_rpm(_controlled_encoder(arguments), arguments["weight_hidden"],
                                arguments["kappa_pos"])
     if part == "controlled":

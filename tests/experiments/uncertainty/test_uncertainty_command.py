@@ -2,6 +2,7 @@
 the trained models loading back, and the command line's refusals."""
 
 import json
+import math
 
 import matplotlib.image
 import pytest
@@ -139,3 +140,23 @@ def test_the_controlled_model_record_rebuilds_its_energy(energy):
         assert isinstance(built, CosineEnergy) and built.kappa.item() == pytest.approx(8.94)
     del arguments["energy"]
     assert isinstance(model_from_arguments(arguments).prior.energy, CosineEnergy)
+
+
+def test_a_first_phase_record_of_either_form_rebuilds():
+    """A controlled-means record with weight_hidden is the width-aware Delta RPM (latents of
+    D + 2 columns under ConvolvedCosineEnergy); one without (the earlier first phase) is the
+    directions' Delta RPM under the learned cosine energy, so older runs still load."""
+    from rpm.experiments.uncertainty.model import ConvolvedCosineEnergy, model_from_arguments
+    from rpm.priors import CosineEnergy
+
+    arguments = {"part": "controlled-means", "obs_dim": 10, "dim": 6, "hidden": 8, "depth": 1,
+                 "kappa_pos": 4.93}
+    older = model_from_arguments(arguments)
+    assert isinstance(older.prior.energy, CosineEnergy)
+    assert older.recognition.net(torch.rand(3, 10)).shape == (3, 6)
+    current = model_from_arguments({**arguments, "concentration_hidden": 4,
+                                    "initial_concentration": 22.0, "weight_hidden": 5})
+    assert isinstance(current.prior.energy, ConvolvedCosineEnergy)
+    latents = current.recognition.net(torch.rand(3, 10))
+    assert latents.shape == (3, 8)
+    torch.testing.assert_close(latents[:, 6], torch.full((3,), -math.log(22.0)))
