@@ -67,6 +67,11 @@ def test_a_smoke_run_writes_its_results_and_figures_and_resumes(tmp_path, capsys
     assert 0.0 <= controlled["cosine_mean_absolute_error"] <= 2.0
     assert controlled["cosine_mse"] <= 4.0 and controlled["paper_cosine_mse"] is None
     assert controlled["untrained"]["rank_correlation"] is None  # every kappa starts equal
+    # the first phase's own scores: its widths' ranking, and its learned coupling a
+    assert set(controlled["first_phase"]) >= {"rank_correlation", "means_rank_correlation"}
+    assert controlled["means_kappa_pos"] > 0
+    if controlled["rank_correlation"] < 0.8:
+        assert "(a floor of the median of seeds 0-2" in capsys.readouterr().err
     assert 15.0 < controlled["kappa"]["true"]["min"] < controlled["kappa"]["true"]["max"] < 34.0
     assert controlled["process"]["positive_threshold"] == pytest.approx(11.1483, abs=1e-4)
     assert [e["step"] for e in controlled["histories"]["controlled"]["evaluations"]] == [0, 2, 4]
