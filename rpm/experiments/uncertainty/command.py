@@ -556,7 +556,7 @@ def _train_and_report(args: argparse.Namespace, run, device) -> int:
         histories["digits"] = results["digits"]["history"]
     plot_training(out / "training.png", histories, score="score",
                   score_label="held-out score",
-                  loss_label="negative IW-ELBO / pair")
+                  loss_label="negative ELBO / pair (IW after the first phase)")
     results.update(run.provenance())
     write_json_atomic(out / "results.json", results)
     for key, floor in FLOORS.items():
