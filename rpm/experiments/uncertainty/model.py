@@ -84,8 +84,12 @@ class ControlledEncoder(nn.Module):
         _zero_last(self.concentration_net[-1])
         self.log_initial = math.log(initial_concentration)
 
+    def log_concentration(self, x: torch.Tensor) -> torch.Tensor:
+        r""":math:`\log\kappa(x) = \log\kappa_0 + h(x)`, shape (N, 1)."""
+        return self.log_initial + self.concentration_net(x)
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.mean_net(x), torch.exp(self.log_initial + self.concentration_net(x)[:, 0])
+        return self.mean_net(x), torch.exp(self.log_concentration(x)[:, 0])
 
 
 class DigitsEncoder(nn.Module):
@@ -203,8 +207,8 @@ class WidthAwareMeans(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         encoder = self.encoder
-        log_width = -(encoder.log_initial + encoder.concentration_net(x))
-        return torch.cat([encoder.mean_net(x), log_width, self.weight_net(x)], dim=-1)
+        return torch.cat([encoder.mean_net(x), -encoder.log_concentration(x), self.weight_net(x)],
+                         dim=-1)
 
 
 class PositiveRuleEnergy(Energy):
